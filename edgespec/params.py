@@ -1,0 +1,68 @@
+"""Request parameters, validated once at the edge (named guards, actionable messages)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import InvalidInputError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen from the target's logits.
+
+    temperature == 0 means greedy (argmax of the processed logits). The same
+    processing (penalties, bias, truncation) is applied on the plain and the
+    speculative path, so both see the same distribution.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    min_p: float = 0.0  # 0.0 = off
+    repeat_penalty: float = 1.0  # 1.0 = off (llama.cpp semantics over the last repeat_last_n tokens)
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    def validate(self) -> "SamplingParams":
+        _guard(self.temperature >= 0.0, f"temperature must be >= 0 (got {self.temperature})")
+        _guard(self.top_k >= 0, f"top_k must be >= 0, 0 disables it (got {self.top_k})")
+        _guard(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1] (got {self.top_p})")
+        _guard(0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1) (got {self.min_p})")
+        _guard(self.repeat_penalty > 0.0, f"repeat_penalty must be > 0 (got {self.repeat_penalty})")
+        _guard(self.repeat_last_n >= 0, f"repeat_last_n must be >= 0 (got {self.repeat_last_n})")
+        return self
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """One request: how much to generate, when to stop, how to sample."""
+
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    chat: bool = True  # apply the target's own GGUF chat template
+    system: str | None = None
+    logprobs: int | None = None  # None = off; N = report the top-N alternatives too
+
+    def validate(self) -> "GenerationParams":
+        _guard(self.max_tokens >= 1, f"max_tokens must be >= 1 (got {self.max_tokens})")
+        _guard(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty")
+        self.sampling.validate()
+        return self
+
+
+def _guard(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidInputError(message)

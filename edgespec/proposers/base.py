@@ -1,0 +1,71 @@
+"""The one proposer protocol.
+
+A *proposer* owns engine-lifetime resources (a draft model, a global suffix
+tree) and opens one *session* per request; the session owns everything about
+that request (token history, draft KV sequence, match state), so several
+requests can later run side by side without redesign.
+
+Session verbs, in the order the engine calls them:
+
+* ``propose(k)`` -> :class:`Draft` of at most ``k`` tokens continuing the
+  sequence so far (may be empty: "nothing worth drafting").
+* ``accept(tokens, n_drafted_accepted)`` after verification: ``tokens`` are
+  *all* tokens appended to the sequence this step (the accepted draft prefix
+  followed by the target's own token), ``n_drafted_accepted`` how many of them
+  came from the last draft. Plain steps call it with ``n_drafted_accepted=0``.
+* ``close(completed)`` once, when the request ends.
+
+Proposals never change the output: verification decides. A proposer that
+returns ``probs=None`` is treated as a point mass (greedy-style verification,
+or for sampling: sample from the target and compare).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from ..params import SamplingParams
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: tuple[int, ...]
+    # (len(tokens), n_vocab) float64/32 distributions the draft sampled from, or None
+    probs: np.ndarray | None = None
+    # per-token confidence in [0, 1] (draft prob, suffix-tree empirical prob...) or None
+    confidence: tuple[float, ...] | None = None
+    # proposer-specific detail: which tree, match length, score
+    source: str = ""
+    match_length: int = 0
+    score: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+EMPTY_DRAFT = Draft(tokens=())
+
+
+@runtime_checkable
+class ProposerSession(Protocol):
+    def propose(self, k: int) -> Draft: ...
+
+    def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None: ...
+
+    def close(self, completed: bool) -> None: ...
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    #: registry name: "draft", "ngram", "suffix", ...
+    name: str
+    #: True when proposing costs real compute (a draft model); the controller weighs it
+    costly: bool
+
+    def open(self, prompt_tokens: Sequence[int], sampling: SamplingParams) -> ProposerSession: ...
+
+    def close(self) -> None:
+        """Release engine-lifetime resources."""
+        ...
