@@ -1,0 +1,20 @@
+"""edgespec: exact speculative decoding for GGUF models on llama.cpp."""
+from .errors import (Cancelled, ContextOverflowError, EdgespecError, IncompatibleDraftError,
+                     InvalidInputError, ModelError, UnsupportedError)
+from .params import GenerationParams, SamplingParams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cancelled", "ContextOverflowError", "EdgespecError", "IncompatibleDraftError",
+    "InvalidInputError", "ModelError", "UnsupportedError", "GenerationParams", "SamplingParams",
+    "Engine", "Result",
+]
+
+
+def __getattr__(name):
+    # Lazy so that `import edgespec` (CLI start-up, TUI, pure unit tests) does not load llama.cpp.
+    if name in ("Engine", "Result"):
+        from . import engine
+        return getattr(engine, name)
+    raise AttributeError(name)

@@ -1,0 +1,20 @@
+"""The `edgespec` command: a thin click adapter over the engine's event stream."""
+from __future__ import annotations
+
+import click
+
+from . import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edgespec")
+def cli() -> None:
+    """Exact speculative decoding for GGUF models on llama.cpp."""
+
+
+# --- subcommands: each lives in its own module, registered here explicitly ---
+# (helpers: add one import + add_command line per command group below)
+
+
+def main() -> None:
+    cli()
