@@ -1,0 +1,135 @@
+"""Report arithmetic: percentiles, paired per-prompt ratios, geometric means, bootstrap intervals.
+
+A speedup is never a ratio of averages: each prompt is run under the plain path
+and under a configuration in the same run, the per-prompt ratio is taken, and
+the ratios are summarised by their geometric mean (the right mean for ratios:
+a 2x and a 0.5x cancel). The confidence interval resamples *prompts* (all turns
+of a conversation move together, since they share a history) with a seeded
+generator, so a report is reproducible from its JSON.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Hashable, Mapping, Sequence
+
+import numpy as np
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method); NaN for no values."""
+    if not len(values):
+        return math.nan
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    """exp(mean(log x)) of positive values; NaN for none. Non-positive values are a caller bug."""
+    if not len(values):
+        return math.nan
+    a = np.asarray(values, dtype=np.float64)
+    if np.any(a <= 0):
+        raise ValueError("geometric mean needs positive values")
+    return float(np.exp(np.mean(np.log(a))))
+
+
+@dataclass(frozen=True)
+class PairedRatios:
+    """Per-unit ratios ``candidate / baseline`` for the units both sides measured."""
+
+    ratios: dict[Hashable, float]  # unit -> ratio
+    missing: tuple[Hashable, ...]  # units with no positive value on one side (excluded)
+
+    def __len__(self) -> int:
+        return len(self.ratios)
+
+
+def paired_ratios(baseline: Mapping[Hashable, float], candidate: Mapping[Hashable, float],
+                  higher_is_better: bool = True) -> PairedRatios:
+    """Pair two measurements by unit (prompt, turn) and take the speedup of each pair.
+
+    For a rate (tokens/s) the speedup is candidate / baseline; for a time
+    (``higher_is_better=False``) it is baseline / candidate, so > 1 always means faster.
+    Units without a positive value on both sides are reported in ``missing``.
+    """
+    ratios: dict[Hashable, float] = {}
+    missing = []
+    for unit in sorted(set(baseline) | set(candidate), key=repr):
+        b, c = baseline.get(unit), candidate.get(unit)
+        if b is None or c is None or not b > 0 or not c > 0:
+            missing.append(unit)
+            continue
+        ratios[unit] = c / b if higher_is_better else b / c
+    return PairedRatios(ratios=ratios, missing=tuple(missing))
+
+
+@dataclass(frozen=True)
+class Interval:
+    estimate: float
+    low: float
+    high: float
+    n: int  # units (ratios) behind the estimate
+    confidence: float
+
+
+def bootstrap_ci(values: Sequence[float], clusters: Sequence[Hashable] | None = None,
+                 statistic: Callable[[np.ndarray], float] = geometric_mean,
+                 n_resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> Interval:
+    """Percentile bootstrap interval of ``statistic(values)``.
+
+    ``clusters[i]`` names the group of ``values[i]`` (turns of one conversation);
+    a resample draws whole clusters with replacement, so correlated values are
+    not counted as independent evidence. With one cluster the interval collapses
+    to the estimate: one prompt says nothing about spread.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return Interval(math.nan, math.nan, math.nan, 0, confidence)
+    estimate = float(statistic(v))
+    keys = list(clusters) if clusters is not None else list(range(v.size))
+    if len(keys) != v.size:
+        raise ValueError("clusters must name one group per value")
+    groups: dict[Hashable, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    members = [np.asarray(ix) for ix in groups.values()]
+    if len(members) < 2:
+        return Interval(estimate, estimate, estimate, int(v.size), confidence)
+    rng = np.random.default_rng(seed)
+    stats = np.empty(n_resamples)
+    for r in range(n_resamples):
+        pick = rng.integers(0, len(members), size=len(members))
+        stats[r] = statistic(v[np.concatenate([members[p] for p in pick])])
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(stats, [alpha, 1.0 - alpha])
+    return Interval(estimate, float(low), float(high), int(v.size), confidence)
+
+
+def speedup(baseline: Mapping[Hashable, float], candidate: Mapping[Hashable, float],
+            cluster_of: Callable[[Hashable], Hashable] = lambda u: u,
+            higher_is_better: bool = True, n_resamples: int = 2000, confidence: float = 0.95,
+            seed: int = 0) -> tuple[Interval, PairedRatios]:
+    """Geometric-mean paired speedup with its bootstrap interval."""
+    pr = paired_ratios(baseline, candidate, higher_is_better)
+    units = list(pr.ratios)
+    ci = bootstrap_ci([pr.ratios[u] for u in units], [cluster_of(u) for u in units],
+                      n_resamples=n_resamples, confidence=confidence, seed=seed)
+    return ci, pr
+
+
+def histogram_sum(hists: Sequence[Mapping[str, int]]) -> dict[int, int]:
+    """Add accepted-length histograms (JSON keys are strings) into one, keyed by int."""
+    out: dict[int, int] = {}
+    for h in hists:
+        for k, v in h.items():
+            out[int(k)] = out.get(int(k), 0) + int(v)
+    return dict(sorted(out.items()))
+
+
+def histogram_mean(hist: Mapping[int, int]) -> float:
+    n = sum(hist.values())
+    return sum(k * v for k, v in hist.items()) / n if n else math.nan
