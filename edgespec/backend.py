@@ -1,0 +1,310 @@
+"""The only module that touches llama.cpp (through llama-cpp-python's ctypes API).
+
+Everything above this layer sees plain Python ints, bytes and numpy arrays. The
+module keeps llama.cpp quiet (its log goes to a ring buffer that error messages
+can quote) and turns every failure into an EdgespecError.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import ContextOverflowError, EdgespecError, ModelError
+
+try:
+    import llama_cpp as _ll
+except Exception as e:  # pragma: no cover - install problem, reported at first use
+    _ll = None
+    _IMPORT_ERROR = e
+else:
+    _IMPORT_ERROR = None
+
+_init_lock = threading.Lock()
+_initialised = False
+_LOG: deque[str] = deque(maxlen=200)
+
+
+def _require() -> None:
+    if _ll is None:
+        raise EdgespecError(
+            f"llama-cpp-python is not importable ({_IMPORT_ERROR}); run `make install` "
+            "(or pip install llama-cpp-python==0.3.36 with your CMAKE_ARGS)")
+
+
+if _ll is not None:
+    @_ll.llama_log_callback
+    def _log_callback(level, text, user_data):  # noqa: ARG001
+        try:
+            _LOG.append(text.decode("utf-8", "replace"))
+        except Exception:
+            pass
+        if os.environ.get("EDGESPEC_LLAMA_LOG"):
+            try:
+                os.write(2, text)
+            except Exception:
+                pass
+
+
+def _ensure_init() -> None:
+    global _initialised
+    _require()
+    with _init_lock:
+        if not _initialised:
+            _ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+            _ll.llama_backend_init()
+            _initialised = True
+
+
+def recent_log(n: int = 8) -> str:
+    return "".join(list(_LOG)[-n:]).strip()
+
+
+def system_info() -> dict:
+    """Identity of the llama.cpp build, for benchmark records."""
+    _ensure_init()
+    return {
+        "llama_cpp_python": getattr(_ll, "__version__", "?"),
+        "system_info": _ll.llama_print_system_info().decode("utf-8", "replace").strip(),
+    }
+
+
+# --- model -------------------------------------------------------------------
+class Model:
+    """A loaded GGUF model: vocabulary, chat template, contexts."""
+
+    def __init__(self, path: Path, handle, n_gpu_layers: int, use_extra_bufts: bool) -> None:
+        self.path = path
+        self._m = handle
+        self._vocab = _ll.llama_model_get_vocab(handle)
+        self.n_vocab = int(_ll.llama_vocab_n_tokens(self._vocab))
+        self.n_ctx_train = int(_ll.llama_model_n_ctx_train(handle))
+        self.n_layer = int(_ll.llama_model_n_layer(handle))
+        self.n_embd = int(_ll.llama_model_n_embd(handle))
+        self.size_bytes = int(_ll.llama_model_size(handle))
+        self.n_gpu_layers = n_gpu_layers
+        self.use_extra_bufts = use_extra_bufts
+        self.bos = int(_ll.llama_vocab_bos(self._vocab))
+        self.eos = int(_ll.llama_vocab_eos(self._vocab))
+        self.add_bos = bool(_ll.llama_vocab_get_add_bos(self._vocab))
+        buf = ctypes.create_string_buffer(256)
+        n = _ll.llama_model_desc(handle, buf, 256)
+        self.description = buf.value[: max(n, 0)].decode("utf-8", "replace")
+        self._eog = np.array([bool(_ll.llama_vocab_is_eog(self._vocab, t))
+                              for t in range(self.n_vocab)], dtype=bool)
+        self._piece_cache: dict[int, bytes] = {}
+        self._closed = False
+
+    # vocabulary ------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        arr = (_ll.llama_token * cap)()
+        n = _ll.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (_ll.llama_token * cap)()
+            n = _ll.llama_tokenize(self._vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            raise EdgespecError(f"tokenization failed ({n})")
+        return list(arr[:n])
+
+    def token_piece(self, token: int, special: bool = False) -> bytes:
+        """Raw bytes of one token (control tokens render empty unless special=True)."""
+        key = token if not special else -token - 1
+        piece = self._piece_cache.get(key)
+        if piece is None:
+            if not 0 <= token < self.n_vocab:
+                raise EdgespecError(f"token id {token} outside the vocabulary (0..{self.n_vocab - 1})")
+            buf = ctypes.create_string_buffer(64)
+            n = _ll.llama_token_to_piece(self._vocab, token, buf, 64, 0, special)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = _ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+            piece = buf.raw[:n]
+            self._piece_cache[key] = piece
+        return piece
+
+    def detokenize(self, tokens: Sequence[int], special: bool = False) -> bytes:
+        return b"".join(self.token_piece(t, special) for t in tokens)
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry's own text (as stored in the GGUF), for compatibility checks."""
+        raw = _ll.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", "replace") if raw is not None else ""
+
+    def token_attr(self, token: int) -> int:
+        return int(_ll.llama_vocab_get_attr(self._vocab, token))
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token]) if 0 <= token < self.n_vocab else False
+
+    @property
+    def eog_tokens(self) -> list[int]:
+        return [int(t) for t in np.flatnonzero(self._eog)]
+
+    def chat_template(self) -> str | None:
+        raw = _ll.llama_model_chat_template(self._m, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = _ll.llama_model_meta_val_str(self._m, key.encode(), buf, 4096)
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    # contexts ----------------------------------------------------------------
+    def new_context(self, n_ctx: int, n_batch: int = 512, n_threads: int | None = None,
+                    n_seq_max: int = 1, flash_attn: int = -1, type_k: int | None = None,
+                    type_v: int | None = None) -> "Context":
+        if n_ctx <= 0:
+            raise EdgespecError(f"context size must be positive (got {n_ctx})")
+        threads = n_threads or default_threads()
+        p = _ll.llama_context_default_params()
+        p.n_ctx = n_ctx
+        p.n_batch = n_batch
+        p.n_ubatch = n_batch
+        p.n_seq_max = n_seq_max
+        p.n_threads = threads
+        p.n_threads_batch = threads
+        p.flash_attn_type = flash_attn
+        p.no_perf = True
+        if type_k is not None:
+            p.type_k = type_k
+        if type_v is not None:
+            p.type_v = type_v
+        handle = _ll.llama_init_from_model(self._m, p)
+        if not handle:
+            raise EdgespecError(f"llama.cpp could not create a context of {n_ctx} tokens for "
+                                f"{self.path.name}: {recent_log(4)}")
+        return Context(self, handle, n_ctx=int(_ll.llama_n_ctx(handle)), n_batch=n_batch,
+                       n_threads=threads)
+
+    def close(self) -> None:
+        if not self._closed and self._m:
+            _ll.llama_model_free(self._m)
+            self._closed = True
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def default_threads() -> int:
+    """Physical cores when known (hyper-threads slow llama.cpp's decode), else logical ones."""
+    try:
+        import psutil
+        n = psutil.cpu_count(logical=False)
+    except Exception:
+        n = None
+    return max(1, n or os.cpu_count() or 1)
+
+
+def load_model(path: str | os.PathLike, n_gpu_layers: int = 0, use_extra_bufts: bool = False) -> Model:
+    """Load a GGUF file. The caller has already checked the header (registry.check_gguf).
+
+    ``use_extra_bufts`` (repacked CPU weight layouts) is off by default: with it on,
+    a position's logits depend on how many tokens share its batch already at k=4,
+    which flips greedy choices at near-ties between plain and speculative runs.
+    """
+    _ensure_init()
+    p = Path(path)
+    if not p.is_file():
+        raise ModelError(f"model file not found: {p}")
+    params = _ll.llama_model_default_params()
+    params.n_gpu_layers = n_gpu_layers
+    params.use_extra_bufts = use_extra_bufts
+    handle = _ll.llama_model_load_from_file(str(p).encode(), params)
+    if not handle:
+        raise ModelError(f"llama.cpp could not load {p}: {recent_log(4) or 'unknown error'}. "
+                         "Check the file with `edgespec models verify`.")
+    return Model(p, handle, n_gpu_layers, use_extra_bufts)
+
+
+# --- context -----------------------------------------------------------------
+class Context:
+    """One llama.cpp context: a KV cache with sequences, and batched decoding."""
+
+    def __init__(self, model: Model, handle, n_ctx: int, n_batch: int, n_threads: int) -> None:
+        self.model = model
+        self._c = handle
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.n_threads = n_threads
+        self._mem = _ll.llama_get_memory(handle)
+        self._batch_cap = n_batch
+        self._batch = _ll.llama_batch_init(n_batch, 0, 1)
+        self._closed = False
+
+    def decode(self, tokens: Sequence[int], pos0: int, seq_id: int = 0,
+               logits: str = "last") -> np.ndarray:
+        """Evaluate ``tokens`` at positions pos0.. in sequence ``seq_id``.
+
+        Returns a float32 copy of the logits: shape (1, n_vocab) for "last",
+        (len(tokens), n_vocab) for "all", (0, n_vocab) for "none". Inputs longer
+        than n_batch are split; only the final chunk can carry logits.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise EdgespecError("decode called with no tokens")
+        if pos0 < 0 or pos0 + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"positions {pos0}..{pos0 + n - 1} exceed the context of {self.n_ctx} tokens; "
+                "raise --ctx or shorten the prompt")
+        if logits == "all" and n > self.n_batch:
+            raise EdgespecError(f"all-position logits need at most n_batch={self.n_batch} tokens")
+        nv = self.model.n_vocab
+        out = None
+        start = 0
+        while start < n:
+            chunk = tokens[start:start + self.n_batch]
+            last_chunk = start + len(chunk) >= n
+            b = self._batch
+            for i, t in enumerate(chunk):
+                b.token[i] = int(t)
+                b.pos[i] = pos0 + start + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = seq_id
+                want = last_chunk and (logits == "all" or (logits == "last" and i == len(chunk) - 1))
+                b.logits[i] = 1 if want else 0
+            b.n_tokens = len(chunk)
+            rc = _ll.llama_decode(self._c, b)
+            if rc != 0:
+                raise EdgespecError(f"llama_decode failed with status {rc}"
+                                    f"{' (KV cache full)' if rc == 1 else ''}: {recent_log(3)}")
+            if last_chunk and logits != "none":
+                rows = len(chunk) if logits == "all" else 1
+                ptr = _ll.llama_get_logits(self._c)
+                out = np.ctypeslib.as_array(ptr, shape=(rows, nv)).copy()
+            start += len(chunk)
+        if out is None:
+            out = np.zeros((0, nv), dtype=np.float32)
+        return out
+
+    def trim(self, seq_id: int, from_pos: int) -> None:
+        """Drop every cached position >= from_pos of a sequence (rejected drafts)."""
+        ok = _ll.llama_memory_seq_rm(self._mem, seq_id, from_pos, -1)
+        if not ok:
+            raise EdgespecError(f"could not trim sequence {seq_id} from position {from_pos}")
+
+    def clear(self) -> None:
+        _ll.llama_memory_clear(self._mem, True)
+
+    def close(self) -> None:
+        if not self._closed:
+            _ll.llama_batch_free(self._batch)
+            _ll.llama_free(self._c)
+            self._closed = True
+
+    def __del__(self) -> None:  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,435 @@
+"""The speculative engine: load once, serve many requests as typed event streams.
+
+One request is one pass of this loop (all state in a ``_Request``):
+
+    prefill the prompt once -> the target's first token is *pending*
+    repeat:
+        the controller picks a proposer (or none) and a draft length k
+        the proposer drafts d1..dk
+        ONE target pass over [pending, d1..dk] with logits at every position
+        verification accepts a prefix d1..dn and yields the target's own token y
+        rejected positions are trimmed from the target's KV cache (and the draft's)
+        d1..dn, y are emitted; y becomes pending
+
+With k = 0 this is exactly the plain path, so ``--proposer none`` and the
+speculative modes share every line except the proposal.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from . import backend, chat, sampling, verify
+from .errors import ContextOverflowError, EdgespecError, InvalidInputError, UnsupportedError
+from .events import Control, Event, Finished, PrefillDone, RequestStarted, Step, TokenLogprob
+from .params import GenerationParams
+from .proposers import EMPTY_DRAFT, Proposer, free_proposer
+from .stats import RequestStats, StatsSink
+from .textstream import TextAssembler
+
+DEFAULT_CTX = 4096
+PLAIN = "none"
+
+
+@dataclass
+class Result:
+    text: str
+    tokens: tuple[int, ...]
+    stop_reason: str
+    stats: RequestStats
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass
+class _Request:
+    """Everything one request owns, so that several can later share one context."""
+
+    id: int
+    params: GenerationParams
+    proposer_name: str
+    tokens: list[int]  # prompt + generated, as the target has them (pending included)
+    n_prompt: int
+    seq_id: int = 0
+    n_past: int = 0  # positions of `tokens` already in the target's KV cache
+    session: object | None = None
+    controller: object | None = None
+    rng: np.random.Generator | None = None
+    stats: RequestStats = field(default_factory=RequestStats)
+    text: TextAssembler = field(default_factory=TextAssembler)
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    t0: float = 0.0
+    stop_reason: str = ""
+
+
+class Engine:
+    """A loaded target (plus proposers) that serves requests.
+
+    Thread safety: an engine runs one request at a time; concurrent calls to
+    :meth:`stream`/:meth:`generate` from a GUI thread pool wait their turn.
+    :meth:`cancel` may be called from any thread and ends the running request
+    at the next step boundary with ``stop_reason == "cancelled"``.
+    """
+
+    def __init__(self, target: backend.Model, ctx: backend.Context, *, target_name: str,
+                 proposers: dict[str, Proposer], default_proposer: str, draft_len: int = 4,
+                 controller_factory=None, draft_name: str | None = None,
+                 sinks: Sequence[StatsSink] = ()) -> None:
+        if default_proposer != PLAIN and default_proposer not in proposers:
+            raise EdgespecError(f"proposer {default_proposer!r} is not loaded")
+        self.target = target
+        self.ctx = ctx
+        self.target_name = target_name
+        self.draft_name = draft_name
+        self.proposers = proposers
+        self.default_proposer = default_proposer
+        self.draft_len = draft_len
+        self.controller_factory = controller_factory or _fixed_controller_factory(draft_len)
+        self.sinks = list(sinks)
+        self.plan = None  # set by load() when --proposer auto consulted the planner
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._ids = itertools.count(1)
+        self._template = target.chat_template()
+
+    # --- construction -----------------------------------------------------------
+    @classmethod
+    def load(cls, target: str, draft: str | None = None, proposer: str = "auto", *,
+             n_ctx: int | None = None, threads: int | None = None, draft_len: int | None = None,
+             proposer_options: dict | None = None, n_gpu_layers: int = 0,
+             draft_gpu_layers: int = 0, adaptive: bool = True, control_settings=None,
+             sinks: Sequence[StatsSink] = (), pull: bool = True) -> "Engine":
+        """Load a target (registry name or .gguf path) and the proposers a request may use.
+
+        The free proposers (ngram, suffix) are always loaded; a draft model only
+        when ``draft`` is given (or the planner picks one for ``proposer="auto"``).
+        """
+        from . import registry
+
+        options = dict(proposer_options or {})
+        plan = None
+        if proposer == "auto":
+            plan = _plan(target, draft, n_ctx)
+            proposer = plan.proposer if plan is not None else "suffix"
+            if proposer != "draft":
+                draft = None
+        if proposer == "draft" and draft is None:
+            raise InvalidInputError("--proposer draft needs --draft NAME|PATH (a model that shares "
+                                    "the target's vocabulary, see `edgespec models list`)")
+        if proposer not in (PLAIN, "draft") and proposer not in _free_names():
+            raise InvalidInputError(f"unknown proposer {proposer!r}; choose one of "
+                                    f"auto, none, draft, {', '.join(_free_names())}")
+        target_path = registry.resolve(target, pull=pull)
+        registry.check_gguf(target_path)
+        tmodel = backend.load_model(target_path, n_gpu_layers=n_gpu_layers)
+        if n_ctx is None:
+            n_ctx = plan.n_ctx if plan is not None and getattr(plan, "n_ctx", None) else \
+                min(DEFAULT_CTX, tmodel.n_ctx_train)
+        if n_ctx > tmodel.n_ctx_train:
+            raise InvalidInputError(f"--ctx {n_ctx} exceeds what {target_path.name} was trained for "
+                                    f"({tmodel.n_ctx_train})")
+        ctx = tmodel.new_context(n_ctx=n_ctx, n_threads=threads)
+        proposers: dict[str, Proposer] = {}
+        for name in _free_names():
+            try:
+                proposers[name] = free_proposer(name, **options.get(name, {}))
+            except ImportError as e:
+                if name == proposer:
+                    raise EdgespecError(f"the {name} proposer needs the native library, which is not "
+                                        f"built ({e}); run `make install`") from None
+        draft_name = None
+        if draft is not None:
+            from .proposers.draft import DraftModelProposer, check_compatible
+            dpath = registry.resolve(draft, pull=pull)
+            registry.check_gguf(dpath)
+            dmodel = backend.load_model(dpath, n_gpu_layers=draft_gpu_layers)
+            check_compatible(tmodel, dmodel)
+            proposers["draft"] = DraftModelProposer(dmodel, n_ctx=n_ctx, n_threads=threads)
+            draft_name = str(draft)
+        if draft_len is None:
+            draft_len = _default_draft_len(plan, proposer)
+        factory = _controller_factory(adaptive, draft_len, control_settings, tmodel, threads)
+        eng = cls(tmodel, ctx, target_name=str(target), proposers=proposers,
+                  default_proposer=proposer, draft_len=draft_len, controller_factory=factory,
+                  draft_name=draft_name, sinks=sinks)
+        eng.plan = plan
+        return eng
+
+    def close(self) -> None:
+        with self._lock:
+            for p in self.proposers.values():
+                p.close()
+            self.ctx.close()
+            self.target.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- requests -----------------------------------------------------------------
+    def cancel(self) -> None:
+        """End the running request at the next step boundary (thread-safe)."""
+        self._cancel.set()
+
+    def prompt_tokens(self, prompt: str | Sequence[dict], params: GenerationParams) -> list[int]:
+        """Tokenize a prompt (a string or a list of chat messages) the way a request will."""
+        if isinstance(prompt, str):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise InvalidInputError(f"the prompt is not valid UTF-8 text ({e.reason} at "
+                                        f"character {e.start})") from None
+            if not prompt.strip():
+                raise InvalidInputError("the prompt is empty")
+        if params.chat or not isinstance(prompt, str):
+            if self._template is None:
+                raise UnsupportedError(
+                    f"{self.target.path.name} has no chat template; use --raw to send the prompt as "
+                    "plain text")
+            msgs = chat.normalise_messages(prompt, params.system)
+            for m in msgs:
+                try:
+                    m["content"].encode("utf-8")
+                except UnicodeEncodeError:
+                    raise InvalidInputError("a chat message is not valid UTF-8 text") from None
+            bos = self.target.detokenize([self.target.bos], special=True).decode("utf-8", "replace")
+            eos = self.target.detokenize([self.target.eos], special=True).decode("utf-8", "replace")
+            text = chat.render(self._template, msgs, bos_token=bos, eos_token=eos)
+            # The template writes BOS itself where the model wants one.
+            return self.target.tokenize(text, add_special=False, parse_special=True)
+        return self.target.tokenize(prompt, add_special=True, parse_special=False)
+
+    def generate(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
+                 proposer: str | None = None) -> Result:
+        fin = None
+        for ev in self.stream(prompt, params, proposer=proposer):
+            if isinstance(ev, Finished):
+                fin = ev
+        assert fin is not None
+        return Result(text=fin.text, tokens=fin.tokens, stop_reason=fin.stop_reason,
+                      stats=fin.stats, logprobs=tuple(fin.logprobs))
+
+    def stream(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
+               proposer: str | None = None) -> Iterator[Event]:
+        """Run one request, yielding RequestStarted, PrefillDone, Step..., Control..., Finished."""
+        params = (params or GenerationParams()).validate()
+        name = proposer or self.default_proposer
+        if name != PLAIN and name not in self.proposers:
+            raise InvalidInputError(f"proposer {name!r} is not loaded in this engine "
+                                    f"(loaded: {', '.join([PLAIN, *self.proposers])})")
+        prompt_tokens = self.prompt_tokens(prompt, params)
+        if not prompt_tokens:
+            raise InvalidInputError("the prompt tokenized to nothing")
+        if len(prompt_tokens) + 1 > self.ctx.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt is {len(prompt_tokens)} tokens but the context holds {self.ctx.n_ctx}; "
+                "raise --ctx (up to the model's trained context) or shorten the prompt")
+        return self._run(prompt_tokens, params, name)
+
+    def _run(self, prompt_tokens: list[int], params: GenerationParams, name: str) -> Iterator[Event]:
+        with self._lock:
+            self._cancel.clear()
+            req = _Request(id=next(self._ids), params=params, proposer_name=name,
+                           tokens=list(prompt_tokens), n_prompt=len(prompt_tokens),
+                           text=TextAssembler(params.stop))
+            req.stats.proposer = name
+            if not params.sampling.greedy:
+                req.rng = sampling.make_rng(params.sampling.seed)
+            try:
+                yield from self._serve(req)
+            finally:
+                if req.session is not None:
+                    req.session.close(completed=req.stop_reason not in ("", "cancelled"))
+
+    def _serve(self, req: _Request) -> Iterator[Event]:
+        p = req.params
+        req.t0 = time.perf_counter()
+        yield RequestStarted(req.id, req.n_prompt, req.proposer_name, self.target_name,
+                             self.draft_name if req.proposer_name == "draft" else None)
+        self.ctx.clear()
+        logits = self.ctx.decode(req.tokens, 0, req.seq_id, logits="last")
+        req.n_past = len(req.tokens)
+        t_prefill = time.perf_counter() - req.t0
+        req.stats.observe_prefill(req.n_prompt, t_prefill)
+        yield PrefillDone(req.id, req.n_prompt, t_prefill)
+        if req.proposer_name != PLAIN:
+            req.session = self.proposers[req.proposer_name].open(req.tokens, p.sampling)
+            req.controller = self.controller_factory(req.proposer_name, self.proposers)
+
+        first = self._choose_plain(req, logits[0])
+        step = self._emit(req, [first], [logits[0]], n_acc=0, proposer=None, drafted=0,
+                          draft_s=0.0, verify_s=t_prefill)
+        if req.session is not None:
+            req.session.accept([first], 0)
+        yield step
+
+        while not req.stop_reason:
+            if self._cancel.is_set():
+                req.stop_reason = "cancelled"
+                break
+            remaining = p.max_tokens - len(req.generated)
+            room = self.ctx.n_ctx - req.n_past - 1  # positions left after the pending token
+            if room < 0:
+                req.stop_reason = "context"
+                break
+            k, use = 0, None
+            if req.controller is not None:
+                use, k = req.controller.decide(req)
+                for kind, reason in req.controller.drain_events():
+                    req.stats.observe_control(kind)
+                    yield Control(req.id, kind, reason, draft_length=k, proposer=use)
+                k = max(0, min(k, remaining - 1, room))
+            t_a = time.perf_counter()
+            draft = req.session.propose(k) if (use is not None and k > 0) else EMPTY_DRAFT
+            t_b = time.perf_counter()
+            batch = [req.tokens[-1], *draft.tokens]
+            rows = self.ctx.decode(batch, req.n_past, req.seq_id,
+                                   logits="all" if draft.tokens else "last")
+            n_acc, nxt = self._verify(req, draft, rows)
+            req.n_past += 1 + n_acc
+            if n_acc < len(draft.tokens):
+                self.ctx.trim(req.seq_id, req.n_past)
+            t_c = time.perf_counter()
+            new = [*draft.tokens[:n_acc], nxt]
+            if req.session is not None:
+                req.session.accept(new, n_acc)
+            if req.controller is not None:
+                req.controller.observe(use if draft.tokens else None, len(draft.tokens), n_acc,
+                                       t_b - t_a, t_c - t_b, draft)
+            yield self._emit(req, new, rows[: n_acc + 1], n_acc=n_acc,
+                             proposer=use if draft.tokens else None, drafted=len(draft.tokens),
+                             draft_s=t_b - t_a, verify_s=t_c - t_b)
+
+        tail = req.text.flush()
+        total = time.perf_counter() - req.t0
+        req.stats.finish(req.stop_reason, total)
+        for sink in self.sinks:
+            sink.emit(req.stats)
+        if tail:
+            yield Step(req.id, (), tail, (), None, 0, 0, 0.0, 0.0, total)
+        yield Finished(req.id, req.text.text, tuple(req.generated), req.stop_reason, req.stats,
+                       logprobs=tuple(req.logprobs))
+
+    # --- verification ----------------------------------------------------------------
+    def _choose_plain(self, req: _Request, row: np.ndarray) -> int:
+        s = req.params.sampling
+        if s.greedy:
+            return sampling.greedy_token(row, req.tokens, s)
+        return sampling.sample(sampling.distribution(row, req.tokens, s), req.rng)
+
+    def _verify(self, req: _Request, draft, rows: np.ndarray) -> tuple[int, int]:
+        s = req.params.sampling
+        d = draft.tokens
+        if not d:
+            return 0, self._choose_plain(req, rows[0])
+        if s.greedy:
+            # Row i predicts the token after d[:i]; stop at the first disagreement.
+            ys = []
+            for i in range(len(d) + 1):
+                ys.append(sampling.greedy_token(rows[i], [*req.tokens, *d[:i]], s))
+                if i < len(d) and ys[i] != d[i]:
+                    break
+            return verify.verify_greedy(d, ys)
+        target = np.stack([sampling.distribution(rows[i], [*req.tokens, *d[:i]], s)
+                           for i in range(len(d) + 1)])
+        return verify.verify_sampling(d, draft.probs, target, req.rng)
+
+    # --- emission -----------------------------------------------------------------------
+    def _emit(self, req: _Request, new: list[int], rows, *, n_acc: int, proposer: str | None,
+              drafted: int, draft_s: float, verify_s: float) -> Step:
+        """Append verified tokens one by one, honouring EOG, stop strings and max_tokens."""
+        p = req.params
+        out_tokens: list[int] = []
+        origins: list[str] = []
+        lps: list[TokenLogprob] = []
+        text = ""
+        for i, tok in enumerate(new):
+            if self.target.is_eog(tok):
+                req.stop_reason = "eos"
+                break
+            req.tokens.append(tok)
+            req.generated.append(tok)
+            out_tokens.append(tok)
+            origins.append("draft" if i < n_acc else "target")
+            if p.logprobs is not None:
+                lp = _logprob(rows[i], tok, p.logprobs)
+                lps.append(lp)
+                req.logprobs.append(lp)
+            text += req.text.push(self.target.token_piece(tok))
+            if req.text.stopped:
+                req.stop_reason = "stop"
+                break
+            if len(req.generated) >= p.max_tokens:
+                req.stop_reason = "length"
+                break
+        # The pending token is the last of `new`; it is in `tokens` but not yet in the KV cache
+        # (it was emitted above, or the request ended).
+        elapsed = time.perf_counter() - req.t0
+        req.stats.observe_step(proposer=proposer, drafted=drafted, accepted=n_acc,
+                               emitted=len(out_tokens), draft_seconds=draft_s,
+                               verify_seconds=verify_s, elapsed=elapsed)
+        return Step(req.id, tuple(out_tokens), text, tuple(origins), proposer, drafted, n_acc,
+                    draft_s, verify_s, elapsed, logprobs=tuple(lps))
+
+
+def _logprob(row: np.ndarray, tok: int, top_n: int) -> TokenLogprob:
+    x = row.astype(np.float64)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    top: tuple[tuple[int, float], ...] = ()
+    if top_n > 0:
+        idx = np.argpartition(-x, top_n - 1)[:top_n]
+        idx = idx[np.argsort(-x[idx])]
+        top = tuple((int(i), float(x[i] - lse)) for i in idx)
+    return TokenLogprob(int(tok), float(x[tok] - lse), top)
+
+
+def _free_names() -> list[str]:
+    from .proposers import FREE_PROPOSERS
+    return list(FREE_PROPOSERS)
+
+
+class _FixedController:
+    """Always the request's proposer at a fixed draft length."""
+
+    def __init__(self, proposer: str, k: int) -> None:
+        self.proposer, self.k = proposer, k
+
+    def decide(self, req) -> tuple[str | None, int]:  # noqa: ARG002
+        return self.proposer, self.k
+
+    def observe(self, *args) -> None:
+        pass
+
+    def drain_events(self) -> list[tuple[str, str]]:
+        return []
+
+
+def _fixed_controller_factory(k: int):
+    return lambda proposer, proposers: _FixedController(proposer, k)
+
+
+def _controller_factory(adaptive: bool, draft_len: int, settings, model, threads):
+    return _fixed_controller_factory(draft_len)
+
+
+def _default_draft_len(plan, proposer: str) -> int:
+    if plan is not None and getattr(plan, "draft_len", None):
+        dl = plan.draft_len
+        return int(dl[1] if isinstance(dl, (tuple, list)) else dl)
+    return 4 if proposer == "draft" else 3
+
+
+def _plan(target: str, draft: str | None, n_ctx: int | None):
+    try:
+        from . import planner
+    except ImportError:
+        return None
+    return planner.plan_for(target, draft, ctx=n_ctx)

@@ -1,0 +1,135 @@
+"""A GGUF draft model that shares the target's vocabulary.
+
+The draft keeps its own KV cache in step with the accepted sequence instead of
+re-reading it every step: after each verification only the rejected tail is
+trimmed, and the tokens it has not seen yet (at most the target's own token and
+the last draft token) are fed with the next proposal.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import IncompatibleDraftError
+from ..params import SamplingParams
+from .base import EMPTY_DRAFT, Draft
+
+
+class DraftModelProposer:
+    name = "draft"
+    costly = True
+
+    def __init__(self, model, n_ctx: int, n_threads: int | None = None, n_batch: int = 512) -> None:
+        self.model = model
+        self.ctx = model.new_context(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+        self.seconds_per_token = 0.0  # running estimate, read by the controller
+        self._busy = False
+
+    def open(self, prompt_tokens: Sequence[int], sampling: SamplingParams) -> "DraftSession":
+        if self._busy:
+            raise RuntimeError("the draft model serves one request at a time")
+        self._busy = True
+        self.ctx.clear()
+        return DraftSession(self, list(prompt_tokens), sampling)
+
+    def _release(self) -> None:
+        self._busy = False
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+class DraftSession:
+    def __init__(self, owner: DraftModelProposer, tokens: list[int], sampling: SamplingParams) -> None:
+        self.owner = owner
+        self.seq = tokens  # the accepted sequence, as the target sees it
+        self.kv_len = 0  # how many of seq are in the draft's KV cache
+        self.sampling = sampling
+        self.pending: list[int] = []  # last proposal, to match against accepted tokens
+        self._rng = None
+        if not sampling.greedy:
+            from ..sampling import make_rng
+            self._rng = make_rng(None if sampling.seed is None else sampling.seed + 0x5EED)
+
+    def propose(self, k: int) -> Draft:
+        ctx = self.owner.ctx
+        if k <= 0 or len(self.seq) + k >= ctx.n_ctx:
+            self.pending = []
+            return EMPTY_DRAFT
+        t0 = time.perf_counter()
+        feed = self.seq[self.kv_len:]
+        logits = ctx.decode(feed, self.kv_len, logits="last")[0]
+        self.kv_len = len(self.seq)
+        tokens: list[int] = []
+        probs: list[np.ndarray] = []
+        conf: list[float] = []
+        history = list(self.seq)
+        for i in range(k):
+            tok, p, c = self._choose(logits, history)
+            tokens.append(tok)
+            conf.append(c)
+            if p is not None:
+                probs.append(p)
+            history.append(tok)
+            if i + 1 < k:
+                logits = ctx.decode([tok], self.kv_len + i, logits="last")[0]
+        dt = time.perf_counter() - t0
+        n_decoded = max(len(feed), 1) + k - 1
+        est = dt / n_decoded
+        o = self.owner
+        o.seconds_per_token = est if o.seconds_per_token == 0 else 0.8 * o.seconds_per_token + 0.2 * est
+        self.pending = tokens
+        return Draft(tokens=tuple(tokens), probs=np.stack(probs) if probs else None,
+                     confidence=tuple(conf), source="draft")
+
+    def _choose(self, logits: np.ndarray, history: list[int]):
+        if self._rng is None:
+            # greedy verification only needs the draft's best guess; its softmax mass
+            # at that token is the confidence the controller weighs
+            tok = int(np.argmax(logits))
+            m = float(logits[tok])
+            conf = 1.0 / float(np.sum(np.exp(logits.astype(np.float64) - m)))
+            return tok, None, conf
+        from ..sampling import distribution, sample
+        p = distribution(logits, history, self.sampling)
+        tok = sample(p, self._rng)
+        return tok, p, float(p[tok])
+
+    def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None:
+        if self.pending:
+            # propose() left seq + pending[:-1] in the KV cache; keep the accepted part.
+            keep = len(self.seq) + min(n_drafted_accepted, len(self.pending) - 1)
+            self.owner.ctx.trim(0, keep)
+            self.kv_len = keep
+        self.seq.extend(int(t) for t in tokens)
+        self.pending = []
+
+    def close(self, completed: bool) -> None:  # noqa: ARG002
+        self.owner._release()
+
+
+def check_compatible(target, draft) -> None:
+    """Refuse a draft whose token ids do not mean the same text as the target's.
+
+    Compares vocabulary size, BOS/EOS, every token's text and attributes, and
+    the end-of-generation set; the message names the first difference.
+    """
+    tn, dn = target.path.name, draft.path.name
+    if target.n_vocab != draft.n_vocab:
+        raise IncompatibleDraftError(
+            f"draft {dn} has {draft.n_vocab} tokens, target {tn} has {target.n_vocab}: their "
+            "vocabularies differ, so draft token ids mean nothing to the target. Pick a draft of the "
+            "same family (see `edgespec models list`) or use --proposer ngram/suffix.")
+    for what, a, b in (("BOS", target.bos, draft.bos), ("EOS", target.eos, draft.eos)):
+        if a != b:
+            raise IncompatibleDraftError(f"draft {dn} has {what} token {b}, target {tn} has {a}; "
+                                         "they do not share a tokenizer")
+    for t in range(target.n_vocab):
+        if target.token_text(t) != draft.token_text(t) or target.token_attr(t) != draft.token_attr(t):
+            raise IncompatibleDraftError(
+                f"token {t} is {target.token_text(t)!r} in the target {tn} but "
+                f"{draft.token_text(t)!r} in the draft {dn}: the vocabularies differ")
+    if set(target.eog_tokens) != set(draft.eog_tokens):
+        raise IncompatibleDraftError(f"draft {dn} and target {tn} disagree on end-of-generation tokens")
