@@ -59,6 +59,10 @@ class Step:
     verify_seconds: float
     elapsed: float  # seconds since the request started
     logprobs: tuple[TokenLogprob, ...] = ()
+    # per-token text aligned with ``tokens`` ("".join(pieces) == text; a token that only
+    # starts a multi-byte character has "" and the one completing it carries it), so
+    # adapters can colour each token by origin; () when the engine does not fill it
+    pieces: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
