@@ -1,0 +1,48 @@
+"""Shared fixtures: real models from the registry (pulled on first use, cached under
+EDGESPEC_HOME), and engines loaded once per session because loading costs seconds."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    """model_path(name) -> Path of a pulled, digest-checked registry model."""
+    from edgespec import registry
+
+    cache: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in cache:
+            cache[name] = Path(registry.resolve(name, pull=True))
+        return cache[name]
+
+    return get
+
+
+_ENGINES: dict = {}
+
+
+@pytest.fixture(scope="session")
+def engine_factory(model_path):
+    """engine_factory(target, draft=None, **kw) -> a cached Engine (closed at session end)."""
+    from edgespec.engine import Engine
+
+    def get(target: str, draft: str | None = None, **kw):
+        key = (target, draft, tuple(sorted(kw.items())))
+        if key not in _ENGINES:
+            t = str(model_path(target))
+            d = str(model_path(draft)) if draft else None
+            kw.setdefault("proposer", "draft" if d else "ngram")
+            kw.setdefault("n_ctx", 2048)
+            kw.setdefault("threads", int(os.environ.get("EDGESPEC_TEST_THREADS", "2")))
+            _ENGINES[key] = Engine.load(t, draft=d, **kw)
+        return _ENGINES[key]
+
+    yield get
+    for eng in _ENGINES.values():
+        eng.close()
+    _ENGINES.clear()
