@@ -14,6 +14,9 @@ def cli() -> None:
 
 # --- subcommands: each lives in its own module, registered here explicitly ---
 # (helpers: add one import + add_command line per command group below)
+from .cli_generate import generate  # noqa: E402
+
+cli.add_command(generate)
 
 
 def main() -> None:

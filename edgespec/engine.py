@@ -349,7 +349,7 @@ class Engine:
         out_tokens: list[int] = []
         origins: list[str] = []
         lps: list[TokenLogprob] = []
-        text = ""
+        pieces: list[str] = []
         for i, tok in enumerate(new):
             if self.target.is_eog(tok):
                 req.stop_reason = "eos"
@@ -362,7 +362,7 @@ class Engine:
                 lp = _logprob(rows[i], tok, p.logprobs)
                 lps.append(lp)
                 req.logprobs.append(lp)
-            text += req.text.push(self.target.token_piece(tok))
+            pieces.append(req.text.push(self.target.token_piece(tok)))
             if req.text.stopped:
                 req.stop_reason = "stop"
                 break
@@ -375,8 +375,8 @@ class Engine:
         req.stats.observe_step(proposer=proposer, drafted=drafted, accepted=n_acc,
                                emitted=len(out_tokens), draft_seconds=draft_s,
                                verify_seconds=verify_s, elapsed=elapsed)
-        return Step(req.id, tuple(out_tokens), text, tuple(origins), proposer, drafted, n_acc,
-                    draft_s, verify_s, elapsed, logprobs=tuple(lps))
+        return Step(req.id, tuple(out_tokens), "".join(pieces), tuple(origins), proposer, drafted,
+                    n_acc, draft_s, verify_s, elapsed, logprobs=tuple(lps), pieces=tuple(pieces))
 
 
 def _logprob(row: np.ndarray, tok: int, top_n: int) -> TokenLogprob:

@@ -1,0 +1,108 @@
+"""`edgespec generate`: one-shot generation, streamed to stdout."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from .cli_common import handle_errors
+from .errors import InvalidInputError
+from .params import GenerationParams, SamplingParams
+
+PROPOSERS = ["auto", "none", "draft", "ngram", "suffix"]
+
+
+def read_prompt(prompt: str | None) -> str:
+    """The prompt argument, or stdin when it is absent or '-'; stdin must be UTF-8."""
+    if prompt is not None and prompt != "-":
+        return prompt
+    if sys.stdin is None or (sys.stdin.isatty() and prompt is None):
+        raise InvalidInputError("no prompt: pass it as an argument or pipe it on stdin")
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidInputError(f"stdin is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset "
+                                f"{e.start}); convert it first, e.g. with iconv -t UTF-8") from None
+
+
+@click.command()
+@click.argument("prompt", required=False)
+@click.option("--target", default="qwen-1.5b", show_default=True, help="Registry name or .gguf path.")
+@click.option("--draft", default=None, help="Draft model (registry name or .gguf path) for --proposer draft.")
+@click.option("--proposer", type=click.Choice(PROPOSERS), default="auto", show_default=True,
+              help="auto asks the planner; none is the plain path.")
+@click.option("--draft-len", type=click.IntRange(1, 64), default=None,
+              help="Draft length (the maximum when adaptive control is on).")
+@click.option("--adaptive/--no-adaptive", default=True, show_default=True,
+              help="Adaptive draft length, fallback and goodput guard.")
+@click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0.0), default=0.0, show_default=True,
+              help="0 = greedy.")
+@click.option("--top-k", type=click.IntRange(0), default=0, help="0 = off.")
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0)
+@click.option("--min-p", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0)
+@click.option("--repeat-penalty", type=click.FloatRange(0.0, min_open=True), default=1.0)
+@click.option("--presence-penalty", type=float, default=0.0)
+@click.option("--frequency-penalty", type=float, default=0.0)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", multiple=True, help="Stop string (repeatable); never printed.")
+@click.option("--chat/--raw", default=True, show_default=True,
+              help="Apply the model's own GGUF chat template, or send the prompt as raw text.")
+@click.option("--system", default=None, help="System message (with --chat).")
+@click.option("--ctx", "n_ctx", type=click.IntRange(64), default=None, help="Context size in tokens.")
+@click.option("--threads", type=click.IntRange(1), default=None)
+@click.option("--logprobs", type=click.IntRange(0, 20), default=None,
+              help="Report each token's log-probability and N alternatives (with --json).")
+@click.option("--stats", "show_stats", is_flag=True, help="Print a stats summary to stderr.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON record instead of streaming text.")
+@handle_errors
+def generate(prompt, target, draft, proposer, draft_len, adaptive, max_tokens, temperature, top_k,
+             top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty, seed, stop, chat,
+             system, n_ctx, threads, logprobs, show_stats, as_json):
+    """Generate a completion for PROMPT (or stdin)."""
+    from .engine import Engine
+    from .events import Control, Finished, Step
+
+    text = read_prompt(prompt)
+    params = GenerationParams(
+        max_tokens=max_tokens, stop=tuple(stop), chat=chat, system=system, logprobs=logprobs,
+        sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+                                frequency_penalty=frequency_penalty, seed=seed),
+    ).validate()
+    engine = Engine.load(target, draft=draft, proposer=proposer, n_ctx=n_ctx, threads=threads,
+                         draft_len=draft_len, adaptive=adaptive)
+    try:
+        if engine.plan is not None and show_stats and not as_json:
+            click.echo(f"[plan] {_plan_line(engine.plan)}", err=True)
+        fin = None
+        controls = []
+        for ev in engine.stream(text, params):
+            if isinstance(ev, Step) and not as_json:
+                click.echo(ev.text, nl=False)
+                sys.stdout.flush()
+            elif isinstance(ev, Control):
+                controls.append({"kind": ev.kind, "reason": ev.reason})
+            elif isinstance(ev, Finished):
+                fin = ev
+        if as_json:
+            rec = {"text": fin.text, "tokens": list(fin.tokens), "stop_reason": fin.stop_reason,
+                   "target": target, "proposer": engine.default_proposer,
+                   "stats": fin.stats.to_dict(), "control": controls}
+            if logprobs is not None:
+                rec["logprobs"] = [{"token": lp.token, "logprob": lp.logprob,
+                                    "top": [[t, v] for t, v in lp.top]} for lp in fin.logprobs]
+            click.echo(json.dumps(rec))
+        else:
+            click.echo()
+        if show_stats:
+            click.echo(fin.stats.summary(), err=True)
+    finally:
+        engine.close()
+
+
+def _plan_line(plan) -> str:
+    summary = getattr(plan, "summary", None)
+    return summary() if callable(summary) else str(plan)
