@@ -17,7 +17,14 @@ def cli() -> None:
 from .cli_generate import generate  # noqa: E402
 
 cli.add_command(generate)
+from .cli_models import models  # noqa: E402
+
+cli.add_command(models)
 
 
 def main() -> None:
     cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""`edgespec models list|pull|verify|path`: the registry from the command line."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from . import registry
+from .cli_common import handle_errors
+from .errors import ModelError
+
+
+def _human(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def _progress(message: str) -> None:
+    click.echo(f"edgespec: {message}", err=True)
+
+
+@click.group("models")
+def models() -> None:
+    """List, pull and verify the registry's GGUF models (see models.toml)."""
+
+
+@models.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
+@handle_errors
+def list_models(as_json: bool) -> None:
+    """Every registry model, whether it is pulled, and every target–proposer pair.
+
+    STATUS is "verified" (digest checked since the file last changed), "unverified"
+    (present; `models verify` hashes it), "wrong size" or "missing".
+    """
+    reg = registry.load_registry()
+    rows = []
+    for spec in reg.models.values():
+        rows.append({
+            "name": spec.name, "role": spec.role, "size": spec.size, "quant": spec.quant,
+            "tokenizer": spec.tokenizer, "context": spec.context,
+            "chat_template": spec.chat_template, "status": registry.model_status(spec.name),
+            "path": str(registry.model_path(spec.name)),
+        })
+    pairs = []
+    for p in reg.pairs:
+        slices = registry.qualification(p.target, p.key)
+        pairs.append({"target": p.target, "proposer": p.key, "qualified_slices": sorted(slices)})
+    if as_json:
+        click.echo(json.dumps({"home": str(registry.edgespec_home()), "registry": str(reg.path),
+                               "default_target": reg.default_target,
+                               "default_draft": reg.default_draft,
+                               "models": rows, "pairs": pairs}, indent=2))
+        return
+    header = ("NAME", "ROLE", "SIZE", "QUANT", "TOKENIZER", "CTX", "CHAT", "STATUS")
+    table = [header] + [(r["name"], r["role"], _human(r["size"]), r["quant"], r["tokenizer"],
+                         str(r["context"]), "yes" if r["chat_template"] else "no", r["status"])
+                        for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    click.echo(f"\nmodels in {registry.models_dir()}  (default target {reg.default_target}, "
+               f"draft {reg.default_draft or '-'})")
+    click.echo("\nPAIRS")
+    pw = max((len(p["target"]) for p in pairs), default=0)
+    kw = max((len(p["proposer"]) for p in pairs), default=0)
+    for p in pairs:
+        qual = ("qualified: " + ", ".join(p["qualified_slices"])) if p["qualified_slices"] \
+            else "not qualified yet"
+        click.echo(f"{p['target'].ljust(pw)}  + {p['proposer'].ljust(kw)}  {qual}")
+
+
+@models.command("pull")
+@click.argument("names", nargs=-1)
+@click.option("--all", "pull_all", is_flag=True, help="Pull every registry model.")
+@click.option("--force", is_flag=True, help="Re-pull even if the file is present and verifies.")
+@handle_errors
+def pull_models(names: tuple[str, ...], pull_all: bool, force: bool) -> None:
+    """Install, assemble and verify models into $EDGESPEC_HOME/models.
+
+    With no NAMES, pulls the default target and draft. A present file with the
+    right digest is left alone; a file whose digest does not match is refused.
+    """
+    reg = registry.load_registry()
+    if pull_all and names:
+        raise click.UsageError("give model names or --all, not both")
+    if pull_all:
+        names = tuple(reg.models)
+    elif not names:
+        names = tuple(n for n in (reg.default_target, reg.default_draft) if n)
+    for name in names:
+        reg.get(name)  # every name is checked before a long download starts
+    for name in names:
+        path = registry.pull(name, force=force, progress=_progress)
+        click.echo(f"{name}\t{path}")
+
+
+@models.command("verify")
+@click.argument("names", nargs=-1)
+@handle_errors
+def verify_models(names: tuple[str, ...]) -> None:
+    """Re-hash models (registry names or .gguf paths) against their pinned sha256.
+
+    With no NAMES, verifies every pulled registry model. Exits 1 if any file
+    does not match or an explicitly named model is not pulled.
+    """
+    reg = registry.load_registry()
+    explicit = bool(names)
+    if not names:
+        names = tuple(n for n in reg.models if registry.model_path(n).is_file())
+        if not names:
+            click.echo("no models pulled yet; run `edgespec models pull`")
+            return
+    failures = 0
+    for name in names:
+        try:
+            v = registry.verify(name, progress=_progress)
+        except ModelError as e:
+            if not explicit:
+                raise
+            click.echo(f"{name}\tFAILED\t{e}")
+            failures += 1
+            continue
+        status = "ok" if v.ok else "MISMATCH"
+        detail = "" if v.message == "ok" else f"\t{v.message}"
+        click.echo(f"{name}\t{status}\t{v.actual_sha256}{detail}")
+        failures += not v.ok
+    if failures:
+        click.echo(f"{failures} of {len(names)} failed verification", err=True)
+        sys.exit(1)
+
+
+@models.command("path")
+@click.argument("name")
+@click.option("--no-pull", is_flag=True, help="Fail instead of pulling a missing model.")
+@handle_errors
+def model_path(name: str, no_pull: bool) -> None:
+    """Print the local path of NAME (a registry name or a .gguf path), pulling it if needed."""
+    click.echo(str(registry.resolve(name, pull=not no_pull, progress=_progress)))
