@@ -265,7 +265,7 @@ class Engine:
 
         first = self._choose_plain(req, logits[0])
         step = self._emit(req, [first], [logits[0]], n_acc=0, proposer=None, drafted=0,
-                          draft_s=0.0, verify_s=t_prefill)
+                          draft_s=0.0, verify_s=0.0)
         if req.session is not None:
             req.session.accept([first], 0)
         yield step
@@ -337,9 +337,7 @@ class Engine:
                 if i < len(d) and ys[i] != d[i]:
                     break
             return verify.verify_greedy(d, ys)
-        target = np.stack([sampling.distribution(rows[i], [*req.tokens, *d[:i]], s)
-                           for i in range(len(d) + 1)])
-        return verify.verify_sampling(d, draft.probs, target, req.rng)
+        return verify.verify_sampling(d, draft.probs, _TargetRows(rows, req.tokens, d, s), req.rng)
 
     # --- emission -----------------------------------------------------------------------
     def _emit(self, req: _Request, new: list[int], rows, *, n_acc: int, proposer: str | None,
@@ -377,6 +375,20 @@ class Engine:
                                verify_seconds=verify_s, elapsed=elapsed)
         return Step(req.id, tuple(out_tokens), "".join(pieces), tuple(origins), proposer, drafted,
                     n_acc, draft_s, verify_s, elapsed, logprobs=tuple(lps), pieces=tuple(pieces))
+
+
+class _TargetRows:
+    """The target's distributions at each draft position, computed only when read
+    (verification stops at the first rejection)."""
+
+    def __init__(self, rows: np.ndarray, history: list[int], draft: Sequence[int], params) -> None:
+        self.rows, self.history, self.draft, self.params = rows, history, draft, params
+
+    def __len__(self) -> int:
+        return len(self.draft) + 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return sampling.distribution(self.rows[i], [*self.history, *self.draft[:i]], self.params)
 
 
 def _logprob(row: np.ndarray, tok: int, top_n: int) -> TokenLogprob:

@@ -83,6 +83,7 @@ class Finished:
     tokens: tuple[int, ...]
     stop_reason: str  # "eos" | "stop" | "length" | "context" | "cancelled"
     stats: "RequestStats" = field(repr=False)
+    logprobs: tuple[TokenLogprob, ...] = ()  # per emitted token, when requested
 
 
 Event = Union[RequestStarted, PrefillDone, Step, Control, Finished]
