@@ -165,6 +165,7 @@ class Model:
         if n_ctx <= 0:
             raise EdgespecError(f"context size must be positive (got {n_ctx})")
         threads = n_threads or default_threads()
+        n_batch = max(1, min(n_batch, n_ctx))
         p = _ll.llama_context_default_params()
         p.n_ctx = n_ctx
         p.n_batch = n_batch
@@ -182,7 +183,9 @@ class Model:
         if not handle:
             raise EdgespecError(f"llama.cpp could not create a context of {n_ctx} tokens for "
                                 f"{self.path.name}: {recent_log(4)}")
-        return Context(self, handle, n_ctx=int(_ll.llama_n_ctx(handle)), n_batch=n_batch,
+        # llama.cpp may round the context up (the user's limit still holds) and clamp the batch.
+        return Context(self, handle, n_ctx=min(n_ctx, int(_ll.llama_n_ctx(handle))),
+                       n_batch=min(int(_ll.llama_n_batch(handle)), int(_ll.llama_n_ubatch(handle))),
                        n_threads=threads)
 
     def close(self) -> None:
@@ -308,3 +311,84 @@ class Context:
             self.close()
         except Exception:
             pass
+
+
+# --- benchmark anchor: llama-cpp-python's own speculation -----------------------------
+class PromptLookupAnchor:
+    """llama-cpp-python's high-level ``Llama`` with ``LlamaPromptLookupDecoding``, as users run it
+    today, traced for the benchmark (see edgespec.bench.anchor for how the trace is read)."""
+
+    def __init__(self, llm, lookup, passes: list) -> None:
+        self._llm = llm
+        self._lookup = lookup
+        self._passes = passes  # the lookup appends (sequence length, drafted) on every call
+        self._vocab = _ll.llama_model_get_vocab(llm.model)
+        self.n_ctx = llm.n_ctx()
+        self.num_pred_tokens = lookup.num_pred_tokens
+
+    def generate(self, prompt_tokens: Sequence[int], max_tokens: int, temperature: float = 0.0):
+        import time
+
+        from .bench.anchor import AnchorTrace
+
+        if len(prompt_tokens) + max_tokens + 1 > self.n_ctx:
+            raise ContextOverflowError(
+                f"the anchor's context holds {self.n_ctx} tokens, the request needs "
+                f"{len(prompt_tokens) + max_tokens + 1}")
+        self._passes.clear()
+        self._llm.reset()  # no prefix reuse between requests: every request prefills, as ours do
+        tokens: list[int] = []
+        times: list[float] = []
+        eog_time = None
+        first = None
+        t0 = time.perf_counter()
+        gen = self._llm.generate(list(prompt_tokens), temp=temperature, top_k=0, top_p=1.0,
+                                 min_p=0.0, repeat_penalty=1.0, reset=True)
+        try:
+            for tok in gen:
+                now = time.perf_counter() - t0
+                first = now if first is None else first
+                if _ll.llama_vocab_is_eog(self._vocab, tok):
+                    eog_time = now
+                    break
+                tokens.append(int(tok))
+                times.append(now)
+                if len(tokens) >= max_tokens:
+                    break
+        finally:
+            gen.close()
+        total = time.perf_counter() - t0
+        return AnchorTrace(prompt_tokens=len(prompt_tokens), tokens=tuple(tokens),
+                           token_times=tuple(times), passes=tuple(self._passes),
+                           first_token_seconds=first if first is not None else total,
+                           total_seconds=total, stop_reason="eos" if eog_time is not None else "length",
+                           eog_time=eog_time)
+
+    def close(self) -> None:
+        self._llm.close()
+
+
+def anchor_prompt_lookup(model_path: str | os.PathLike, n_ctx: int, threads: int | None,
+                         num_pred_tokens: int = 10, max_ngram_size: int = 2) -> PromptLookupAnchor:
+    """Load the anchor. It keeps logits for every position of its context (n_ctx x n_vocab
+    floats, 1.2 GiB at 2048 tokens for Qwen's vocabulary), so keep n_ctx modest."""
+    _ensure_init()
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    passes: list[tuple[int, int]] = []
+
+    class _Traced(LlamaPromptLookupDecoding):
+        def __call__(self, input_ids, /, **kwargs):
+            draft = super().__call__(input_ids, **kwargs)
+            passes.append((int(input_ids.shape[0]), int(draft.shape[0])))
+            return draft
+
+    threads = threads or default_threads()
+    lookup = _Traced(max_ngram_size=max_ngram_size, num_pred_tokens=num_pred_tokens)
+    try:
+        llm = _ll.Llama(model_path=str(model_path), n_ctx=n_ctx, n_threads=threads,
+                        n_threads_batch=threads, draft_model=lookup, verbose=False)
+    except (ValueError, RuntimeError) as e:
+        raise ModelError(f"llama-cpp-python could not load {model_path} for the prompt-lookup "
+                         f"anchor: {e}") from None
+    return PromptLookupAnchor(llm, lookup, passes)
