@@ -673,9 +673,10 @@ def _assemble(spec: ModelSpec, pkgdir: Path, part: Path, tmp: Path) -> None:
                                src.function, str(part)], cwd=tmp, stdin=subprocess.DEVNULL,
                               capture_output=True, text=True)
         if proc.returncode != 0:
-            tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
+            lines = proc.stderr.strip().splitlines()
             raise ModelError(f"{spec.name}: {src.module}.{src.function}() failed to assemble "
-                             f"the model:\n{tail}")
+                             f"the model ({lines[-1] if lines else f'exit {proc.returncode}'}); "
+                             "check models.toml or report it")
         if not part.is_file():
             raise ModelError(f"{spec.name}: {src.module}.{src.function}() wrote no file")
         _fsync(part)
