@@ -1,0 +1,360 @@
+"""What a target pass over n tokens costs on this device, relative to a one-token pass.
+
+Speculation pays only when the tokens a draft is expected to yield outrun the
+extra cost of verifying it, and that cost is a property of the device: on a
+2-core CPU verifying 7 drafts (an 8-token batch) costs about 2.9 plain steps,
+on a GPU about one. So the controller and the planner read a measured curve
+instead of assuming one.
+
+Convention (used everywhere in edgespec): ``n`` counts *every token in the
+batch*. A plain step is a 1-token pass (the last emitted token); verifying a
+draft of ``d`` tokens is an ``n = d + 1`` pass (the last emitted token followed
+by the ``d`` drafts), so its cost is ``cost(d + 1)``, which
+:meth:`Calibration.verify_cost` spells out. ``cost(1) == 1`` by definition.
+
+A measurement decodes a short prefix, then times passes of n = 1, 2, 3, 4, 6, 8,
+12, 16 tokens at the same position (all-position logits, as verification asks
+for them; the KV cache is trimmed back after each), round-robin over a few
+repeats so that drift from other load hits every n alike, and keeps the median.
+The result is cached as JSON in ``$EDGESPEC_HOME/calibration/`` under a key
+made of the device fingerprint (CPU model, threads, llama.cpp build, GPU layers)
+and the model's sha256 and size; a changed build or model means a new key.
+
+    cal = load_or_measure("~/.cache/edgespec/models/qwen-1.5b.gguf", n_threads=2)
+    cal.cost(4)            # relative cost of a 4-token pass (3 drafts)
+    cal.verify_cost(3)     # the same, named by the number of drafts
+    cal.seconds(1)         # one plain step, in seconds
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+from .errors import EdgespecError
+
+#: batch sizes a calibration measures (tokens per pass)
+DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
+
+#: Qwen2.5-Coder-1.5B Q4_K_M, 2 threads, on the 2-core CPU this project is developed on
+#: (docs/models.md); the controller's assumption until a measurement exists.
+PRIOR_CPU_COSTS: dict[int, float] = {1: 1.0, 2: 1.50, 3: 1.78, 5: 2.06, 6: 2.36, 8: 2.86,
+                                     10: 3.28, 16: 3.44}
+PRIOR_CPU_STEP_SECONDS = 0.086
+
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A device's cost curve for one model: ``cost(n)`` = time of an n-token pass / time of a 1-token pass.
+
+    ``points`` are the measured (n, relative cost) pairs, sorted, starting at
+    (1, 1.0) and made non-decreasing (a longer batch never costs less; noise
+    that says otherwise is clipped). Between points the cost is linear in n;
+    beyond the last one it continues along the last segment's slope.
+    """
+
+    step_seconds: float  # median wall time of a 1-token pass
+    points: tuple[tuple[int, float], ...]
+    key: str = ""  # cache key this calibration was stored under ("" when not cached)
+    source: str = "measured"  # "measured" | "prior" | "synthetic"
+    device: Mapping[str, str] = field(default_factory=dict)
+    model: Mapping[str, str] = field(default_factory=dict)
+    samples: Mapping[int, tuple[float, ...]] = field(default_factory=dict)  # n -> raw seconds
+    measured_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.step_seconds > 0:
+            raise ValueError(f"step_seconds must be positive (got {self.step_seconds})")
+        pts = sorted((int(n), float(c)) for n, c in self.points if int(n) >= 1)
+        if not pts or pts[0][0] != 1:
+            pts.insert(0, (1, 1.0))
+        clean: list[tuple[int, float]] = []
+        top = 1.0
+        for n, c in pts:
+            if n == 1:
+                c = 1.0
+            top = max(top, c)
+            if clean and clean[-1][0] == n:
+                continue
+            clean.append((n, top))
+        object.__setattr__(self, "points", tuple(clean))
+
+    # --- constructors --------------------------------------------------------
+    @classmethod
+    def from_costs(cls, costs: Mapping[int, float], step_seconds: float, **kw) -> "Calibration":
+        """From a {n: relative cost} table (tests, simulations, a planner's assumption)."""
+        kw.setdefault("source", "synthetic")
+        return cls(step_seconds=step_seconds, points=tuple(costs.items()), **kw)
+
+    @classmethod
+    def prior_cpu(cls, step_seconds: float = PRIOR_CPU_STEP_SECONDS) -> "Calibration":
+        """The 2-core CPU curve from docs/models.md: what to assume before measuring."""
+        return cls(step_seconds=step_seconds, points=tuple(PRIOR_CPU_COSTS.items()), source="prior")
+
+    @classmethod
+    def linear(cls, per_token: float, step_seconds: float = 0.02, upto: int = 16) -> "Calibration":
+        """cost(n) = 1 + per_token * (n - 1): per_token≈0 is a GPU-like device, 1 is fully compute-bound."""
+        return cls.from_costs({n: 1.0 + per_token * (n - 1) for n in range(1, upto + 1)},
+                              step_seconds)
+
+    # --- queries -------------------------------------------------------------
+    def cost(self, n: float) -> float:
+        """Relative cost of a pass over ``n`` tokens (n >= 1; fractional n interpolates)."""
+        if n < 1:
+            raise ValueError(f"a pass has at least one token (got n={n})")
+        pts = self.points
+        if len(pts) == 1:
+            return 1.0
+        for (n0, c0), (n1, c1) in zip(pts, pts[1:]):
+            if n <= n1:
+                return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
+        (n0, c0), (n1, c1) = pts[-2], pts[-1]
+        return c1 + (c1 - c0) / (n1 - n0) * (n - n1)
+
+    def verify_cost(self, drafted: int) -> float:
+        """Relative cost of verifying ``drafted`` draft tokens: a (drafted + 1)-token pass."""
+        return self.cost(drafted + 1)
+
+    def seconds(self, n: float) -> float:
+        """Wall time of an n-token pass."""
+        return self.step_seconds * self.cost(n)
+
+    @property
+    def max_measured(self) -> int:
+        return self.points[-1][0]
+
+    # --- persistence ---------------------------------------------------------
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["format"] = _FORMAT
+        d["points"] = [list(p) for p in self.points]
+        d["samples"] = {str(k): list(v) for k, v in self.samples.items()}
+        d["device"] = dict(self.device)
+        d["model"] = dict(self.model)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "Calibration":
+        if d.get("format") != _FORMAT:
+            raise ValueError(f"unknown calibration format {d.get('format')!r}")
+        return cls(step_seconds=float(d["step_seconds"]),
+                   points=tuple((int(n), float(c)) for n, c in d["points"]),
+                   key=str(d.get("key", "")), source=str(d.get("source", "measured")),
+                   device={str(k): str(v) for k, v in d.get("device", {}).items()},
+                   model={str(k): str(v) for k, v in d.get("model", {}).items()},
+                   samples={int(k): tuple(float(x) for x in v)
+                            for k, v in d.get("samples", {}).items()},
+                   measured_at=float(d.get("measured_at", 0.0)))
+
+
+# --- measuring ---------------------------------------------------------------
+def measure(model, *, n_threads: int | None = None, ks: Sequence[int] = DEFAULT_KS,
+            repeats: int = 5, prefix_tokens: int = 64,
+            clock: Callable[[], float] = time.perf_counter) -> Calibration:
+    """Time n-token passes of a loaded backend model (see the module docstring).
+
+    ``model`` needs ``n_vocab`` and ``new_context(n_ctx, n_batch, n_threads)``
+    whose context has ``decode(tokens, pos0, logits=...)``, ``trim(seq, pos)``
+    and ``close()``: the real :mod:`edgespec.backend` or a fake with a cost model.
+    """
+    ks = sorted(set(int(k) for k in ks) | {1})
+    if ks[0] < 1:
+        raise ValueError("pass sizes must be >= 1")
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    kmax = ks[-1]
+    ctx = model.new_context(n_ctx=prefix_tokens + kmax + 8, n_batch=max(kmax, prefix_tokens),
+                            n_threads=n_threads)
+    try:
+        # Arbitrary but fixed ids: a pass costs the same whatever the tokens mean.
+        vocab = max(int(model.n_vocab), 2)
+        toks = [(1000 + 7919 * i) % vocab for i in range(prefix_tokens + kmax)]
+        ctx.decode(toks[:prefix_tokens], 0, logits="last")
+        pos = prefix_tokens
+        samples: dict[int, list[float]] = {k: [] for k in ks}
+        for r in range(repeats + 1):  # round 0 warms caches and is discarded
+            for k in ks:
+                t0 = clock()
+                ctx.decode(toks[pos:pos + k], pos, logits="all")
+                dt = clock() - t0
+                ctx.trim(0, pos)
+                if r:
+                    samples[k].append(dt)
+    finally:
+        close = getattr(ctx, "close", None)
+        if close:
+            close()
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    base = med[1]
+    if not base > 0:
+        raise EdgespecError("calibration measured a zero-time pass; the clock is not advancing")
+    return Calibration(step_seconds=base, points=tuple((k, med[k] / base) for k in ks),
+                       source="measured", samples={k: tuple(v) for k, v in samples.items()},
+                       measured_at=time.time())
+
+
+# --- identity and cache --------------------------------------------------------
+def edgespec_home() -> Path:
+    return Path(os.environ.get("EDGESPEC_HOME") or Path.home() / ".cache" / "edgespec").expanduser()
+
+
+def device_fingerprint(n_threads: int | None, n_gpu_layers: int = 0,
+                       build: str | None = None, extra: Mapping[str, str] | None = None) -> dict:
+    """What makes a cost curve valid: the CPU, the threads, the llama.cpp build, offload."""
+    fp = {
+        "cpu": _cpu_model(),
+        "machine": platform.machine(),
+        "logical_cpus": str(os.cpu_count() or 0),
+        "threads": str(n_threads or 0),
+        "gpu_layers": str(n_gpu_layers),
+        "build": build if build is not None else _llama_build(),
+    }
+    if extra:
+        fp.update({str(k): str(v) for k, v in extra.items()})
+    return fp
+
+
+def model_identity(path: str | os.PathLike, sha256: str | None = None,
+                   home: Path | None = None) -> dict:
+    """{"sha256", "size", "name"} of a model file; the digest is cached by (path, size, mtime)."""
+    p = Path(path).expanduser().resolve()
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise EdgespecError(f"cannot read model file {p}: {e.strerror}") from None
+    if sha256 is None:
+        sha256 = _cached_digest(p, st, (home or edgespec_home()) / "calibration" / "digests.json")
+    return {"sha256": sha256, "size": str(st.st_size), "name": p.name}
+
+
+def cache_key(device: Mapping[str, str], model: Mapping[str, str]) -> str:
+    blob = json.dumps({"device": dict(device), "sha256": model["sha256"], "size": model["size"]},
+                      sort_keys=True)
+    return f"{Path(model.get('name', 'model')).stem}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+
+def cache_path(key: str, home: Path | None = None) -> Path:
+    return (home or edgespec_home()) / "calibration" / f"{key}.json"
+
+
+def load_cached(key: str, home: Path | None = None) -> Calibration | None:
+    """The stored calibration for ``key``, or None (missing or unreadable: measure again)."""
+    path = cache_path(key, home)
+    try:
+        return Calibration.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save(cal: Calibration, home: Path | None = None) -> Path:
+    if not cal.key:
+        raise ValueError("only a keyed calibration can be cached")
+    path = cache_path(cal.key, home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cal.to_json(), indent=1), encoding="utf-8")
+    os.replace(tmp, path)  # readers never see half a file
+    return path
+
+
+def load_or_measure(model_path: str | os.PathLike, *, n_threads: int | None = None,
+                    n_gpu_layers: int = 0, model=None, sha256: str | None = None,
+                    ks: Sequence[int] = DEFAULT_KS, repeats: int = 5, force: bool = False,
+                    home: Path | None = None, build: str | None = None,
+                    loader: Callable | None = None) -> Calibration:
+    """The cached calibration for this device and model, measuring (and caching) it if absent.
+
+    Pass the already loaded ``model`` to avoid loading it twice, and the
+    registry's ``sha256`` to avoid hashing the file. ``loader`` replaces
+    ``backend.load_model`` (tests).
+    """
+    if n_threads is None:
+        from .backend import default_threads
+        n_threads = default_threads()
+    device = device_fingerprint(n_threads, n_gpu_layers, build)
+    ident = model_identity(model_path, sha256, home)
+    key = cache_key(device, ident)
+    if not force:
+        cal = load_cached(key, home)
+        if cal is not None:
+            return cal
+    owned = model is None
+    if owned:
+        if loader is None:
+            from .backend import load_model as loader
+        model = loader(model_path, n_gpu_layers=n_gpu_layers)
+    try:
+        cal = measure(model, n_threads=n_threads, ks=ks, repeats=repeats)
+    finally:
+        if owned and hasattr(model, "close"):
+            model.close()
+    cal = Calibration(step_seconds=cal.step_seconds, points=cal.points, key=key, source=cal.source,
+                      device=device, model=ident, samples=cal.samples, measured_at=cal.measured_at)
+    try:
+        save(cal, home)
+    except OSError:
+        pass  # a read-only home still gets a calibration, just not a cached one
+    return cal
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _llama_build() -> str:
+    """llama-cpp-python's version plus llama.cpp's feature string (AVX2, AMX...)."""
+    try:
+        from .backend import system_info
+        info = system_info()
+        return f"{info.get('llama_cpp_python', '?')} {info.get('system_info', '')}".strip()
+    except Exception:
+        try:
+            from importlib.metadata import version
+            return version("llama_cpp_python")
+        except Exception:
+            return "unknown"
+
+
+def _cached_digest(path: Path, st: os.stat_result, store: Path) -> str:
+    stamp = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+    try:
+        known = json.loads(store.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known, dict) and isinstance(known.get(stamp), str):
+        return known[stamp]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    digest = h.hexdigest()
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        known = known if isinstance(known, dict) else {}
+        known[stamp] = digest
+        tmp = store.with_suffix(".tmp")
+        tmp.write_text(json.dumps(known, indent=1), encoding="utf-8")
+        os.replace(tmp, store)
+    except OSError:
+        pass
+    return digest
+
+
+def summarize(cal: Calibration, ns: Iterable[int] = DEFAULT_KS) -> str:
+    """One line for logs and `edgespec plan`: step time and the relative costs."""
+    parts = " ".join(f"{n}:{cal.cost(n):.2f}" for n in ns)
+    return f"1-token pass {cal.step_seconds * 1000:.1f} ms; cost by batch size {parts} ({cal.source})"
