@@ -398,3 +398,23 @@ def test_corrupt_qualification_file_is_a_clear_error(world):
     (world.home / "qualification.json").write_text("{not json")
     with pytest.raises(ModelError, match="re-run `edgespec qualify`"):
         registry.qualification("tiny-whole", "ngram")
+
+
+def test_concurrent_pulls_assemble_once(world):
+    """Two processes pulling the same model (a shared cache, parallel test runs): one
+    assembles, the other waits for the lock and finds a verified file."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from edgespec import registry; "
+            "print(registry.pull('tiny-parts', progress=lambda m: print(m, file=sys.stderr)))")
+    env = {**os.environ, "PYTHONPATH": str(Path(registry.__file__).parents[1])}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    path = world.home / "models" / "tiny-parts.gguf"
+    assert {out.strip() for out, _ in outs} == {str(path)}
+    assert sum("installing" in err for _, err in outs) == 1  # the loser never ran pip
+    assert path.read_bytes() == world.gguf
+    assert leftovers(world.home) == []
