@@ -392,3 +392,45 @@ def anchor_prompt_lookup(model_path: str | os.PathLike, n_ctx: int, threads: int
         raise ModelError(f"llama-cpp-python could not load {model_path} for the prompt-lookup "
                          f"anchor: {e}") from None
     return PromptLookupAnchor(llm, lookup, passes)
+
+
+# --- devices -----------------------------------------------------------------
+_DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}  # enum ggml_backend_dev_type
+
+
+def list_devices() -> list[dict]:
+    """The compute devices this llama.cpp build can use, without loading a model.
+
+    Plain dicts: ``name``, ``description``, ``type`` ("cpu", "gpu", "igpu",
+    "accel"), ``free`` and ``total`` memory in bytes (for the CPU device, host RAM).
+    A build without GPU/Metal/Vulkan backends lists the CPU only.
+    """
+    _ensure_init()
+    from llama_cpp import _ggml  # the ggml library llama-cpp-python ships and already loaded
+
+    lib = _ggml.libggml
+    vp = ctypes.c_void_p
+    lib.ggml_backend_dev_count.argtypes, lib.ggml_backend_dev_count.restype = [], ctypes.c_size_t
+    lib.ggml_backend_dev_get.argtypes, lib.ggml_backend_dev_get.restype = [ctypes.c_size_t], vp
+    lib.ggml_backend_dev_name.argtypes, lib.ggml_backend_dev_name.restype = [vp], ctypes.c_char_p
+    lib.ggml_backend_dev_description.argtypes = [vp]
+    lib.ggml_backend_dev_description.restype = ctypes.c_char_p
+    lib.ggml_backend_dev_type.argtypes, lib.ggml_backend_dev_type.restype = [vp], ctypes.c_int
+    lib.ggml_backend_dev_memory.argtypes = [vp, ctypes.POINTER(ctypes.c_size_t),
+                                            ctypes.POINTER(ctypes.c_size_t)]
+    lib.ggml_backend_dev_memory.restype = None
+    out = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        if not dev:
+            continue
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        out.append({
+            "name": (lib.ggml_backend_dev_name(dev) or b"?").decode("utf-8", "replace"),
+            "description": (lib.ggml_backend_dev_description(dev) or b"").decode("utf-8", "replace"),
+            "type": _DEVICE_TYPES.get(lib.ggml_backend_dev_type(dev), "other"),
+            "free": int(free.value),
+            "total": int(total.value),
+        })
+    return out
