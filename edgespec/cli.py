@@ -20,6 +20,9 @@ cli.add_command(generate)
 from .cli_models import models  # noqa: E402
 
 cli.add_command(models)
+from .cli_tui import tui_command  # noqa: E402
+
+cli.add_command(tui_command)
 
 
 def main() -> None:

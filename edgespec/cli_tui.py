@@ -1,0 +1,41 @@
+"""`edgespec tui`: the Textual app over the engine's event stream (package `tui`)."""
+from __future__ import annotations
+
+import click
+
+from .cli_common import handle_errors
+
+
+@click.command("tui")
+@click.option("--target", "-m", metavar="NAME|PATH", help="Target model: registry name or .gguf path.")
+@click.option("--proposer", "-p", metavar="NAME", help="none, ngram, suffix or draft.")
+@click.option("--draft", metavar="NAME|PATH", help="Draft model for --proposer draft.")
+@click.option("--n-ctx", default=4096, show_default=True, help="Context window.")
+@click.option("--threads", type=int, help="CPU threads (default: physical cores).")
+@click.option("--prompt", default="", help="Text to put in the prompt box.")
+@click.option("--demo", is_flag=True, help="Replay a scripted request: no model needed.")
+@handle_errors
+def tui_command(target, proposer, draft, n_ctx, threads, prompt, demo):
+    """Interactive speculation: stream answers with accepted draft tokens coloured.
+
+    Keys: ctrl+r run, Esc cancel, F1 help, F2 settings, F3 colours, ctrl+q quit.
+    """
+    # Imported here so other commands never pay for Textual.
+    from tui import create_app
+    from tui.demo import DEMO_PROMPT, demo_events
+    from tui.source import Choices, EngineSource, ScriptedSource, Settings, proposer_names
+
+    if demo:
+        source = ScriptedSource(demo_events, realtime=True, choices=Choices(
+            targets=("demo",), drafts=("demo-draft",), proposers=proposer_names(),
+            default_target="demo", default_draft="demo-draft"))
+        prompt = prompt or DEMO_PROMPT
+    else:
+        source = EngineSource(n_ctx=n_ctx, threads=threads)
+    settings = None
+    if target or proposer or draft:
+        choices = source.models()
+        settings = Settings(target=target or choices.default_target or "",
+                            proposer=proposer or ("draft" if draft else "ngram"),
+                            draft=draft or (choices.default_draft if proposer == "draft" else None))
+    create_app(source, initial_prompt=prompt, settings=settings).run()

@@ -1,0 +1,490 @@
+"""The Textual app: prompt, pickers, the origin-coloured answer and live speculation panels.
+
+It consumes only ``edgespec.events`` from an :class:`~tui.source.EventSource`.
+The source runs on a worker thread; each event is posted to the UI as a
+message, and the panels are redrawn on a short timer rather than per token, so
+a fast stream cannot starve input handling.
+"""
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from rich.style import Style
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.css.query import NoMatches
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Sparkline, Static
+
+from edgespec.errors import Cancelled, EdgespecError, InvalidInputError
+from edgespec.events import Control, Event, Finished, PrefillDone, RequestStarted, Step
+
+from .help import HelpScreen
+from .metrics import LiveMetrics
+from .render import (HISTORY_COLUMNS, Palette, histogram_text, history_row, live_text,
+                     positions_text, summary_line)
+from .source import Choices, EventSource, Settings
+from .widgets import DRAFT, TARGET, AnswerView, History, PromptArea
+
+MemoryProbe = Callable[[], "int | None"]
+HISTORY_ROWS = 20
+REFRESH_SECONDS = 1 / 15
+
+
+def process_rss() -> int | None:
+    try:
+        import psutil
+        return psutil.Process().memory_info().rss
+    except Exception:  # psutil missing or the platform refuses: show "-" rather than fail
+        return None
+
+
+# --- messages from the worker thread ---------------------------------------------
+class StreamEvent(Message):
+    def __init__(self, event: Event) -> None:
+        self.event = event
+        super().__init__()
+
+
+class StreamFailed(Message):
+    def __init__(self, error: BaseException, details: str = "") -> None:
+        self.error = error
+        self.details = details
+        super().__init__()
+
+
+class StreamEnded(Message):
+    pass
+
+
+def parse_stop(text: str) -> tuple[str, ...]:
+    r"""Comma-separated stop strings; ``\n``, ``\t``, ``\,`` and ``\\`` are escapes."""
+    out, cur, i = [], [], 0
+    escapes = {"n": "\n", "t": "\t", ",": ",", "\\": "\\"}
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text) and text[i + 1] in escapes:
+            cur.append(escapes[text[i + 1]])
+            i += 2
+            continue
+        if ch == ",":
+            out.append("".join(cur).strip(" "))
+            cur = []
+        else:
+            cur.append(ch)
+        i += 1
+    out.append("".join(cur).strip(" "))
+    return tuple(s for s in out if s)
+
+
+class EdgespecApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "edgespec"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-medium"), (140, "-wide")]
+    BINDINGS = [
+        Binding("ctrl+r,f5", "run", "Run", priority=True),
+        Binding("escape", "cancel", "Cancel"),
+        Binding("f1,question_mark", "help", "Help"),
+        Binding("f2", "toggle_settings", "Settings"),
+        Binding("f3", "toggle_colour", "Colour"),
+        Binding("ctrl+up", "recall(-1)", "Prev prompt", show=False),
+        Binding("ctrl+down", "recall(1)", "Next prompt", show=False),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, source: EventSource, *, memory_probe: MemoryProbe = process_rss,
+                 initial_prompt: str = "", settings: Settings | None = None) -> None:
+        super().__init__()
+        self.source = source
+        self.memory_probe = memory_probe
+        self.initial_prompt = initial_prompt
+        self.initial_settings = settings
+        self.metrics = LiveMetrics()
+        self.history = History()
+        self.running = False
+        self.cancelling = False
+        self.rss: int | None = None
+        self.requests_done = 0
+        self.errors: list[BaseException] = []
+        self._plain_timing: dict[str, tuple[int, float]] = {}
+        self._settings: Settings | None = None
+        self._panels_dirty = True
+        self._phase = "idle"
+        try:
+            self.choices = source.models()
+            self._choices_error: str | None = None
+        except EdgespecError as e:
+            self.choices = Choices(targets=())
+            self._choices_error = str(e)
+
+    @property
+    def _main(self):
+        # Widgets live on the first screen; self.screen is the help screen while it is open.
+        return self.screen_stack[0]
+
+    # --- layout --------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        c, s = self.choices, self.initial_settings
+        target = s.target if s else c.default_target
+        targets = list(c.targets)
+        if target and target not in targets:
+            targets.insert(0, target)
+        proposers = c.proposer_options()
+        proposer_value = (s.proposer, s.draft if s and s.proposer == "draft" else None) if s else None
+        if proposer_value is None:
+            proposer_value = next((v for _, v in proposers if v[0] == "ngram"),
+                                  proposers[0][1] if proposers else None)
+        if proposer_value is not None and proposer_value not in [v for _, v in proposers]:
+            proposers.insert(0, (f"{proposer_value[0]}" + (f": {proposer_value[1]}"
+                                                            if proposer_value[1] else ""),
+                                 proposer_value))
+
+        yield Static(id="status")
+        with Horizontal(id="body"):
+            with VerticalScroll(id="settings"):
+                yield Label("target model")
+                yield Select([(t, t) for t in targets], id="target", compact=True,
+                             allow_blank=not targets, **({"value": target} if target else {}))
+                yield Input(placeholder="or a local .gguf path", id="path", compact=True)
+                yield Label("proposer")
+                yield Select(proposers, id="proposer", compact=True, allow_blank=not proposers,
+                             **({"value": proposer_value} if proposer_value else {}))
+                yield Label("max tokens")
+                yield Input(str(s.max_tokens if s else 256), id="max-tokens", type="integer",
+                            compact=True)
+                yield Label("temperature (0 = greedy)")
+                yield Input(str(s.temperature if s else 0.0), id="temperature", type="number",
+                            compact=True)
+                yield Label("seed")
+                yield Input("" if not s or s.seed is None else str(s.seed), id="seed",
+                            type="integer", placeholder="random", compact=True)
+                yield Label("stop strings")
+                yield Input(placeholder=r"comma-separated, \n = newline", id="stop",
+                            compact=True)
+            with Vertical(id="main"):
+                with VerticalScroll(id="answer-box"):
+                    yield AnswerView(id="answer")
+                yield Static(id="legend")
+                yield PromptArea(self.initial_prompt, id="prompt", soft_wrap=True,
+                                 show_line_numbers=False)
+                with Horizontal(id="buttons"):
+                    yield Button("Run ^r", id="run", variant="primary", compact=True)
+                    yield Button("Cancel esc", id="cancel", variant="error", compact=True,
+                                 disabled=True)
+            with VerticalScroll(id="side"):
+                yield Label("acceptance per verify pass", classes="section")
+                yield Sparkline([], id="spark")
+                yield Static(id="live")
+                yield Static(id="hist")
+                yield Static(id="positions")
+                yield Label("last requests", classes="section")
+                yield DataTable(id="history", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._main.query_one("#answer-box").border_title = "answer"
+        self._main.query_one("#side").border_title = "speculation"
+        self._main.query_one("#settings").border_title = "settings"
+        self._main.query_one("#prompt").border_title = "prompt"
+        self._main.query_one("#history", DataTable).add_columns(*HISTORY_COLUMNS)
+        self.rss = self.memory_probe()
+        self.set_interval(REFRESH_SECONDS, self._refresh_tick)
+        self.set_interval(1.0, self._poll_memory)
+        self._main.query_one(PromptArea).focus()
+        if self._choices_error:
+            self.notify(self._choices_error, title="model registry", severity="error")
+        self._refresh_all()
+
+    # --- actions ---------------------------------------------------------------------
+    def action_run(self) -> None:
+        if self.running:
+            self.notify("a request is running: Esc cancels it", severity="warning")
+            return
+        prompt = self._main.query_one(PromptArea).text
+        if not prompt.strip():
+            self.notify("type a prompt first", severity="warning")
+            return
+        try:
+            settings = self.current_settings()
+            settings.params()
+        except EdgespecError as e:
+            self.notify(str(e), title="settings", severity="error")
+            return
+        self.history.add(prompt)
+        self._settings = settings
+        self.metrics = LiveMetrics(self._plain_timing.get(settings.target, (0, 0.0)))
+        answer = self._main.query_one(AnswerView)
+        answer.clear()
+        box = self._main.query_one("#answer-box")
+        box.border_subtitle = ""
+        box.anchor()  # follow the stream until the user scrolls up
+        needs_load = getattr(self.source, "needs_load", None)
+        self._phase = f"loading {settings.target}…" if needs_load and needs_load(settings) else "prefill…"
+        self._set_running(True)
+        self._panels_dirty = True
+        self._refresh_all()
+        self._generate(prompt, settings)
+
+    def action_cancel(self) -> None:
+        if self.running and not self.cancelling:
+            self.cancelling = True
+            self._phase = "cancelling…"
+            self.source.cancel()
+            self._refresh_status()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_toggle_settings(self) -> None:
+        body = self._main.query_one("#body")
+        body.toggle_class("-toggled")
+        settings = self._main.query_one("#settings")
+        if settings.display:
+            self._main.query_one("#target").focus()
+        else:
+            self._main.query_one(PromptArea).focus()
+
+    def action_toggle_colour(self) -> None:
+        answer = self._main.query_one(AnswerView)
+        answer.colour = not answer.colour
+        self._refresh_legend()
+
+    def action_recall(self, direction: int) -> None:
+        prompt = self._main.query_one(PromptArea)
+        text = self.history.recall(direction, prompt.text)
+        if text is not None:
+            prompt.load_text(text)
+            prompt.move_cursor(prompt.document.end if direction > 0 else (0, len(
+                prompt.document.get_line(0))))
+
+    async def action_quit(self) -> None:
+        if self.running:
+            self.source.cancel()
+        self.exit()
+
+    @on(PromptArea.Recall)
+    def _on_recall(self, message: PromptArea.Recall) -> None:
+        self.action_recall(message.direction)
+
+    @on(Button.Pressed, "#run")
+    def _on_run_button(self) -> None:
+        self.action_run()
+
+    @on(Button.Pressed, "#cancel")
+    def _on_cancel_button(self) -> None:
+        self.action_cancel()
+
+    @on(Select.Changed)
+    @on(Input.Changed, "#path")
+    def _on_settings_changed(self) -> None:
+        if not self.running:
+            self._refresh_status()
+
+    # --- settings --------------------------------------------------------------------
+    def current_settings(self) -> Settings:
+        """Settings from the panel; InvalidInputError says which field is wrong."""
+        path = self._main.query_one("#path", Input).value.strip()
+        if path:
+            p = Path(path).expanduser()
+            if not p.is_file():
+                raise InvalidInputError(f"no model file at {p}: check the path or clear it "
+                                        "to use the target picker")
+            target = str(p)
+        else:
+            value = self._main.query_one("#target", Select).value
+            if value is Select.BLANK:
+                raise InvalidInputError("no target model: pick one (F2) or give a .gguf path")
+            target = str(value)
+        choice = self._main.query_one("#proposer", Select).value
+        proposer, draft = ("none", None) if choice is Select.BLANK else choice
+        return Settings(
+            target=target,
+            proposer=proposer,
+            draft=draft,
+            max_tokens=_number(self._main.query_one("#max-tokens", Input).value, int, "max tokens", 256),
+            temperature=_number(self._main.query_one("#temperature", Input).value, float,
+                                "temperature", 0.0),
+            seed=_number(self._main.query_one("#seed", Input).value, int, "seed", None),
+            stop=parse_stop(self._main.query_one("#stop", Input).value),
+        )
+
+    # --- the worker --------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
+    def _generate(self, prompt: str, settings: Settings) -> None:
+        try:
+            for event in self.source.start(prompt, settings):
+                self.post_message(StreamEvent(event))
+        except EdgespecError as e:
+            self.post_message(StreamFailed(e))
+        except Exception as e:  # a bug in a source must not take the UI down with it
+            self.post_message(StreamFailed(e, traceback.format_exc()))
+        finally:
+            self.post_message(StreamEnded())
+
+    @on(StreamEvent)
+    def _on_stream_event(self, message: StreamEvent) -> None:
+        ev = message.event
+        self.metrics.observe(ev)
+        self._panels_dirty = True
+        if isinstance(ev, Step):
+            self._main.query_one(AnswerView).add_step(ev)
+            if not self.cancelling:
+                self._phase = "streaming"
+        elif isinstance(ev, PrefillDone) and not self.cancelling:
+            self._phase = "prefill done"
+        elif isinstance(ev, RequestStarted) and not self.cancelling:
+            self._phase = "prefill…"
+        elif isinstance(ev, Finished):
+            self._record(ev)
+
+    @on(StreamFailed)
+    def _on_stream_failed(self, message: StreamFailed) -> None:
+        e = message.error
+        if isinstance(e, Cancelled):  # an engine may raise instead of finishing "cancelled"
+            self._phase = "cancelled"
+            return
+        self.errors.append(e)
+        if message.details:
+            self.log.error(message.details)
+            self.notify(f"{type(e).__name__}: {e}", title="internal error", severity="error",
+                        timeout=10)
+        else:
+            self.notify(str(e), title=_error_title(e), severity="error", timeout=10)
+        self._phase = "error"
+
+    @on(StreamEnded)
+    def _on_stream_ended(self) -> None:
+        if self._phase not in ("error", "done", "cancelled"):
+            self._phase = "ended"
+        self._set_running(False)
+        self._refresh_all()
+
+    def _record(self, ev: Finished) -> None:
+        s = ev.stats
+        self.requests_done += 1
+        self._phase = "cancelled" if ev.stop_reason == "cancelled" else "done"
+        settings = self._settings
+        if settings is not None:
+            self._plain_timing[settings.target] = self.metrics.plain_timing
+        table = self._main.query_one("#history", DataTable)
+        label = settings.label.split(" + ", 1)[1] if settings else s.proposer
+        table.add_row(*history_row(self.requests_done, label, s))
+        while table.row_count > HISTORY_ROWS:
+            table.remove_row(next(iter(table.rows)))
+        table.move_cursor(row=table.row_count - 1)
+        self._main.query_one("#answer-box").border_subtitle = summary_line(s)
+
+    def _set_running(self, running: bool) -> None:
+        self.running = running
+        if not running:
+            self.cancelling = False
+        self._main.query_one("#run", Button).disabled = running
+        self._main.query_one("#cancel", Button).disabled = not running
+
+    # --- drawing -------------------------------------------------------------------------
+    def _refresh_tick(self) -> None:
+        try:
+            self._draw()
+        except NoMatches:  # the app is shutting down and its widgets are gone
+            pass
+
+    def _draw(self) -> None:
+        self._main.query_one(AnswerView).flush()
+        if self._panels_dirty:
+            self._refresh_panels()
+
+    def _poll_memory(self) -> None:
+        rss = self.memory_probe()
+        if rss != self.rss:
+            self.rss = rss
+            self._panels_dirty = True
+
+    def _refresh_all(self) -> None:
+        self._draw()
+        self._refresh_legend()
+        self._refresh_panels()
+
+    def palette(self) -> Palette:
+        styles = self._main.query_one(AnswerView).origin_styles()
+        return Palette(draft=styles[DRAFT], target=styles[TARGET])
+
+    def _refresh_panels(self) -> None:
+        self._panels_dirty = False
+        m, p = self.metrics, self.palette()
+        live = self._main.query_one("#live", Static)
+        width = live.content_region.width or 28
+        self._main.query_one("#spark", Sparkline).data = list(m.pass_acceptance) or [0.0]
+        live.update(live_text(m, rss=self.rss, width=width, p=p))
+        self._main.query_one("#hist", Static).update(
+            histogram_text(m.stats.accepted_length_hist, width=width, p=p))
+        self._main.query_one("#positions", Static).update(
+            positions_text(m.stats.position_acceptance, m.stats.position_drafted, width=width,
+                           p=p))
+        self._refresh_status()
+
+    def _refresh_status(self) -> None:
+        try:
+            label = (self._settings if self.running and self._settings
+                     else self.current_settings()).label
+        except EdgespecError:
+            label = "(settings incomplete: F2)"
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append("edgespec ", Style(bold=True))
+        t.append(f"│ {label} │ ")
+        t.append(self._phase, Style(bold=self.running))
+        n = self.metrics.stats.generated_tokens
+        if n:
+            t.append(f" · {n} tok")
+        last = self.metrics.controls[-1] if self.metrics.controls else None
+        if last is not None:
+            t.append(f" │ ctrl {last.kind}: {last.reason}", Style(dim=True))
+        self._main.query_one("#status", Static).update(t)
+
+    def _refresh_legend(self) -> None:
+        answer = self._main.query_one(AnswerView)
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if answer.colour:
+            styles = answer.origin_styles()
+            t.append("■ accepted draft", styles[DRAFT])
+            t.append("  ")
+            t.append("■ target's own", styles[TARGET])
+            t.append("  (F3)", Style(dim=True))
+        else:
+            t.append("colouring off  F3 on", Style(dim=True))
+        self._main.query_one("#legend", Static).update(t)
+
+    async def on_unmount(self) -> None:
+        if self.running:
+            self.source.cancel()
+
+
+def _number(text: str, kind: type, name: str, default):
+    text = text.strip()
+    if not text:
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise InvalidInputError(f"{name} must be {what} (got {text!r})") from None
+
+
+def _error_title(e: BaseException) -> str:
+    words = {"ModelError": "model", "IncompatibleDraftError": "incompatible draft",
+             "ContextOverflowError": "context full", "UnsupportedError": "unsupported",
+             "InvalidInputError": "invalid input", "Cancelled": "cancelled"}
+    return words.get(type(e).__name__, "error")
+
+
+def create_app(source: EventSource | None = None, **kw) -> EdgespecApp:
+    """The one way the CLI and the tests build the app (default: the real engine)."""
+    if source is None:
+        from .source import EngineSource
+        source = EngineSource()
+    return EdgespecApp(source, **kw)

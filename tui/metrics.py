@@ -1,0 +1,148 @@
+"""Live numbers for the panels, folded from one request's events.
+
+Everything here is computed from event fields only (times included), never from
+the wall clock, so a replayed script draws exactly what the live run drew.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable
+
+from edgespec.events import Control, Event, Finished, PrefillDone, RequestStarted, Step
+from edgespec.stats import RequestStats
+
+#: verify passes in the sliding acceptance window
+WINDOW = 32
+#: verify passes the sparkline shows
+SPARK_POINTS = 64
+#: steps the "tokens/s now" rate spans
+RATE_STEPS = 16
+#: relative cost of each extra token in a verify pass, used only when no plain
+#: step has been timed: a pass over 1 + k tokens costs about (1 + VERIFY_SLOPE * k)
+#: single-token steps. 0.25 fits the Qwen2.5 1.5B costs measured on this CPU class
+#: (k=5: 2.06, k=8: 2.86, k=10: 3.28 single steps; docs models.md).
+VERIFY_SLOPE = 0.25
+#: plain steps needed before their mean time is trusted over the cost model
+MIN_PLAIN_STEPS = 3
+
+
+def fold_stats(events: Iterable[Event]) -> RequestStats:
+    """RequestStats rebuilt from events, for streams that ended without a Finished."""
+    stats = RequestStats()
+    for ev in events:
+        _observe(stats, ev)
+    return stats
+
+
+def _observe(stats: RequestStats, ev: Event) -> None:
+    if isinstance(ev, RequestStarted):
+        stats.proposer = ev.proposer
+        stats.prompt_tokens = ev.prompt_tokens
+    elif isinstance(ev, PrefillDone):
+        stats.observe_prefill(ev.n_tokens, ev.seconds)
+    elif isinstance(ev, Step):
+        stats.observe_step(proposer=ev.proposer, drafted=ev.drafted, accepted=ev.accepted,
+                           emitted=len(ev.tokens), draft_seconds=ev.draft_seconds,
+                           verify_seconds=ev.verify_seconds, elapsed=ev.elapsed)
+        stats.total_seconds = ev.elapsed
+    elif isinstance(ev, Control):
+        stats.observe_control(ev.kind)
+
+
+@dataclass(frozen=True)
+class PlainEstimate:
+    tokens_per_second: float
+    basis: str  # "measured" (timed plain steps) or "model" (verify passes / cost model)
+
+
+class LiveMetrics:
+    """One request's running numbers.
+
+    ``plain_timing`` is (steps, seconds) of plain steps seen earlier on the same
+    target, so a plain run once makes every later estimate a measured one.
+    """
+
+    def __init__(self, plain_timing: tuple[int, float] = (0, 0.0)) -> None:
+        self.stats = RequestStats()
+        self.finished: Finished | None = None
+        self.target = ""
+        self.draft_length: int | None = None
+        self.proposer_now: str | None = None  # who drafted the last pass
+        self.controls: deque[Control] = deque(maxlen=8)
+        self.pass_acceptance: deque[float] = deque(maxlen=SPARK_POINTS)
+        self._window: deque[tuple[int, int]] = deque(maxlen=WINDOW)
+        self._steps: deque[tuple[float, int]] = deque(maxlen=RATE_STEPS + 1)
+        self._prior_plain = plain_timing
+        self._pass_unit_seconds = 0.0  # verify time / modelled pass cost, summed
+
+    # --- folding -------------------------------------------------------------
+    def observe(self, ev: Event) -> None:
+        _observe(self.stats, ev)
+        if isinstance(ev, RequestStarted):
+            self.target = ev.target
+        elif isinstance(ev, PrefillDone):
+            self._steps.append((ev.seconds, 0))
+        elif isinstance(ev, Step):
+            self._steps.append((ev.elapsed, len(ev.tokens)))
+            if ev.drafted > 0:
+                self.draft_length = ev.drafted
+                self.proposer_now = ev.proposer
+                self._window.append((ev.drafted, ev.accepted))
+                self.pass_acceptance.append(ev.accepted / ev.drafted)
+                self._pass_unit_seconds += ev.verify_seconds / (1.0 + VERIFY_SLOPE * ev.drafted)
+        elif isinstance(ev, Control):
+            self.controls.append(ev)
+            if ev.draft_length is not None:
+                self.draft_length = ev.draft_length
+        elif isinstance(ev, Finished):
+            self.finished = ev
+            self.stats = ev.stats
+
+    # --- derived ---------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.finished is not None
+
+    @property
+    def window_acceptance(self) -> float | None:
+        drafted = sum(d for d, _ in self._window)
+        return sum(a for _, a in self._window) / drafted if drafted else None
+
+    @property
+    def tokens_per_second_now(self) -> float:
+        """Emission rate over the last few steps (all of them once the request is done)."""
+        if self.finished is not None:
+            return self.stats.decode_tokens_per_second
+        if len(self._steps) < 2:
+            return 0.0
+        span = self._steps[-1][0] - self._steps[0][0]
+        n = sum(k for _, k in list(self._steps)[1:])
+        return n / span if span > 0 else 0.0
+
+    @property
+    def plain_timing(self) -> tuple[int, float]:
+        """Plain steps and their seconds, this request plus what came before."""
+        steps, seconds = self._prior_plain
+        return steps + self.stats.plain_steps, seconds + self.stats.plain_seconds
+
+    def plain_estimate(self) -> PlainEstimate | None:
+        """What the plain path would do on this target, decode only.
+
+        Measured from timed plain steps when there are enough (this request or
+        earlier ones on the same target); otherwise each verify pass's time
+        divided by its modelled cost in single steps (see VERIFY_SLOPE).
+        """
+        steps, seconds = self.plain_timing
+        if steps >= MIN_PLAIN_STEPS and seconds > 0:
+            return PlainEstimate(steps / seconds, "measured")
+        if self.stats.verify_passes and self._pass_unit_seconds > 0:
+            return PlainEstimate(self.stats.verify_passes / self._pass_unit_seconds, "model")
+        return None
+
+    @property
+    def time_split(self) -> dict[str, float]:
+        """Seconds spent so far per phase (verify includes plain steps)."""
+        s = self.stats
+        return {"pre": s.prefill_seconds, "draft": s.draft_seconds,
+                "verify": s.verify_seconds + s.plain_seconds}

@@ -1,0 +1,174 @@
+"""Pure Rich renderings of the live numbers (no widgets, so tests can read them as text)."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+from rich.style import Style
+from rich.text import Text
+
+from edgespec.stats import RequestStats
+
+from .metrics import LiveMetrics
+
+_EIGHTHS = " ▏▎▍▌▋▊▉█"
+LABEL = 9  # width of the label column in the numbers block
+
+
+@dataclass(frozen=True)
+class Palette:
+    draft: Style = Style(color="green", bold=True)
+    target: Style = Style(color="cyan")
+    label: Style = Style(bold=True)
+    dim: Style = Style(dim=True)
+    bar: Style = Style(color="magenta")
+
+
+def bar(fraction: float, width: int) -> str:
+    """A left-aligned bar of `width` cells filled to `fraction`, in eighth-cell steps."""
+    width = max(width, 0)
+    eighths = round(max(0.0, min(fraction, 1.0)) * width * 8)
+    full, part = divmod(eighths, 8)
+    out = "█" * full + (_EIGHTHS[part] if part and full < width else "")
+    return out.ljust(width)
+
+
+def split_cells(values: Sequence[float], width: int) -> list[int]:
+    """Cells per value, proportional, summing to width (largest remainder)."""
+    total = sum(values)
+    if total <= 0 or width <= 0:
+        return [0] * len(values)
+    exact = [v / total * width for v in values]
+    cells = [int(x) for x in exact]
+    by_rest = sorted(range(len(values)), key=lambda i: exact[i] - cells[i], reverse=True)
+    for i in by_rest[:width - sum(cells)]:
+        cells[i] += 1
+    return cells
+
+
+def pct(x: float | None) -> str:
+    return "  -" if x is None else f"{x:4.0%}".strip().rjust(4)
+
+
+def mib(n_bytes: int | None) -> str:
+    return "-" if n_bytes is None else f"{n_bytes / 2**20:,.0f} MiB"
+
+
+def live_text(m: LiveMetrics, *, rss: int | None, width: int, p: Palette = Palette()) -> Text:
+    """The numbers block: acceptance, draft length, rates, share, time split, memory."""
+    s = m.stats
+    width = max(width, 20)
+    inner = width - LABEL
+    t = Text(no_wrap=True, overflow="ellipsis")
+
+    def label(name: str) -> None:
+        t.append(f"{name:<{LABEL}}", p.label)
+
+    def caption(text: str) -> None:
+        # under the bar when it fits, else from the left edge rather than wrapped
+        t.append("\n" + (" " * LABEL if LABEL + len(text) <= width else ""))
+        t.append(text, p.dim)
+
+    label("accept")
+    t.append(f"{pct(m.window_acceptance)} win  {pct(s.acceptance_rate if s.drafted else None)} req\n")
+    label("draft")
+    t.append(f"len {'-' if m.draft_length is None else m.draft_length}"
+             + (f" {m.proposer_now}" if m.proposer_now else "") + "\n")
+    label("per pass")
+    t.append(f"{s.mean_accepted_length:.2f} tok\n")
+    label("rate")
+    rate = m.tokens_per_second_now
+    t.append(f"{rate:5.1f} tok/s {'avg' if m.done else 'now'}\n")
+    est = m.plain_estimate()
+    label("plain")
+    if est is None:
+        t.append("    - (nothing timed)\n", p.dim)
+    else:
+        t.append(f"{est.tokens_per_second:5.1f} tok/s ")
+        t.append(f"{est.basis}\n", p.dim)
+        label("speedup")
+        t.append(f"×{rate / est.tokens_per_second:.2f}\n" if rate else "-\n", p.label)
+
+    share = s.proposer_share
+    label("share")
+    if share:
+        n_draft = round((1.0 - share.get("target", 0.0)) * inner)
+        t.append("█" * n_draft, p.draft)
+        t.append("█" * (inner - n_draft), p.target)
+        names = [(k, v) for k, v in share.items() if k != "target"] + [("target", share["target"])]
+        caption(" ".join(f"{k} {v:.0%}" for k, v in names))
+    else:
+        t.append("-", p.dim)
+    t.append("\n")
+
+    split = m.time_split
+    total = sum(split.values())
+    label("time")
+    if total > 0:
+        for n, style in zip(split_cells(list(split.values()), inner), (p.dim, p.draft, p.target)):
+            t.append("█" * n, style)
+        caption(" ".join(f"{k} {v / total:.0%}" for k, v in split.items()))
+    else:
+        t.append("-", p.dim)
+    t.append("\n")
+    label("memory")
+    t.append(f"{mib(rss)} RSS")
+    return t
+
+
+def histogram_text(hist: Counter, *, width: int, p: Palette = Palette()) -> Text:
+    """Accepted length per target pass (1 = the target's own token only)."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append("accepted length / pass\n", p.label)
+    if not hist:
+        t.append("  -", p.dim)
+        return t
+    top = max(hist.values())
+    n_width = len(str(top))
+    inner = max(width - 4 - n_width - 1, 4)
+    rows = range(1, max(hist) + 1)
+    for k in rows:
+        v = hist.get(k, 0)
+        t.append(f"{k:>2} ")
+        t.append(bar(v / top, inner), p.draft if k > 1 else p.target)
+        t.append(f" {v:>{n_width}}")
+        if k != rows[-1]:
+            t.append("\n")
+    return t
+
+
+def positions_text(rates: Sequence[float], drafted: Sequence[int], *, width: int,
+                   p: Palette = Palette(), limit: int = 8) -> Text:
+    """Acceptance rate of the i-th drafted token, given it was drafted."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append("acceptance by draft position\n", p.label)
+    if not rates:
+        t.append("  -", p.dim)
+        return t
+    inner = max(width - 3 - 5, 4)
+    shown = list(zip(rates, drafted))[:limit]
+    for i, (r, _) in enumerate(shown, 1):
+        t.append(f"{i:>2} ")
+        t.append(bar(r, inner), p.draft)
+        t.append(f" {r:4.0%}")
+        if i != len(shown):
+            t.append("\n")
+    return t
+
+
+def summary_line(s: RequestStats) -> str:
+    """One line that stays under the answer after the request ends."""
+    acc = f"acc {s.acceptance_rate:.0%} · " if s.drafted else ""
+    return (f"{s.generated_tokens} tok · {s.total_seconds:.1f} s · "
+            f"{s.decode_tokens_per_second:.1f} tok/s · {acc}"
+            f"len {s.mean_accepted_length:.2f} · {s.stop_reason}")
+
+
+def history_row(n: int, label: str, s: RequestStats) -> tuple[str, ...]:
+    return (str(n), label, str(s.generated_tokens), f"{s.decode_tokens_per_second:.1f}",
+            f"{s.acceptance_rate:.0%}" if s.drafted else "-",
+            f"{s.mean_accepted_length:.2f}", s.stop_reason)
+
+
+HISTORY_COLUMNS = ("#", "proposer", "tok", "tok/s", "acc", "len", "stop")

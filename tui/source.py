@@ -1,0 +1,272 @@
+"""Where the TUI's events come from: the real engine, or a script.
+
+The app only ever sees ``edgespec.events`` objects coming out of
+:meth:`EventSource.start`; everything model-related (loading, llama.cpp,
+the proposer registry) stays behind this protocol. ``start`` is called from a
+worker thread, so an implementation may block (load a model, decode) while the
+UI keeps drawing; ``cancel`` is called from the UI thread and must only ask.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Protocol, Sequence, Union
+
+from edgespec.errors import InvalidInputError
+from edgespec.events import Event, Finished, PrefillDone, RequestStarted, Step
+from edgespec.params import GenerationParams, SamplingParams
+
+from .metrics import fold_stats
+
+Prompt = Union[str, list]  # plain text, or chat messages [{"role": ..., "content": ...}]
+
+NO_PROPOSER = "none"
+DRAFT_PROPOSER = "draft"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the user chose in the settings panel, for one request."""
+
+    target: str  # registry name or path to a local .gguf
+    proposer: str = "ngram"
+    draft: str | None = None  # registry name or path; only used by the "draft" proposer
+    max_tokens: int = 256
+    temperature: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def params(self) -> GenerationParams:
+        """The engine request, validated here so bad input fails before any model loads."""
+        return GenerationParams(
+            max_tokens=self.max_tokens,
+            stop=self.stop,
+            sampling=SamplingParams(temperature=self.temperature, seed=self.seed),
+        ).validate()
+
+    @property
+    def label(self) -> str:
+        how = f"draft {self.draft}" if self.proposer == DRAFT_PROPOSER else self.proposer
+        return f"{self.target} + {how}"
+
+
+@dataclass(frozen=True)
+class Choices:
+    """What the pickers offer."""
+
+    targets: tuple[str, ...]
+    drafts: tuple[str, ...] = ()
+    proposers: tuple[str, ...] = (NO_PROPOSER, "ngram", "suffix", DRAFT_PROPOSER)
+    default_target: str | None = None
+    default_draft: str | None = None
+
+    def proposer_options(self) -> list[tuple[str, tuple[str, str | None]]]:
+        """(label, (proposer, draft)) pairs: the draft proposer once per draft model."""
+        out: list[tuple[str, tuple[str, str | None]]] = []
+        for p in self.proposers:
+            if p == DRAFT_PROPOSER:
+                out.extend((f"draft: {d}", (p, d)) for d in self.drafts)
+            else:
+                out.append((p, (p, None)))
+        return out
+
+
+class EventSource(Protocol):
+    def models(self) -> Choices:
+        """Picker contents; cheap, called on the UI thread."""
+        ...
+
+    def start(self, prompt: Prompt, settings: Settings) -> Iterator[Event]:
+        """Run one request (on a worker thread). Raises EdgespecError for user errors."""
+        ...
+
+    def cancel(self) -> None:
+        """Ask the running request to stop; its stream then ends with stop_reason 'cancelled'."""
+        ...
+
+
+# --- scripted ----------------------------------------------------------------
+Script = Union[Sequence[Union[Event, BaseException]],
+               Callable[[Prompt, Settings], Iterable[Union[Event, BaseException]]]]
+
+
+class ScriptedSource:
+    """Replays a fixed event list (or one built per request) with a delay between events.
+
+    An exception instance in the script is raised at that point, the way an
+    engine error surfaces mid-stream. Cancelling stops the replay and ends the
+    stream with a ``Finished(stop_reason="cancelled")`` whose stats cover what
+    was replayed, as the engine does.
+    """
+
+    def __init__(self, script: Script, *, delay: float = 0.0, realtime: bool = False,
+                 choices: Choices | None = None) -> None:
+        self.script = script
+        self.delay = delay
+        self.realtime = realtime  # wait as long as the events' own times say, not `delay`
+        self.choices = choices or Choices(targets=("scripted",), drafts=("scripted-draft",),
+                                          default_target="scripted")
+        self.requests: list[tuple[Prompt, Settings]] = []
+        self._cancel = threading.Event()
+
+    def models(self) -> Choices:
+        return self.choices
+
+    def start(self, prompt: Prompt, settings: Settings) -> Iterator[Event]:
+        settings.params()
+        self._cancel.clear()
+        self.requests.append((prompt, settings))
+        return self._replay(prompt, settings)
+
+    def _replay(self, prompt: Prompt, settings: Settings) -> Iterator[Event]:
+        items = self.script(prompt, settings) if callable(self.script) else self.script
+        seen: list[Event] = []
+        clock = 0.0
+        for item in items:
+            wait = self.delay
+            if self.realtime:
+                at = _event_time(item)
+                wait, clock = (max(at - clock, 0.0), at) if at is not None else (0.0, clock)
+            if self._cancel.wait(wait) if wait > 0 else self._cancel.is_set():
+                yield _cancelled(seen)
+                return
+            if isinstance(item, BaseException):
+                raise item
+            seen.append(item)
+            yield item
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+
+def _event_time(ev: object) -> float | None:
+    if isinstance(ev, Step):
+        return ev.elapsed
+    if isinstance(ev, PrefillDone):
+        return ev.seconds
+    return None
+
+
+def _cancelled(seen: list[Event]) -> Finished:
+    steps = [e for e in seen if isinstance(e, Step)]
+    started = next((e for e in seen if isinstance(e, RequestStarted)), None)
+    stats = fold_stats(seen)
+    last = steps[-1].elapsed if steps else next(
+        (e.seconds for e in seen if isinstance(e, PrefillDone)), 0.0)
+    stats.finish("cancelled", last)
+    return Finished(
+        request_id=started.request_id if started else 0,
+        text="".join(s.text for s in steps),
+        tokens=tuple(t for s in steps for t in s.tokens),
+        stop_reason="cancelled",
+        stats=stats,
+    )
+
+
+# --- the real engine -----------------------------------------------------------
+@dataclass
+class EngineSource:
+    """Drives ``edgespec.engine.Engine``; loads lazily, on the worker thread.
+
+    One engine is kept loaded. A request with another target, draft or
+    proposer loads a new one (the old one is closed first, so two models never
+    sit in memory together), except the plain path ("none"), which every
+    engine serves without reloading.
+    """
+
+    n_ctx: int = 4096
+    threads: int | None = None
+    default_settings: Settings | None = None
+    _engine: object | None = field(default=None, init=False, repr=False)
+    _key: tuple | None = field(default=None, init=False, repr=False)
+    _cancel: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def models(self) -> Choices:
+        return registry_choices()
+
+    def needs_load(self, settings: Settings) -> bool:
+        return self._key is None or not self._serves(settings)
+
+    def start(self, prompt: Prompt, settings: Settings) -> Iterator[Event]:
+        params = settings.params()
+        if isinstance(prompt, str) and not prompt.strip():
+            raise InvalidInputError("the prompt is empty: type something first")
+        self._cancel.clear()
+        return self._run(prompt, settings, params)
+
+    def _run(self, prompt: Prompt, settings: Settings, params: GenerationParams) -> Iterator[Event]:
+        with self._lock:
+            engine = self._ensure(settings)
+        if self._cancel.is_set():
+            return
+        forwarded = False
+        for ev in engine.stream(prompt, params, proposer=settings.proposer):
+            # A cancel that raced the start of stream() would be lost if the engine
+            # resets its flag on entry; forward it (once) from inside the stream.
+            if self._cancel.is_set() and not forwarded:
+                engine.cancel()
+                forwarded = True
+            yield ev
+
+    def cancel(self) -> None:
+        self._cancel.set()
+        engine = self._engine
+        if engine is not None:
+            engine.cancel()
+
+    def close(self) -> None:
+        engine, self._engine, self._key = self._engine, None, None
+        if engine is not None and hasattr(engine, "close"):
+            engine.close()
+
+    def _serves(self, settings: Settings) -> bool:
+        target, draft, proposer = self._key
+        if (settings.target, settings.draft if settings.proposer == DRAFT_PROPOSER else draft) != (
+                target, draft):
+            return False
+        return settings.proposer in (proposer, NO_PROPOSER)
+
+    def _ensure(self, settings: Settings):
+        if self._engine is not None and self._serves(settings):
+            return self._engine
+        self.close()
+        from edgespec.engine import Engine  # deferred: importing it loads llama.cpp
+
+        draft = settings.draft if settings.proposer == DRAFT_PROPOSER else None
+        proposer = settings.proposer
+        self._engine = Engine.load(target=settings.target, draft=draft, proposer=proposer,
+                                   n_ctx=self.n_ctx, threads=self.threads)
+        self._key = (settings.target, draft, proposer)
+        return self._engine
+
+
+def registry_choices() -> Choices:
+    """Picker contents from models.toml: targets first, then the rest; drafts by role."""
+    try:
+        from edgespec.registry import load_registry
+        registry = load_registry()
+        models = dict(registry.models)
+    except (ImportError, AttributeError):
+        registry, models = None, {}
+    roles = {name: getattr(spec, "role", "") for name, spec in models.items()}
+    targets = tuple(sorted(models, key=lambda n: (roles[n] != "target", n)))
+    drafts = tuple(sorted(models, key=lambda n: (roles[n] != "draft", n)))
+    defaults = getattr(registry, "defaults", None) or {}
+    get = defaults.get if isinstance(defaults, dict) else (lambda k: getattr(defaults, k, None))
+    return Choices(
+        targets=targets,
+        drafts=drafts,
+        proposers=proposer_names(),
+        default_target=get("target") or (targets[0] if targets else None),
+        default_draft=get("draft") or (drafts[0] if drafts else None),
+    )
+
+
+def proposer_names() -> tuple[str, ...]:
+    try:
+        from edgespec.proposers import FREE_PROPOSERS
+        free = tuple(FREE_PROPOSERS)
+    except ImportError:
+        free = ("ngram", "suffix")
+    return (NO_PROPOSER, *free, DRAFT_PROPOSER)
