@@ -46,7 +46,7 @@ demo: models
 
 # The default suite: unit, native, CLI, TUI and fast real-model tests (small models).
 test: install
-	$(EDGESPEC) models pull smollm2-135m qwen-0.5b qwen-1.5b
+	$(EDGESPEC) models pull smollm2-135m gemma-270m qwen-0.5b qwen-1.5b
 	$(PY) -m pytest -q -m "not slow" tests
 	$(MAKE) native-sanitize fuzz-smoke
 
