@@ -1,0 +1,265 @@
+"""Replay a controller offline on recorded generations and a cost curve.
+
+Under greedy decoding the target's output does not depend on how it was
+speculated, and neither does what a deterministic proposer drafts at a given
+position (it only sees the sequence so far). So one recorded generation (prompt
+tokens + the target's output) plus a proposer function is enough to replay any
+controller: at each step the simulator shows it the candidates, verifies the
+chosen draft against the recorded output (greedy prefix match), and charges
+``cal.seconds(d + 1)`` (plus draft-model time) per step. That makes it cheap to
+compare fixed draft lengths with adaptive control on a measured curve without
+running a model.
+
+    traces = load_traces("traces.jsonl")          # {"name", "category", "prompt", "output"}
+    cal = Calibration.prior_cpu()
+    table = compare(traces, cal, {"ngram": prompt_lookup()}, standard_configs(cal, ["ngram"]))
+
+``python -m edgespec.simulate traces.jsonl`` prints that table. Drafts recorded
+from a model (a draft model's greedy continuation at each position) can ride
+along in a trace's ``drafts`` field and replay through :func:`recorded`.
+Ignores what the simulation cannot see: time outside target passes and drafts,
+and batch-dependent logits (real runs may verify a near-tie differently).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+from .calibration import Calibration
+from .control import (AdaptiveController, ControlRecord, ControlSettings, Controller, Decision,
+                      FixedController, GoodputGuard, Outcome, StepView)
+from .proposers.base import EMPTY_DRAFT, Draft
+
+ProposeFn = Callable[[Sequence[int], int], Draft]
+"""(token history, k) -> a draft of at most k tokens continuing the history."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]  # the target's own (greedy) continuation
+    category: str = ""
+    # proposer name -> per output position, a recorded draft {"tokens": [...], "confidence": [...]}
+    drafts: Mapping[str, Sequence[Mapping]] = field(default_factory=dict)
+
+
+def load_traces(path: str | Path) -> list[Trace]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                d = json.loads(line)
+                out.append(Trace(name=str(d["name"]), prompt=tuple(d["prompt"]),
+                                 output=tuple(d["output"]), category=str(d.get("category", "")),
+                                 drafts=d.get("drafts", {})))
+    return out
+
+
+def save_traces(traces: Iterable[Trace], path: str | Path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for t in traces:
+            rec = {"name": t.name, "category": t.category, "prompt": list(t.prompt),
+                   "output": list(t.output)}
+            if t.drafts:
+                rec["drafts"] = {k: list(v) for k, v in t.drafts.items()}
+            f.write(json.dumps(rec) + "\n")
+
+
+# --- reference proposers ---------------------------------------------------------
+def prompt_lookup(min_match: int = 1, max_match: int = 8) -> ProposeFn:
+    """Prompt lookup in plain Python (a stand-in for the native n-gram proposer).
+
+    Finds the longest suffix of the history (``max_match`` down to ``min_match``
+    tokens) that occurred earlier, and drafts what followed its most recent
+    earlier occurrence; ``match_length`` is that suffix's length.
+    """
+    def propose(history: Sequence[int], k: int) -> Draft:
+        h = list(history)
+        n = len(h)
+        for m in range(min(max_match, n - 1), min_match - 1, -1):
+            tail = h[n - m:]
+            for start in range(n - m - 1, -1, -1):
+                if h[start:start + m] == tail:
+                    cont = h[start + m:start + m + k]
+                    if cont:
+                        return Draft(tokens=tuple(cont), source="lookup", match_length=m)
+                    break
+        return EMPTY_DRAFT
+    return propose
+
+
+def recorded(trace: Trace, name: str) -> ProposeFn:
+    """Replays the drafts stored in ``trace.drafts[name]`` (one per output position)."""
+    per_pos = trace.drafts[name]
+    base = len(trace.prompt)
+
+    def propose(history: Sequence[int], k: int) -> Draft:
+        i = len(history) - base
+        if not 0 <= i < len(per_pos) or not per_pos[i]:
+            return EMPTY_DRAFT
+        rec = per_pos[i]
+        toks = tuple(rec["tokens"][:k])
+        conf = rec.get("confidence")
+        return Draft(tokens=toks, confidence=tuple(conf[:len(toks)]) if conf else None,
+                     source=name, match_length=int(rec.get("match_length", 0)))
+    return propose
+
+
+# --- replay ------------------------------------------------------------------------
+@dataclass
+class ReplayResult:
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+    plain_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    by_proposer: dict[str, int] = field(default_factory=dict)  # verify passes per proposer
+    events: list[ControlRecord] = field(default_factory=list)
+    decisions: list[tuple[int, Decision]] = field(default_factory=list)  # (position, decision)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def replay(trace: Trace, controller: Controller, cal: Calibration,
+           proposers: Mapping[str, ProposeFn], *, costly: Mapping[str, float] | None = None,
+           candidate_length: int = 15, charge: Calibration | None = None) -> ReplayResult:
+    """Run ``controller`` over one recorded generation.
+
+    ``proposers`` are free (their drafts are offered as candidates, proposed at
+    ``candidate_length``) unless listed in ``costly`` with their seconds per
+    drafted token; those are asked for exactly the k the controller chose.
+    Steps are charged by ``cal``, or by ``charge`` when the device really
+    behaves otherwise than the controller was told (a stale calibration).
+    """
+    costly = dict(costly or {})
+    charge = charge or cal
+    out = trace.output
+    history = list(trace.prompt)
+    res = ReplayResult()
+    pos = 0
+    while pos < len(out):
+        remaining = len(out) - pos
+        cands = {name: fn(history, candidate_length) for name, fn in proposers.items()
+                 if name not in costly}
+        d = controller.decide(StepView(generated=pos, remaining=remaining, candidates=cands))
+        res.decisions.append((pos, d))
+        draft_s = 0.0
+        draft: tuple[int, ...] = ()
+        if not d.plain:
+            if d.proposer in costly:
+                draft = proposers[d.proposer](history, d.k).tokens[:d.k]
+                draft_s = costly[d.proposer] * len(draft)
+            else:
+                draft = cands[d.proposer].tokens[:d.k]
+        a = 0
+        while a < len(draft) and pos + a < len(out) and draft[a] == out[pos + a]:
+            a += 1
+        emitted = tuple(out[pos:pos + min(a + 1, remaining)])
+        verify_s = charge.seconds(len(draft) + 1)
+        res.steps += 1
+        res.seconds += draft_s + verify_s
+        if draft:
+            res.drafted += len(draft)
+            res.accepted += a
+            res.by_proposer[d.proposer] = res.by_proposer.get(d.proposer, 0) + 1
+        else:
+            res.plain_steps += 1
+        src = cands.get(d.proposer) if d.proposer else None
+        controller.observe(Outcome(
+            proposer=d.proposer if draft else None, drafted=len(draft), accepted=a,
+            draft_seconds=draft_s, verify_seconds=verify_s, tokens=emitted,
+            confidence=src.confidence[:len(draft)] if src is not None and src.confidence else None,
+            match_length=src.match_length if src is not None else 0))
+        res.events.extend(controller.drain_events())
+        history.extend(emitted)
+        pos += len(emitted)
+        res.tokens += len(emitted)
+    return res
+
+
+def standard_configs(cal: Calibration, proposers: Mapping[str, bool] | Sequence[str],
+                     ks: Sequence[int] = (1, 2, 3, 4, 6, 8),
+                     settings: ControlSettings | None = None,
+                     token_seconds: Mapping[str, float] | None = None,
+                     guard: bool = True) -> dict[str, Callable[[], Controller]]:
+    """Controller factories: fixed k for the first proposer, and adaptive over all of them.
+
+    The adaptive one shares one :class:`GoodputGuard` across traces, as an engine would.
+    """
+    if not isinstance(proposers, Mapping):
+        proposers = {p: False for p in proposers}
+    first = next(iter(proposers))
+    s = settings or ControlSettings()
+    g = GoodputGuard(s, plain_seconds_prior=cal.step_seconds) if guard else None
+    configs: dict[str, Callable[[], Controller]] = {
+        f"fixed k={k}": (lambda k=k: FixedController(first, k)) for k in ks}
+    configs["adaptive"] = lambda: AdaptiveController(proposers, cal, s, g, token_seconds=token_seconds)
+    return configs
+
+
+def compare(traces: Sequence[Trace], cal: Calibration, proposers: Mapping[str, ProposeFn],
+            configs: Mapping[str, Callable[[], Controller]],
+            costly: Mapping[str, float] | None = None) -> dict[str, dict[str, float]]:
+    """Speedup over plain decoding, {config: {trace name: ratio}} (plain = len(output) 1-token passes)."""
+    table: dict[str, dict[str, float]] = {c: {} for c in configs}
+    for t in traces:
+        plain = len(t.output) * cal.seconds(1)
+        for cname, make in configs.items():
+            r = replay(t, make(), cal, proposers, costly=costly)
+            table[cname][t.name] = plain / r.seconds if r.seconds else 1.0
+    return table
+
+
+def geomean(values: Iterable[float]) -> float:
+    v = [x for x in values if x > 0]
+    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else math.nan
+
+
+def format_table(table: Mapping[str, Mapping[str, float]], traces: Sequence[Trace]) -> str:
+    """Rows = configs; columns = categories (geometric mean of their traces), then min and mean."""
+    cats: dict[str, list[str]] = {}
+    for t in traces:
+        cats.setdefault(t.category or t.name, []).append(t.name)
+    head = ["config"] + list(cats) + ["min", "geomean"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cname, row in table.items():
+        per_cat = [geomean(row[n] for n in names) for names in cats.values()]
+        cells = [f"{x:.2f}" for x in per_cat] + [f"{min(row.values()):.2f}", f"{geomean(row.values()):.2f}"]
+        lines.append("| " + " | ".join([cname] + cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m edgespec.simulate",
+                                 description="Replay fixed and adaptive control on recorded traces.")
+    ap.add_argument("traces", help="JSONL of {name, category, prompt, output} token traces")
+    ap.add_argument("--calibration", help="a calibration JSON (default: the 2-core CPU prior)")
+    ap.add_argument("--linear", type=float, help="use cost(n) = 1 + X (n - 1) instead")
+    args = ap.parse_args(argv)
+    traces = load_traces(args.traces)
+    if args.linear is not None:
+        cal = Calibration.linear(args.linear)
+    elif args.calibration:
+        cal = Calibration.from_json(json.loads(Path(args.calibration).read_text()))
+    else:
+        cal = Calibration.prior_cpu()
+    table = compare(traces, cal, {"ngram": prompt_lookup()}, standard_configs(cal, ["ngram"]))
+    print(format_table(table, traces))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

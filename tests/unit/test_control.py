@@ -1,0 +1,385 @@
+"""The speculation controller on scripted acceptance traces.
+
+A trace is a target output plus a scripted proposer: at each position it
+drafts the true continuation up to its first "wrong" position (wrong tokens
+never match), so acceptance is known by construction and consistent between
+overlapping drafts. The simulator replays the controller over it and charges
+each step from a cost curve.
+"""
+from __future__ import annotations
+
+import random
+from statistics import mean
+
+import pytest
+
+from edgespec.calibration import Calibration
+from edgespec.control import (AcceptanceModel, AdaptiveController, ControlSettings, Decision,
+                              FixedController, GoodputGuard, Outcome, StepView, expected_tokens,
+                              make_controller, token_features)
+from edgespec.errors import InvalidInputError
+from edgespec.events import Step
+from edgespec.proposers.base import EMPTY_DRAFT, Draft
+from edgespec.simulate import Trace, replay
+
+CPU = Calibration.prior_cpu()  # this machine: t(2) = 1.5 t(1)
+GPU = Calibration.linear(0.01, step_seconds=0.01)  # verification nearly free
+
+
+def make_trace(n: int, seed: int = 0, prompt_len: int = 8) -> Trace:
+    rng = random.Random(seed)
+    prompt = tuple(rng.randrange(10_000) for _ in range(prompt_len))
+    return Trace("t", prompt, tuple(rng.randrange(10_000) for _ in range(n)))
+
+
+def scripted(trace: Trace, right, match_length=lambda pos: 4, confidence=None):
+    """A proposer that gets the output right from ``pos`` while ``right(i)`` holds for i >= pos."""
+    out = trace.output
+    base = len(trace.prompt)
+
+    def propose(history, k):
+        pos = len(history) - base
+        if pos >= len(out):
+            return EMPTY_DRAFT
+        toks = []
+        for i in range(pos, pos + k):
+            if i < len(out) and right(i):
+                toks.append(out[i])
+            else:
+                toks += [-1 - j for j in range(k - len(toks))]  # never the target's token
+                break
+        m = match_length(pos)
+        if m <= 0:
+            return EMPTY_DRAFT
+        conf = tuple(confidence(pos + j) for j in range(len(toks))) if confidence else None
+        return Draft(tokens=tuple(toks), match_length=m, confidence=conf)
+    return propose
+
+
+def bernoulli(p: float, n: int, seed: int = 1):
+    rng = random.Random(seed)
+    flags = [rng.random() < p for _ in range(n)]
+    return lambda i: flags[i] if 0 <= i < n else False
+
+
+def speedup(trace: Trace, result, cal: Calibration) -> float:
+    return len(trace.output) * cal.seconds(1) / result.seconds
+
+
+def run(trace, proposer, cal=CPU, settings=None, guard=None, charge=None, name="ngram", **kw):
+    ctl = AdaptiveController({name: False}, cal, settings or ControlSettings(), guard)
+    res = replay(trace, ctl, cal, {name: proposer}, charge=charge, **kw)
+    return ctl, res
+
+
+def drafted_k(res, lo=0, hi=None):
+    return [d.k for pos, d in res.decisions if pos >= lo and (hi is None or pos < hi) and not d.plain]
+
+
+# --- the acceptance arithmetic ---------------------------------------------------
+def test_expected_tokens_counts_the_target_token_and_stops_at_the_first_rejection():
+    assert expected_tokens([]) == [1.0]
+    assert expected_tokens([1.0, 1.0]) == [1.0, 2.0, 3.0]
+    e = expected_tokens([0.5, 0.5])
+    assert e == [1.0, 1.5, 1.75]
+
+
+def test_acceptance_model_counts_verified_positions_only_and_forgets_old_drafts():
+    m = AcceptanceModel(window=2, bucket_strength=1.0, cell_strength=1.0)
+    f = token_features(4, None, 3)  # n-gram match of 3: prior 0.55
+    prior = m.predict(f)
+    assert prior == pytest.approx([0.55] * 4)
+    m.record(f, accepted=4)  # all four verified and accepted
+    m.record(f, accepted=4)
+    high = m.predict(f)
+    assert all(p > 0.8 for p in high)
+    m.record(f, accepted=0)  # only position 0 was verified (rejected); the rest says nothing
+    m.record(f, accepted=0)  # ...and the window of 2 has now forgotten both full accepts
+    low = m.predict(f)
+    assert low[0] < 0.35
+    # positions 1..3 saw no data in the window: back to the (now lower) bucket estimate
+    assert low[1] == pytest.approx(low[2]) and low[1] > low[0]
+
+
+def test_token_features_prefer_confidence_then_match_length():
+    assert token_features(2, (0.95, 0.12), 5)[0].key == ("c", 9)
+    assert token_features(2, (0.95, 0.12), 5)[1].prior == pytest.approx(0.15)
+    assert token_features(2, None, 5)[0].key == ("m", 5)
+    assert token_features(2, None, 40)[0].prior > token_features(2, None, 1)[0].prior
+    assert token_features(1, None, 0)[0].key == ("p",)
+
+
+# --- fixed control ---------------------------------------------------------------
+def test_fixed_controller_always_asks_for_its_length_and_respects_the_budget():
+    ctl = FixedController("ngram", 5)
+    assert ctl.decide(StepView(remaining=100)) == Decision("ngram", 5, "fixed draft length 5")
+    ctl.observe(Outcome("ngram", 5, 0))  # no adaptation whatever happens
+    assert ctl.decide(StepView(remaining=100)).k == 5
+    assert ctl.decide(StepView(remaining=3)).k == 2  # 2 drafts + the target's own token
+    assert ctl.decide(StepView(remaining=1)).plain
+    assert FixedController(None, 1).decide(StepView()).plain
+    assert ctl.drain_events() == []
+
+
+def test_make_controller_picks_the_mode():
+    s = ControlSettings(adaptive=False, draft_length=3)
+    assert isinstance(make_controller(s, {"ngram": False}), FixedController)
+    assert make_controller(s, {"ngram": False}).decide(StepView()).k == 3
+    assert isinstance(make_controller(ControlSettings(), {"ngram": False}), AdaptiveController)
+    assert make_controller(ControlSettings(), {}).decide(StepView()).plain
+
+
+@pytest.mark.parametrize("kw", [dict(min_draft=0), dict(min_draft=5, max_draft=4), dict(floor=1.2),
+                                dict(guard_threshold=0), dict(draft_length=0), dict(margin=-1)])
+def test_bad_settings_are_refused_with_a_message(kw):
+    with pytest.raises(InvalidInputError):
+        ControlSettings(**kw).validate()
+
+
+# --- adaptive control on scripted traces -------------------------------------------
+def test_all_accepted_lengthens_the_drafts():
+    tr = make_trace(400)
+    ctl, res = run(tr, scripted(tr, lambda i: True, match_length=lambda pos: 3))
+    ks = drafted_k(res)
+    assert ks[0] <= 4  # a 3-token match starts modestly on this CPU
+    assert max(ks) == 15 and mean(ks[-10:]) >= 14  # ... and ends at the longest draft allowed
+    assert res.plain_steps <= 2
+    assert speedup(tr, res, CPU) > 3.0
+
+
+def test_all_rejected_falls_back_to_plain_steps():
+    tr = make_trace(400)
+    # a confident-looking proposer (long matches) that is always wrong
+    ctl, res = run(tr, scripted(tr, lambda i: False, match_length=lambda pos: 10))
+    assert res.accepted == 0
+    assert len(drafted_k(res)) <= 6  # a few tries, then the estimates say no
+    assert len(drafted_k(res, lo=100)) <= 3  # later: at most an occasional probe
+    assert speedup(tr, res, CPU) >= 0.97
+
+
+def test_low_acceptance_on_this_cpu_means_plain_steps():
+    tr = make_trace(500)
+    # 35% per-token acceptance, short matches: a draft never pays at t(2) = 1.5 t(1)
+    ctl, res = run(tr, scripted(tr, bernoulli(0.35, 500), match_length=lambda pos: 1 + pos % 3))
+    assert res.plain_steps >= 0.9 * res.steps
+    assert speedup(tr, res, CPU) >= 0.97
+    # the fixed controller on the same trace loses time
+    fixed = replay(tr, FixedController("ngram", 4), CPU,
+                   {"ngram": scripted(tr, bernoulli(0.35, 500), match_length=lambda pos: 1 + pos % 3)})
+    assert speedup(tr, fixed, CPU) < 0.8
+
+
+def test_cheap_verification_means_long_drafts():
+    tr = make_trace(500)
+    prop = scripted(tr, bernoulli(0.75, 500), match_length=lambda pos: 3)
+    _, gpu = run(tr, prop, cal=GPU)
+    _, cpu = run(tr, prop, cal=CPU)
+    assert mean(drafted_k(gpu, lo=50)) >= 8
+    assert mean(drafted_k(gpu, lo=50)) > mean(drafted_k(cpu, lo=50)) + 2
+    assert speedup(tr, gpu, GPU) > 2.5
+    assert speedup(tr, cpu, CPU) > 1.2
+
+
+def test_recovers_when_the_request_turns_repetitive():
+    tr = make_trace(600)
+    # novel text for 200 tokens (drafts wrong), then a copied span (drafts right)
+    prop = scripted(tr, lambda i: i >= 200, match_length=lambda pos: 2 if pos < 200 else 8)
+    ctl, res = run(tr, prop)
+    assert len(drafted_k(res, hi=200)) <= 6
+    first_after = min(pos for pos, d in res.decisions if pos >= 200 and not d.plain)
+    assert first_after <= 205  # unused drafts were scored all along: it sees the change at once
+    spec_tokens = sum(1 for pos, d in res.decisions if pos >= 200 and not d.plain)
+    assert spec_tokens <= 40  # 400 tokens in few, long verify passes
+    assert speedup(tr, res, CPU) > 1.8
+
+
+def test_floor_falls_back_and_recovers_with_events():
+    # On a GPU-like curve, 40% acceptance still pays, so only an explicit floor of 0.6 stops it.
+    tr = make_trace(700)
+    flags = bernoulli(0.4, 300, seed=3)
+    prop = scripted(tr, lambda i: flags(i) if i < 300 else True, match_length=lambda pos: 3)
+    ctl, res = run(tr, prop, cal=GPU, settings=ControlSettings(floor=0.6))
+    kinds = [e.kind for e in res.events]
+    assert "fallback" in kinds
+    assert "recover" in kinds[kinds.index("fallback"):]
+    fb = next(e for e in res.events if e.kind == "fallback")
+    assert "below the floor 60%" in fb.reason and fb.proposer == "ngram"
+    # while in fallback (before 300) little is drafted; after the span turns right, long drafts
+    assert mean(drafted_k(res, lo=320)) >= 10
+    # the automatic floor on this curve is the break-even (about 0.11), so no fallback
+    _, auto = run(tr, prop, cal=GPU)
+    assert "fallback" not in [e.kind for e in auto.events]
+    assert speedup(tr, auto, GPU) >= speedup(tr, res, GPU) * 0.95
+
+
+def test_fallback_without_shadow_scoring_recovers_through_probes():
+    # The engine passes no emitted tokens: the controller only learns from verified drafts,
+    # so after falling back it must probe to notice that drafts are good again.
+    tr = make_trace(900)
+    prop = scripted(tr, lambda i: i >= 200 and i % 50 != 0, match_length=lambda pos: 12)
+    ctl = AdaptiveController({"ngram": False}, GPU, ControlSettings(floor=0.6, probe_after=16))
+    pos, kinds, drafts_after = 0, [], 0
+    history = list(tr.prompt)
+    while pos < len(tr.output):
+        cand = prop(history, 15)
+        d = ctl.decide(StepView(generated=pos, remaining=len(tr.output) - pos,
+                                candidates={"ngram": cand}))
+        draft = cand.tokens[:d.k] if not d.plain else ()
+        a = 0
+        while a < len(draft) and pos + a < len(tr.output) and draft[a] == tr.output[pos + a]:
+            a += 1
+        n = min(a + 1, len(tr.output) - pos)
+        ctl.observe(Outcome("ngram" if draft else None, len(draft), a, 0.0,
+                            GPU.seconds(len(draft) + 1), tokens=(), match_length=cand.match_length))
+        kinds += [e.kind for e in ctl.drain_events()]
+        if pos >= 400 and draft:
+            drafts_after += 1
+        history += tr.output[pos:pos + n]
+        pos += n
+    assert "fallback" in kinds and "probe" in kinds and "recover" in kinds
+    assert kinds.index("fallback") < kinds.index("recover")
+    assert drafts_after >= 20
+
+
+def test_the_draft_length_never_overruns_the_token_budget():
+    tr = make_trace(40)
+    ctl, res = run(tr, scripted(tr, lambda i: True, match_length=lambda pos: 20))
+    for pos, d in res.decisions:
+        assert d.k <= len(tr.output) - pos - 1
+    assert res.tokens == 40
+
+
+def test_a_costly_draft_model_does_not_pay_on_this_cpu_but_does_on_cheap_hardware():
+    tr = make_trace(300)
+    prop = scripted(tr, bernoulli(0.9, 300, seed=5), match_length=lambda pos: 1)
+    # the 0.5B draft costs half a 1.5B step per token here
+    ctl = AdaptiveController({"draft": True}, CPU, ControlSettings(),
+                             token_seconds={"draft": 0.5 * CPU.step_seconds})
+    res = replay(tr, ctl, CPU, {"draft": prop}, costly={"draft": 0.5 * CPU.step_seconds})
+    assert speedup(tr, res, CPU) >= 0.97
+    probes = [e for e in res.events if e.kind == "probe"]
+    assert 1 <= len(probes) <= 4  # it looks again now and then, with a growing interval
+    gpu_ctl = AdaptiveController({"draft": True}, GPU, ControlSettings(),
+                                 token_seconds={"draft": 0.1 * GPU.step_seconds})
+    gres = replay(tr, gpu_ctl, GPU, {"draft": prop}, costly={"draft": 0.1 * GPU.step_seconds})
+    assert speedup(tr, gres, GPU) > 2.0
+
+
+def test_chooses_the_better_of_two_free_proposers():
+    tr = make_trace(500)
+    good = scripted(tr, bernoulli(0.9, 500, seed=7), match_length=lambda pos: 3)
+    bad = scripted(tr, bernoulli(0.3, 500, seed=8), match_length=lambda pos: 3)
+    ctl = AdaptiveController({"bad": False, "good": False}, CPU)
+    res = replay(tr, ctl, CPU, {"bad": bad, "good": good})
+    assert res.by_proposer.get("good", 0) > 5 * res.by_proposer.get("bad", 0)
+
+
+def test_confidence_steers_the_cut():
+    tr = make_trace(400)
+    rng = random.Random(11)
+    conf = [rng.random() for _ in range(400)]
+    # a token is right exactly when the proposer is confident: the controller should learn to
+    # stop the draft before the first low-confidence token
+    prop = scripted(tr, lambda i: conf[i] >= 0.5, match_length=lambda pos: 1,
+                    confidence=lambda i: conf[i] if i < 400 else 0.0)
+    ctl, res = run(tr, prop)
+    assert res.acceptance > 0.85
+    assert speedup(tr, res, CPU) > 1.1
+
+
+# --- the goodput guard -----------------------------------------------------------
+def test_guard_trips_when_speculation_loses_and_recovers_on_probe_evidence():
+    s = ControlSettings(guard_min_steps=24, guard_probe_every=4)
+    g = GoodputGuard(s)
+    for _ in range(20):
+        g.observe_plain("default", 0.10)
+    assert g.admits("default", "ngram") == "on"
+    rec = None
+    for i in range(40):  # 1.2 tokens per 0.15 s: 0.8x a plain step
+        rec = g.observe_spec("default", "ngram", tokens=1 + (i % 5 == 0), seconds=0.15) or rec
+        if rec:
+            break
+    assert rec is not None and rec.kind == "guard_off" and rec.proposer == "ngram"
+    assert "lower bound" in rec.reason
+    assert not g.enabled("default", "ngram")
+    assert g.enabled("default", "suffix")  # other proposers and slices are untouched
+    asks = [g.admits("default", "ngram") for _ in range(12)]
+    assert asks.count("probe") == 3 and asks.count("off") == 9
+    back = None
+    for _ in range(30):  # probes now yield 3 tokens per 0.15 s: 2x
+        back = g.observe_spec("default", "ngram", tokens=3, seconds=0.15 + 0.01 * (_ % 3))
+        if back:
+            break
+    assert back is not None and back.kind == "guard_on"
+    assert g.enabled("default", "ngram")
+    snap = g.snapshot()["default/ngram"]
+    assert snap["enabled"] and snap["speedup"] > 1.5
+
+
+def test_guard_waits_for_evidence_before_judging():
+    g = GoodputGuard(ControlSettings(guard_min_steps=24))
+    for _ in range(10):
+        g.observe_plain("default", 0.1)
+    for _ in range(23):
+        assert g.observe_spec("default", "ngram", tokens=1, seconds=0.3) is None
+    assert g.observe_spec("default", "ngram", tokens=1, seconds=0.3).kind == "guard_off"
+
+
+def test_guard_does_not_trip_on_a_noisy_real_gain():
+    g = GoodputGuard(ControlSettings())
+    rng = random.Random(2)
+    for _ in range(50):
+        g.observe_plain("default", rng.uniform(0.08, 0.10))
+    for _ in range(300):
+        k = rng.randint(1, 6)  # about 3.5 tokens per 0.17 s: 1.8x
+        assert g.observe_spec("default", "ngram", tokens=k, seconds=rng.uniform(0.15, 0.19)) is None
+
+
+def test_guard_stops_a_controller_whose_calibration_lies():
+    # The controller believes verification is nearly free (a GPU curve) but the device is
+    # this CPU; at 50% acceptance its long drafts lose time until the guard steps in.
+    tr = make_trace(1500)
+    prop = scripted(tr, bernoulli(0.5, 1500, seed=4), match_length=lambda pos: 3)
+    lie = Calibration.linear(0.01, step_seconds=CPU.step_seconds)
+    s = ControlSettings()
+    guard = GoodputGuard(s, plain_seconds_prior=lie.step_seconds)
+    ctl, res = run(tr, prop, cal=lie, guard=guard, charge=CPU)
+    kinds = [e.kind for e in res.events]
+    assert "guard_off" in kinds
+    _, unguarded = run(tr, prop, cal=lie, settings=ControlSettings(guard=False), charge=CPU)
+    assert speedup(tr, res, CPU) > speedup(tr, unguarded, CPU) + 0.1
+    # a later request on the same engine starts with speculation off and says so once
+    ctl2, res2 = run(tr, prop, cal=lie, guard=guard, charge=CPU)
+    assert [e.kind for e in res2.events].count("guarded") == 1
+
+
+# --- plumbing --------------------------------------------------------------------------
+def test_outcome_from_a_step_event():
+    step = Step(request_id=1, tokens=(5, 6, 7), text="abc", origins=("draft", "draft", "target"),
+                proposer="ngram", drafted=4, accepted=2, draft_seconds=0.001, verify_seconds=0.2,
+                elapsed=1.0)
+    o = Outcome.of(step, Draft(tokens=(5, 6, 9, 9), match_length=7))
+    assert (o.proposer, o.drafted, o.accepted, o.tokens, o.match_length) == ("ngram", 4, 2, (5, 6, 7), 7)
+
+
+def test_events_are_drained_once_and_match_the_control_event_fields():
+    from edgespec.events import Control
+    tr = make_trace(200)
+    ctl, res = run(tr, scripted(tr, lambda i: False, match_length=lambda pos: 10), cal=GPU,
+                   settings=ControlSettings(floor=0.6))
+    assert res.events  # replay drained them as it went
+    assert ctl.drain_events() == []
+    ev = Control(7, *res.events[0])
+    assert ev.kind == res.events[0].kind and ev.proposer == "ngram"
+
+
+def test_view_without_candidates_still_works_for_free_proposers():
+    # an engine that does not pre-propose: the controller decides from position estimates
+    ctl = AdaptiveController({"ngram": False}, GPU)
+    d = ctl.decide(StepView(remaining=50))
+    assert d.proposer == "ngram" and d.k >= 1
+    for _ in range(30):
+        d = ctl.decide(StepView(remaining=50))
+        ctl.observe(Outcome(d.proposer, d.k, d.k, 0.0, GPU.seconds(d.k + 1)) if not d.plain
+                    else Outcome(None, 0, 0, 0.0, GPU.seconds(1)))
+    assert ctl.decide(StepView(remaining=50)).k >= 10
