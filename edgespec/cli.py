@@ -23,6 +23,9 @@ cli.add_command(models)
 from .cli_tui import tui_command  # noqa: E402
 
 cli.add_command(tui_command)
+from .cli_plan import plan_command  # noqa: E402
+
+cli.add_command(plan_command)
 
 
 def main() -> None:
