@@ -27,7 +27,7 @@ accepted more than half the time to pay; on a GPU t(k) ≈ t(1) and long drafts
 pay at modest acceptance. The same rule covers both: nothing is tuned per device
 except the measured curve.
 
-Where the p_i come from (:class:`AcceptanceModel`): windowed acceptance counts
+Where the p_i come from (:class:`AcceptanceModel`): recency-weighted acceptance counts
 per proposer, grouped by what the proposer says about the token (its confidence
 bucket, else its n-gram match-length bucket) and by draft position, shrunk
 towards priors when data is thin. Drafts of free proposers (n-gram, suffix) are
@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, NamedTuple, Protocol, Sequence
 
 from .calibration import Calibration
@@ -79,7 +79,7 @@ class ControlSettings:
     floor: float | None = None  # min verified acceptance; None = min(0.6, break-even + 0.1)
     floor_window: int = 32  # verified positions the floor looks at
     floor_min: int = 8  # positions needed before the floor judges
-    window: int = 32  # drafts (used or shadow-scored) each acceptance model remembers
+    window: int = 16  # about this many recent drafts (used or shadow-scored) drive the estimates
     margin: float = 0.03  # a draft must beat a plain step's goodput by this fraction
     probe_match: int = 6  # in fallback, a match this long earns a probe
     probe_after: int = 32  # steps without evidence before a blind probe (doubles per failure)
@@ -251,58 +251,57 @@ def token_features(n: int, confidence: Sequence[float] | None, match_length: int
 
 
 class AcceptanceModel:
-    """Windowed conditional acceptance of one proposer's draft tokens.
+    """Recency-weighted conditional acceptance of one proposer's draft tokens.
 
     Each draft contributes its *verified* positions: those before the first
     rejection (accepted) and the first rejected one; later positions say nothing
-    (they were conditioned on a wrong prefix). Counts live in a bucket (the
-    token's feature) and a (bucket, position) cell; the estimate for a cell is
-    shrunk towards its bucket, the bucket towards the feature's prior. Every
-    token is also counted in the position-only track, which predicts drafts made
-    after the decision (a draft model's, whose confidences are not known yet).
+    (they were conditioned on a wrong prefix). A token is counted under its
+    feature (confidence or match-length bucket), under (feature, state) and
+    under (feature, state, position), where *state* says whether the proposer's
+    previous draft got its first token right: acceptance is bursty (a copied
+    span accepts run after run, then novel text rejects run after run), and that
+    one bit tells the two regimes apart at once. Each level's estimate is shrunk
+    towards the level above, the top towards the feature's prior. Every token is
+    also counted in the position-only track, which predicts drafts made after the
+    decision (a draft model's, whose confidences are not known yet). Older
+    evidence fades by ``1 - 1/window`` per draft.
     """
 
-    def __init__(self, window: int = 32, bucket_strength: float = 3.0,
-                 cell_strength: float = 4.0) -> None:
+    def __init__(self, window: float = 16, strength: float = 3.0) -> None:
         self.window = window
-        self.bucket_strength = bucket_strength
-        self.cell_strength = cell_strength
-        self._drafts: deque[list[tuple[tuple, bool]]] = deque()
+        self.decay = 1.0 - 1.0 / window
+        self.strength = strength
         self._counts: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self.records = 0
 
     @staticmethod
-    def _keys(i: int, f: Feature) -> list[tuple]:
-        pb = _position_bucket(i)
-        keys = [(f.key,), (f.key, pb)]
-        if f.key != _POSITION_ONLY:
-            keys += [(_POSITION_ONLY,), (_POSITION_ONLY, pb)]
-        return keys
+    def _levels(i: int, f: Feature, state: bool | None) -> tuple[tuple, tuple, tuple]:
+        return (f.key,), (f.key, state), (f.key, state, _position_bucket(i))
 
-    def record(self, features: Sequence[Feature], accepted: int) -> None:
+    def record(self, features: Sequence[Feature], accepted: int, state: bool | None = None) -> None:
         verified = min(accepted + 1, len(features))
-        entries = [(key, i < accepted) for i in range(verified) for key in self._keys(i, features[i])]
-        if not entries:
+        if verified <= 0:
             return
-        for key, ok in entries:
-            c = self._counts[key]
-            c[0] += ok
-            c[1] += 1
-        self._drafts.append(entries)
-        self.records += 1
-        while len(self._drafts) > self.window:
-            for key, ok in self._drafts.popleft():
+        for c in self._counts.values():
+            c[0] *= self.decay
+            c[1] *= self.decay
+        for i in range(verified):
+            keys = list(self._levels(i, features[i], state))
+            if features[i].key != _POSITION_ONLY:
+                keys += self._levels(i, Feature(_POSITION_ONLY, 0.0), state)
+            for key in keys:
                 c = self._counts[key]
-                c[0] -= ok
-                c[1] -= 1
+                c[0] += i < accepted
+                c[1] += 1
+        self.records += 1
 
-    def predict(self, features: Sequence[Feature]) -> list[float]:
+    def predict(self, features: Sequence[Feature], state: bool | None = None) -> list[float]:
         out = []
         for i, f in enumerate(features):
-            a, n = self._counts.get((f.key,), (0.0, 0.0))
-            bucket = (a + self.bucket_strength * f.prior) / (n + self.bucket_strength)
-            a, n = self._counts.get((f.key, _position_bucket(i)), (0.0, 0.0))
-            p = (a + self.cell_strength * bucket) / (n + self.cell_strength)
+            p = f.prior
+            for key in self._levels(i, f, state):
+                a, n = self._counts.get(key, (0.0, 0.0))
+                p = (a + self.strength * p) / (n + self.strength)
             out.append(min(max(p, 0.01), 0.99))
         return out
 
@@ -468,6 +467,7 @@ class _Pending:
     features: list[Feature]
     start: int  # index in the emitted stream of its first token
     used: bool  # this draft (truncated) was verified: the floor already counted it
+    state: bool | None  # the proposer's previous first-token outcome when this was drafted
 
 
 @dataclass
@@ -482,6 +482,7 @@ class _ProposerState:
     probe_interval: int = 0
     last_evidence: int = 0  # step of the last verified or scored draft
     probing: bool = False
+    hit: bool | None = None  # did its latest draft get the first token right?
 
 
 class AdaptiveController:
@@ -567,7 +568,7 @@ class AdaptiveController:
                 continue
             feats = token_features(n_max, cand.confidence if cand else None,
                                    cand.match_length if cand else 0)
-            e = expected_tokens(st.model.predict(feats))
+            e = expected_tokens(st.model.predict(feats, st.hit))
 
             def rate(dd: int) -> float:
                 return e[dd] / (self.pass_seconds(dd + 1) + self._draft_seconds(name, dd, cand is not None))
@@ -657,7 +658,8 @@ class AdaptiveController:
         cand = view.candidates.get(name) if view is not None else None
         if not o.tokens or cand is None:
             # no candidate to score later: count the verification itself
-            st.model.record(token_features(o.drafted, o.confidence, o.match_length), o.accepted)
+            st.model.record(token_features(o.drafted, o.confidence, o.match_length), o.accepted, st.hit)
+            st.hit = o.accepted > 0
         if st.probing:
             st.probing = False
             rate = o.accepted / verified if verified else 0.0
@@ -698,7 +700,8 @@ class AdaptiveController:
                 used = o.drafted > 0 and o.proposer == name
                 self._pending.append(_Pending(name, tuple(cand.tokens[:n]),
                                               token_features(n, cand.confidence, cand.match_length),
-                                              start, used))
+                                              start, used, st.hit))
+                st.hit = cand.tokens[0] == o.tokens[0]
         self._emitted.extend(o.tokens)
         keep = []
         for pd in self._pending:
@@ -708,7 +711,7 @@ class AdaptiveController:
                 j += 1
             if j < len(seen) or j == len(pd.tokens):
                 st = self._p[pd.proposer]
-                st.model.record(pd.features, j)
+                st.model.record(pd.features, j, pd.state)
                 st.last_evidence = self._step
                 if not pd.used:
                     verified = min(j + 1, len(pd.tokens))
@@ -736,6 +739,78 @@ class AdaptiveController:
         return self._p[name].fallback
 
 
+# --- the engine's calling convention --------------------------------------------------
+class EngineAdapter:
+    """Drives a :class:`Controller` from the engine loop as it stands (``engine._serve``).
+
+    The loop calls ``decide(req) -> (proposer, k)`` before a step,
+    ``observe(proposer, drafted, accepted, draft_s, verify_s, draft)`` after it and
+    ``drain_events() -> [(kind, reason)]`` after deciding. The adapter builds the
+    :class:`StepView` from the request (for a free proposer it asks the session for a
+    ``max_draft`` candidate first, which the engine's own ``propose(k)`` then repeats
+    as a prefix), and holds each outcome back until the next ``decide``, when
+    ``req.generated`` shows which tokens the step really emitted.
+    """
+
+    def __init__(self, controller: Controller, proposer: str, costly: bool, max_draft: int) -> None:
+        self.controller = controller
+        self.proposer = proposer
+        self.costly = costly
+        self.max_draft = max_draft
+        self._held: Outcome | None = None
+        self._mark = 0
+
+    def decide(self, req) -> tuple[str | None, int]:
+        self._flush(req)
+        remaining = req.params.max_tokens - len(req.generated)
+        cands = {}
+        if not self.costly and req.session is not None:
+            cands[self.proposer] = req.session.propose(min(self.max_draft, max(remaining - 1, 0)))
+        d = self.controller.decide(StepView(generated=len(req.generated), remaining=remaining,
+                                            candidates=cands))
+        return (None, 0) if d.plain else (d.proposer, d.k)
+
+    def observe(self, proposer: str | None, drafted: int, accepted: int, draft_seconds: float,
+                verify_seconds: float, draft: Draft | None = None) -> None:
+        self._held = Outcome(proposer=proposer if drafted else None, drafted=drafted,
+                             accepted=accepted, draft_seconds=draft_seconds,
+                             verify_seconds=verify_seconds,
+                             confidence=draft.confidence if draft is not None else None,
+                             match_length=draft.match_length if draft is not None else 0)
+
+    def _flush(self, req) -> None:
+        n = len(req.generated)
+        if self._held is not None:
+            emitted = tuple(req.generated[self._mark:n])
+            self.controller.observe(replace(self._held, tokens=emitted))
+            self._held = None
+        self._mark = n
+
+    def drain_events(self) -> list[tuple[str, str]]:
+        return [(r.kind, r.reason) for r in self.controller.drain_events()]
+
+
+def engine_controller_factory(settings: ControlSettings, calibration: Calibration | None = None,
+                              guard: GoodputGuard | None = None, slice_: str = "default"):
+    """``controller_factory(proposer_name, proposers)`` for :class:`edgespec.engine.Engine`.
+
+    One adaptive (or fixed) controller per request over the request's proposer;
+    the guard is shared by every request of the engine.
+    """
+    settings.validate()
+
+    def factory(proposer_name: str, proposers: Mapping) -> EngineAdapter:
+        p = proposers[proposer_name]
+        costly = bool(getattr(p, "costly", False))
+        per_token = getattr(p, "seconds_per_token", 0.0) or None
+        ctl = make_controller(replace(settings, proposer=proposer_name), {proposer_name: costly},
+                              calibration, guard, slice_,
+                              {proposer_name: per_token} if per_token else None)
+        return EngineAdapter(ctl, proposer_name, costly, settings.max_draft)
+
+    return factory
+
+
 def make_controller(settings: ControlSettings, proposers: Mapping[str, bool],
                     calibration: Calibration | None = None, guard: GoodputGuard | None = None,
                     slice_: str = "default",
@@ -757,6 +832,6 @@ def make_controller(settings: ControlSettings, proposers: Mapping[str, bool],
 
 __all__ = [
     "AcceptanceModel", "AdaptiveController", "ControlRecord", "ControlSettings", "Controller",
-    "Decision", "Feature", "FixedController", "GoodputGuard", "GuardEstimate", "Outcome", "PLAIN",
+    "Decision", "EngineAdapter", "engine_controller_factory", "Feature", "FixedController", "GoodputGuard", "GuardEstimate", "Outcome", "PLAIN",
     "StepView", "expected_tokens", "make_controller", "token_features",
 ]
