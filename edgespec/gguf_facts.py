@@ -53,6 +53,7 @@ class ModelFacts:
     head_dim_v: int
     n_ctx_train: int
     n_vocab: int
+    n_merges: int                           # BPE merge rules (0 for SentencePiece vocabularies)
     # sliding-window attention: window size (0 = none) and which layers use it
     sliding_window: int
     swa_layers: tuple[bool, ...]
@@ -174,13 +175,16 @@ def read_facts(path: str | os.PathLike) -> ModelFacts:
     if total == 0:
         raise ModelError(f"{path}: the GGUF file holds no tensors; it is not a model")
 
+    merges = meta.get("tokenizer.ggml.merges")
+    n_merges = merges.length if isinstance(merges, ArrayInfo) else 0
     name = meta.get("general.name")
     return ModelFacts(
         path=path, file_bytes=info.file_size, arch=arch,
         name=name if isinstance(name, str) else "",
         n_layers=n_layers, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
         n_head_kv_per_layer=tuple(kv_heads), head_dim_k=head_k, head_dim_v=head_v,
-        n_ctx_train=n_ctx_train, n_vocab=info.vocab_size or 0, sliding_window=window,
+        n_ctx_train=n_ctx_train, n_vocab=info.vocab_size or 0, n_merges=n_merges,
+        sliding_window=window,
         swa_layers=swa_layers, weight_bytes=total,
         bytes_by_type=dict(sorted(by_type.items(), key=lambda kv: -kv[1])),
         layer_bytes=tuple(layer_bytes), token_embd_bytes=token_embd, output_bytes=output,

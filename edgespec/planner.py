@@ -12,7 +12,8 @@ Memory model (host RAM and accelerator memory, per component)
     weights       the mmapped GGUF: layers offloaded to the GPU (llama.cpp puts
                   the *last* ``n_gpu_layers - 1`` blocks and the output layer
                   there) leave host memory, the input embeddings never do
-    tokenizer     llama.cpp's vocabulary tables (measured: ~330 B per token)
+    tokenizer     llama.cpp's vocabulary tables (measured: ~175 B per token
+                  plus ~150 B per BPE merge rule)
     KV cache      padded context (256) x per-layer KV heads x (K + V head dims)
                   x bytes per element of the cache type (f16 2, q8_0 34/32,
                   q4_0 18/32); sliding-window layers hold only window + batch
@@ -58,7 +59,8 @@ from .gguf_facts import ModelFacts, read_facts
 
 # --- measured constants (llama-cpp-python 0.3.36, CPython 3.11; docs/planner.md) ------------
 RUNTIME_BYTES = 48 * 2**20            # RSS of python + numpy + llama.cpp initialised
-VOCAB_BYTES_PER_TOKEN = 330           # llama.cpp vocab + merges tables, anonymous memory
+VOCAB_BYTES_PER_TOKEN = 175           # llama.cpp's vocabulary tables, anonymous memory...
+VOCAB_BYTES_PER_MERGE = 150           # ...and its BPE merge ranks
 COMPUTE_BYTES_PER_TOKEN_UNIT = 14     # x (n_ff + n_embd) per batch token actually touched on CPU
 COMPUTE_FIXED_BYTES = 3 * 2**20
 # --- not measurable here (no GPU): llama.cpp's allocation rules plus a CUDA/Metal runtime reserve
@@ -164,14 +166,14 @@ def kv_bytes(facts: ModelFacts, n_ctx: int, kv_type: str, n_batch: int = DEFAULT
 
 
 def weight_bytes(facts: ModelFacts, n_gpu_layers: int) -> tuple[int, int]:
-    """(host, device) bytes of weights; host includes the mapped header and tokenizer data."""
+    """(host, device) bytes of weights (tensor data: the header is read, not kept mapped)."""
     if n_gpu_layers <= 0:
-        return facts.file_bytes, 0
+        return facts.weight_bytes, 0
     start = gpu_layer_start(facts, n_gpu_layers)
     on_gpu = sum(facts.layer_bytes[start:])
     # the output layer goes with the first offloaded "layer"; tied embeddings get a GPU copy
     out = facts.output_bytes if facts.output_bytes else facts.token_embd_bytes
-    host = facts.file_bytes - on_gpu - facts.output_bytes
+    host = facts.weight_bytes - on_gpu - facts.output_bytes
     return host, on_gpu + out
 
 
@@ -196,8 +198,9 @@ def model_memory(label: str, facts: ModelFacts, *, n_ctx: int, kv_type: str, n_b
     swa = f", window {facts.sliding_window} on {facts.n_swa_layers} layers" if facts.sliding_window else ""
     return [
         MemoryItem(f"{label} weights", wh, wd, f"{Path(facts.path).name}{offl}"),
-        MemoryItem(f"{label} tokenizer", VOCAB_BYTES_PER_TOKEN * facts.n_vocab, 0,
-                   f"{facts.n_vocab} tokens"),
+        MemoryItem(f"{label} tokenizer",
+                   VOCAB_BYTES_PER_TOKEN * facts.n_vocab + VOCAB_BYTES_PER_MERGE * facts.n_merges, 0,
+                   f"{facts.n_vocab} tokens" + (f", {facts.n_merges} merges" if facts.n_merges else "")),
         MemoryItem(f"{label} KV cache", kh, kd, f"{kv_type}, {pad_ctx(n_ctx)} cells{swa}"),
         MemoryItem(f"{label} compute", ch, cd, f"batch {n_batch}"),
         MemoryItem(f"{label} logits", 2 * rows * facts.n_vocab * 4, 0,
@@ -567,7 +570,7 @@ def _evaluate(kind: str, target: ModelFacts, draft: ModelFacts | None, dev: Devi
     ctx, kv, nb = configs[-1]
     least = estimate_memory(target, n_ctx=ctx, kv_type=kv, n_batch=nb, draft=use_draft,
                             verify_rows=rows, suffix_cap=suffix_cap)
-    what = f"the draft's weights are {fmt_size(draft.file_bytes)}; " if use_draft else ""
+    what = f"the draft's weights are {fmt_size(draft.weight_bytes)}; " if use_draft else ""
     return Candidate(kind, False, acceptance=acc,
                      note=f"does not fit: {what}needs at least {fmt_size(least.host)} host "
                           f"(ctx {ctx}, KV {kv}) against a budget of {fmt_size(host_budget)}")
@@ -583,7 +586,7 @@ def _smallest_fit_message(target: ModelFacts, dev: Device, budgets, n_ctx: int, 
     name = Path(target.path).name
     parts = [f"{name} does not fit: even with context {floor_ctx}, a {kv} KV cache and batch "
              f"{BATCH_CHOICES[-1]} it needs {fmt_size(need.host)} of host memory "
-             f"(weights {fmt_size(target.file_bytes)}), but the budget is {fmt_size(host_budget)}."]
+             f"(weights {fmt_size(target.weight_bytes)}), but the budget is {fmt_size(host_budget)}."]
     fixes = [f"raise --budget to at least {fmt_size(need.host)} (or free "
              f"{fmt_size(need.host - host_budget)} of RAM)"]
     if explicit_ctx and n_ctx > MIN_CTX:
