@@ -386,8 +386,11 @@ def anchor_prompt_lookup(model_path: str | os.PathLike, n_ctx: int, threads: int
     threads = threads or default_threads()
     lookup = _Traced(max_ngram_size=max_ngram_size, num_pred_tokens=num_pred_tokens)
     try:
+        # logits_all=True by hand: with only draft_model set, Llama sizes its logits buffer
+        # for n_batch rows but writes every prompt row, and fails on prompts over n_batch.
         llm = _ll.Llama(model_path=str(model_path), n_ctx=n_ctx, n_threads=threads,
-                        n_threads_batch=threads, draft_model=lookup, verbose=False)
+                        n_threads_batch=threads, draft_model=lookup, logits_all=True,
+                        verbose=False)
     except (ValueError, RuntimeError) as e:
         raise ModelError(f"llama-cpp-python could not load {model_path} for the prompt-lookup "
                          f"anchor: {e}") from None

@@ -207,14 +207,6 @@ def preset(name: str) -> Matrix:
 PRESETS = ("quick", "full")
 
 
-def finish_preset(m: Matrix) -> Matrix:
-    """Drop configurations the run cannot honour (``draft`` without a draft model) in presets only;
-    an explicit request for them still fails validation."""
-    if m.preset in PRESETS and m.draft is None:
-        m = replace(m, configs=tuple(c for c in m.configs if c.proposer != "draft"))
-    return m
-
-
 # --- TOML --------------------------------------------------------------------
 _SCALARS = {"target", "draft", "max_new_tokens", "temperature", "seed", "threads", "n_ctx",
             "anchor_n_ctx", "warmup", "warmup_tokens", "bootstrap_resamples", "confidence"}

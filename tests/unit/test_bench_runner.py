@@ -1,0 +1,168 @@
+"""The runner's protocol on a scripted engine: interleaving, warm-up, histories, parity, Ctrl-C."""
+import pytest
+
+from edgespec.bench.anchor import AnchorTrace, trace_to_stats
+from edgespec.bench.matrix import ConfigSpec, Matrix
+from edgespec.bench.prompts import BenchPrompt
+from edgespec.bench.runner import BenchRun, Runner, plan_engine, total_requests
+from edgespec.errors import ContextOverflowError, InvalidInputError
+from edgespec.events import Finished, Step
+from edgespec.stats import RequestStats
+
+
+class FakeTarget:
+    def detokenize(self, tokens):
+        return " ".join(map(str, tokens)).encode()
+
+
+class FakeEngine:
+    """Answers every request with tokens that depend on the proposer (or a script)."""
+
+    def __init__(self, tokens_for=None, fail=None, interrupt_at=None):
+        self.calls = []  # (proposer, messages, max_tokens)
+        self.tokens_for = tokens_for or (lambda proposer, n: [1, 2, 3][:n])
+        self.fail = fail or (lambda proposer, messages: None)
+        self.interrupt_at = interrupt_at
+        self.target = FakeTarget()
+
+    def prompt_tokens(self, messages, params):
+        return list(range(10 * len(messages)))
+
+    def stream(self, messages, params, proposer=None):
+        self.calls.append((proposer, messages, params.max_tokens))
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        err = self.fail(proposer, messages)
+        if err is not None:
+            raise err
+        return self._events(messages, params, proposer)
+
+    def _events(self, messages, params, proposer):
+        toks = self.tokens_for(proposer, params.max_tokens)
+        st = RequestStats(proposer=proposer)
+        st.observe_prefill(10 * len(messages), 0.1)
+        for i, t in enumerate(toks):
+            st.observe_step(proposer=None, drafted=0, accepted=0, emitted=1, draft_seconds=0,
+                            verify_seconds=0.01, elapsed=0.1 + 0.01 * (i + 1))
+            yield Step(1, (t,), str(t), ("target",), None, 0, 0, 0.0, 0.01, 0.1 + 0.01 * i)
+        st.finish("length", 0.1 + 0.01 * len(toks))
+        yield Finished(1, f"answer of {proposer}", tuple(toks), "length", st)
+
+
+CONFIGS = (ConfigSpec("none"), ConfigSpec("a"), ConfigSpec("b"))
+PROMPTS = [
+    BenchPrompt("x/1", "writing", ("first?", "second?"), "x"),
+    BenchPrompt("x/2", "qa", ("only?",), "x"),
+]
+
+
+def _matrix(**kw):
+    return Matrix(target="t", configs=CONFIGS, spec_bench=("writing",), max_new_tokens=3, **kw)
+
+
+def test_units_rotate_configuration_order_after_a_discarded_warmup():
+    eng = FakeEngine()
+    run = Runner(_matrix(warmup=1, warmup_tokens=2), eng).run(PROMPTS, BenchRun(_matrix()))
+    order = [c[0] for c in eng.calls]
+    assert order[:3] == ["none", "a", "b"]  # warm-up
+    assert all(c[2] == 2 for c in eng.calls[:3])
+    assert order[3:] == ["none", "a", "b", "a", "b", "none", "b", "none", "a"]
+    assert run.warmup_discarded == 3
+    assert len(run.records) == 9  # 3 units x 3 configurations, warm-up not recorded
+    assert total_requests(_matrix(warmup=1), PROMPTS) == 12
+    assert [r["position"] for r in run.records[3:6]] == [0, 1, 2]
+    assert {(r["prompt_id"], r["turn"]) for r in run.records} == {("x/1", 0), ("x/1", 1), ("x/2", 0)}
+
+
+def test_second_turn_carries_each_configurations_own_answer():
+    eng = FakeEngine()
+    Runner(_matrix(warmup=0), eng).run(PROMPTS[:1], BenchRun(_matrix()))
+    second = [c for c in eng.calls if len(c[1]) == 3]
+    assert len(second) == 3
+    for proposer, messages, _ in second:
+        assert messages[1] == {"role": "assistant", "content": f"answer of {proposer}"}
+        assert messages[2] == {"role": "user", "content": "second?"}
+
+
+def test_parity_against_the_plain_path():
+    eng = FakeEngine(tokens_for=lambda p, n: [1, 2, 9] if p == "b" else [1, 2, 3])
+    run = Runner(_matrix(warmup=0), eng).run(PROMPTS[1:], BenchRun(_matrix()))
+    parity = {r["config"]: r["parity"] for r in run.records}
+    assert parity == {"none": None, "a": True, "b": False}
+    rec = next(r for r in run.records if r["config"] == "a")
+    assert rec["tokens"] == [1, 2, 3] and rec["generated_tokens"] == 3
+    assert rec["bucket"] == "<256" and rec["category"] == "qa"
+    assert rec["rss_peak_bytes"] > 0
+
+
+def test_sampling_runs_have_no_parity_and_share_a_seed_per_unit():
+    seeds = []
+    eng = FakeEngine()
+    orig = eng.stream
+
+    def stream(messages, params, proposer=None):
+        seeds.append(params.sampling.seed)
+        return orig(messages, params, proposer)
+
+    eng.stream = stream
+    m = _matrix(warmup=0, temperature=0.7, seed=5)
+    run = Runner(m, eng).run(PROMPTS, BenchRun(m))
+    assert all(r["parity"] is None for r in run.records)
+    assert seeds == [5, 5, 5, 6, 6, 6, 7, 7, 7]
+
+
+def test_a_failed_turn_is_recorded_and_ends_that_conversation_only():
+    def fail(proposer, messages):
+        if proposer == "a" and len(messages) == 1:
+            return ContextOverflowError("too long")
+        return None
+
+    eng = FakeEngine(fail=fail)
+    run = Runner(_matrix(warmup=0), eng).run(PROMPTS[:1], BenchRun(_matrix()))
+    a = [r for r in run.records if r["config"] == "a"]
+    assert a[0]["error"] == "too long"
+    assert a[1]["error"].startswith("skipped")
+    assert sum("error" not in r for r in run.records) == 4
+
+
+def test_ctrl_c_keeps_what_was_measured():
+    eng = FakeEngine(interrupt_at=5)
+    run = Runner(_matrix(warmup=0), eng).run(PROMPTS, BenchRun(_matrix()))
+    assert run.interrupted
+    assert len(run.records) == 4
+    assert run.finished_at >= run.started_at > 0
+
+
+def test_plan_engine_maps_knobs():
+    plan = plan_engine([ConfigSpec("none"), ConfigSpec.make("ngram", {"min_n": 2, "draft_len": 3}),
+                        ConfigSpec.make("ngram", {"min_n": 3, "draft_len": 3}),
+                        ConfigSpec("suffix"), ConfigSpec.anchor(4)])
+    assert plan.engine_knobs == {"draft_len": 3}
+    assert plan.proposer_options == {"ngram": {"min_n": 2}}
+    assert plan.extra == {"ngram[draft_len=3,min_n=3]": ("ngram", {"min_n": 3})}
+    assert plan.request_name == {"none": "none", "ngram[draft_len=3,min_n=2]": "ngram",
+                                 "ngram[draft_len=3,min_n=3]": "ngram[draft_len=3,min_n=3]",
+                                 "suffix": "suffix"}
+    with pytest.raises(InvalidInputError, match="different draft_len"):
+        plan_engine([ConfigSpec.make("ngram", {"draft_len": 2}), ConfigSpec.make("suffix", {"draft_len": 4})])
+    with pytest.raises(InvalidInputError, match="one draft model"):
+        plan_engine([ConfigSpec("draft"), ConfigSpec.make("draft", {"x": 1})])
+
+
+def test_anchor_trace_rebuilds_per_pass_statistics():
+    # prompt of 10 tokens; the first token comes from the prefill, then three passes:
+    # pass 1 at length 11 drafted 4, next pass starts at 14 -> emitted 3 (2 accepted + 1);
+    # pass 2 at 14 drafted 0 -> 1 token; pass 3 at 15 drafted 2 -> both accepted + bonus,
+    # the last of which is the end-of-generation token (not emitted)
+    tr = AnchorTrace(prompt_tokens=10, tokens=(5, 6, 7, 8, 9, 10, 11),
+                     token_times=(0.5, 0.6, 0.6, 0.6, 0.7, 0.8, 0.8), passes=((11, 4), (14, 0), (15, 2)),
+                     first_token_seconds=0.5, total_seconds=0.9, stop_reason="eos", eog_time=0.8)
+    st = trace_to_stats(tr, "pld")
+    assert st.prompt_tokens == 10 and st.prefill_seconds == 0.5
+    assert st.generated_tokens == 7
+    assert (st.drafted, st.accepted) == (6, 4)
+    assert st.verify_passes == 2 and st.plain_steps == 2
+    assert dict(st.accepted_length_hist) == {1: 2, 3: 2}
+    assert st.position_accepted == [2, 2, 0, 0] and st.position_drafted == [2, 2, 1, 1]
+    assert st.ttft_seconds == 0.5 and st.stop_reason == "eos"
+    assert st.decode_tokens_per_second == pytest.approx(6 / 0.4)
