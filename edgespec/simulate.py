@@ -93,6 +93,25 @@ def prompt_lookup(min_match: int = 1, max_match: int = 8) -> ProposeFn:
     return propose
 
 
+def from_proposer(proposer, trace: Trace, sampling=None) -> ProposeFn:
+    """Wraps a real (free) proposer: one session over the trace's prompt, fed what was emitted.
+
+    Replay calls it with a history that only grows, so the session's ``accept``
+    sees exactly the tokens the engine would have appended.
+    """
+    from .params import SamplingParams
+
+    session = proposer.open(list(trace.prompt), sampling or SamplingParams())
+    seen = [len(trace.prompt)]
+
+    def propose(history: Sequence[int], k: int) -> Draft:
+        if len(history) > seen[0]:
+            session.accept(list(history[seen[0]:]), 0)
+            seen[0] = len(history)
+        return session.propose(k)
+    return propose
+
+
 def recorded(trace: Trace, name: str) -> ProposeFn:
     """Replays the drafts stored in ``trace.drafts[name]`` (one per output position)."""
     per_pos = trace.drafts[name]
@@ -209,15 +228,21 @@ def standard_configs(cal: Calibration, proposers: Mapping[str, bool] | Sequence[
     return configs
 
 
-def compare(traces: Sequence[Trace], cal: Calibration, proposers: Mapping[str, ProposeFn],
+def compare(traces: Sequence[Trace], cal: Calibration,
+            proposers: Mapping[str, ProposeFn] | Callable[[Trace], Mapping[str, ProposeFn]],
             configs: Mapping[str, Callable[[], Controller]],
             costly: Mapping[str, float] | None = None) -> dict[str, dict[str, float]]:
-    """Speedup over plain decoding, {config: {trace name: ratio}} (plain = len(output) 1-token passes)."""
+    """Speedup over plain decoding, {config: {trace name: ratio}} (plain = len(output) 1-token passes).
+
+    ``proposers`` may be a function of the trace (stateful proposers need a fresh
+    session per replay, see :func:`from_proposer`).
+    """
     table: dict[str, dict[str, float]] = {c: {} for c in configs}
     for t in traces:
         plain = len(t.output) * cal.seconds(1)
         for cname, make in configs.items():
-            r = replay(t, make(), cal, proposers, costly=costly)
+            props = proposers(t) if callable(proposers) else proposers
+            r = replay(t, make(), cal, props, costly=costly)
             table[cname][t.name] = plain / r.seconds if r.seconds else 1.0
     return table
 
@@ -258,6 +283,20 @@ def record_traces(engine, prompts, params, progress: Callable[[str], None] | Non
     return out
 
 
+def native_proposers(names: Sequence[str], options: Mapping[str, dict] | None = None):
+    """A per-trace proposer factory for :func:`compare`: "lookup" (pure Python) or registry names."""
+    def make(trace: Trace) -> dict[str, ProposeFn]:
+        out = {}
+        for name in names:
+            if name == "lookup":
+                out[name] = prompt_lookup()
+            else:
+                from .proposers import free_proposer
+                out[name] = from_proposer(free_proposer(name, **(options or {}).get(name, {})), trace)
+        return out
+    return make
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     ap = argparse.ArgumentParser(prog="python -m edgespec.simulate",
@@ -265,6 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("traces", help="JSONL of {name, category, prompt, output} token traces")
     ap.add_argument("--calibration", help="a calibration JSON (default: the 2-core CPU prior)")
     ap.add_argument("--linear", type=float, help="use cost(n) = 1 + X (n - 1) instead")
+    ap.add_argument("--proposers", default="ngram",
+                    help="comma-separated: lookup (pure Python), ngram, suffix (native)")
     args = ap.parse_args(argv)
     traces = load_traces(args.traces)
     if args.linear is not None:
@@ -273,7 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cal = Calibration.from_json(json.loads(Path(args.calibration).read_text()))
     else:
         cal = Calibration.prior_cpu()
-    table = compare(traces, cal, {"ngram": prompt_lookup()}, standard_configs(cal, ["ngram"]))
+    names = [n for n in args.proposers.split(",") if n]
+    opts = {"ngram": {"max_draft": 15}, "suffix": {"max_draft": 15, "use_global": False}}
+    table = compare(traces, cal, native_proposers(names, opts), standard_configs(cal, names))
     print(format_table(table, traces))
     return 0
 

@@ -1,0 +1,62 @@
+"""The replay simulator: reference prompt lookup, trace files, step accounting."""
+from __future__ import annotations
+
+import pytest
+
+from edgespec.calibration import Calibration
+from edgespec.control import FixedController
+from edgespec.simulate import (Trace, compare, format_table, load_traces, prompt_lookup, recorded,
+                               replay, save_traces, standard_configs)
+
+CAL = Calibration.from_costs({1: 1.0, 2: 1.5, 4: 2.0, 16: 4.0}, step_seconds=0.1)
+
+
+def test_prompt_lookup_drafts_what_followed_the_longest_earlier_match():
+    look = prompt_lookup(min_match=1, max_match=3)
+    # "b c" occurred before, followed by d e
+    d = look([1, 2, 3, 4, 5, 9, 2, 3], 2)
+    assert d.tokens == (4, 5) and d.match_length == 2
+    # the most recent earlier occurrence wins
+    d = look([7, 1, 8, 7, 1, 9, 7, 1], 1)
+    assert d.tokens == (9,) and d.match_length == 2
+    assert len(look([1, 2, 3], 4)) == 0  # nothing repeats
+
+
+def test_trace_file_round_trip(tmp_path):
+    t = Trace("a", (1, 2), (3, 4, 5), "qa", drafts={"draft": [{"tokens": [3, 4]}, None, {"tokens": [5]}]})
+    path = tmp_path / "t.jsonl"
+    save_traces([t, Trace("b", (9,), (8,))], path)
+    back = load_traces(path)
+    assert back[0] == t and back[1].name == "b" and back[1].category == ""
+
+
+def test_replay_charges_each_pass_from_the_curve():
+    t = Trace("t", (1, 2, 3, 1, 2, 3), (1, 2, 3, 7, 7))
+    plain = replay(t, FixedController(None, 1), CAL, {})
+    assert plain.steps == 5 and plain.seconds == pytest.approx(0.5)
+    # lookup drafts 1 2 3 (match "1 2 3"... of order 3): accepted, then 7 is the target's own token
+    spec = replay(t, FixedController("lookup", 3), CAL, {"lookup": prompt_lookup()})
+    assert spec.tokens == 5
+    assert spec.decisions[0][1].k == 3
+    assert spec.accepted >= 3
+    assert spec.seconds < plain.seconds
+
+
+def test_recorded_drafts_replay_with_confidence():
+    t = Trace("t", (1,), (5, 6, 7), drafts={"draft": [{"tokens": [5, 6, 0], "confidence": [0.9, 0.8, 0.1]},
+                                                      None, None]})
+    fn = recorded(t, "draft")
+    d = fn([1], 2)
+    assert d.tokens == (5, 6) and d.confidence == (0.9, 0.8)
+    assert len(fn([1, 5], 2)) == 0
+    res = replay(t, FixedController("draft", 2), CAL, {"draft": fn}, costly={"draft": 0.05})
+    assert res.tokens == 3 and res.accepted == 2
+    assert res.seconds == pytest.approx(0.05 * 2 + CAL.seconds(3))
+
+
+def test_compare_reports_adaptive_no_slower_than_plain_on_novel_text():
+    novel = Trace("novel", tuple(range(50)), tuple(range(100, 300)), "writing")
+    table = compare([novel], CAL, {"lookup": prompt_lookup()}, standard_configs(CAL, ["lookup"]))
+    assert table["adaptive"]["novel"] == pytest.approx(1.0)
+    text = format_table(table, [novel])
+    assert "| adaptive |" in text and "writing" in text
