@@ -109,6 +109,7 @@ class EdgespecApp(App[None]):
         self.running = False
         self.cancelling = False
         self.rss: int | None = None
+        self.requests_started = 0
         self.requests_done = 0
         self.errors: list[BaseException] = []
         self._plain_timing: dict[str, tuple[int, float]] = {}
@@ -225,6 +226,7 @@ class EdgespecApp(App[None]):
         box.anchor()  # follow the stream until the user scrolls up
         needs_load = getattr(self.source, "needs_load", None)
         self._phase = f"loading {settings.target}…" if needs_load and needs_load(settings) else "prefill…"
+        self.requests_started += 1
         self._set_running(True)
         self._panels_dirty = True
         self._refresh_all()

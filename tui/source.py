@@ -164,19 +164,23 @@ def _cancelled(seen: list[Event]) -> Finished:
 
 
 # --- the real engine -----------------------------------------------------------
+AUTO_PROPOSER = "auto"
+
+
 @dataclass
 class EngineSource:
     """Drives ``edgespec.engine.Engine``; loads lazily, on the worker thread.
 
-    One engine is kept loaded. A request with another target, draft or
-    proposer loads a new one (the old one is closed first, so two models never
-    sit in memory together), except the plain path ("none"), which every
-    engine serves without reloading.
+    One engine is kept loaded. The engine always carries the free proposers, so
+    switching among none / ngram / suffix reuses it; another target, another
+    draft model or "auto" (a load-time plan) loads a new one, after closing the
+    old one so two models never sit in memory together.
     """
 
     n_ctx: int = 4096
     threads: int | None = None
-    default_settings: Settings | None = None
+    #: Engine.load by default; tests pass a fake with the same signature
+    loader: Callable[..., object] | None = None
     _engine: object | None = field(default=None, init=False, repr=False)
     _key: tuple | None = field(default=None, init=False, repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
@@ -186,7 +190,7 @@ class EngineSource:
         return registry_choices()
 
     def needs_load(self, settings: Settings) -> bool:
-        return self._key is None or not self._serves(settings)
+        return not self._serves(settings)
 
     def start(self, prompt: Prompt, settings: Settings) -> Iterator[Event]:
         params = settings.params()
@@ -200,10 +204,12 @@ class EngineSource:
             engine = self._ensure(settings)
         if self._cancel.is_set():
             return
+        # "auto" was decided when the engine loaded: its default proposer is the plan's
+        proposer = None if settings.proposer == AUTO_PROPOSER else settings.proposer
         forwarded = False
-        for ev in engine.stream(prompt, params, proposer=settings.proposer):
-            # A cancel that raced the start of stream() would be lost if the engine
-            # resets its flag on entry; forward it (once) from inside the stream.
+        for ev in engine.stream(prompt, params, proposer=proposer):
+            # The engine clears its cancel flag when a request starts; a cancel that
+            # came in before that would be lost, so forward it (once) from here.
             if self._cancel.is_set() and not forwarded:
                 engine.cancel()
                 forwarded = True
@@ -217,49 +223,54 @@ class EngineSource:
 
     def close(self) -> None:
         engine, self._engine, self._key = self._engine, None, None
-        if engine is not None and hasattr(engine, "close"):
+        if engine is not None:
             engine.close()
 
+    @staticmethod
+    def _load_key(settings: Settings) -> tuple:
+        p = settings.proposer
+        return (settings.target, settings.draft if p == DRAFT_PROPOSER else None,
+                p if p in (AUTO_PROPOSER, DRAFT_PROPOSER) else None)
+
     def _serves(self, settings: Settings) -> bool:
-        target, draft, proposer = self._key
-        if (settings.target, settings.draft if settings.proposer == DRAFT_PROPOSER else draft) != (
-                target, draft):
+        if self._engine is None or self._key is None:
             return False
-        return settings.proposer in (proposer, NO_PROPOSER)
+        if settings.proposer in (AUTO_PROPOSER, DRAFT_PROPOSER):
+            return self._key == self._load_key(settings)
+        loaded = getattr(self._engine, "proposers", {})
+        return self._key[0] == settings.target and (
+            settings.proposer == NO_PROPOSER or settings.proposer in loaded)
 
     def _ensure(self, settings: Settings):
-        if self._engine is not None and self._serves(settings):
+        if self._serves(settings):
             return self._engine
         self.close()
-        from edgespec.engine import Engine  # deferred: importing it loads llama.cpp
-
-        draft = settings.draft if settings.proposer == DRAFT_PROPOSER else None
-        proposer = settings.proposer
-        self._engine = Engine.load(target=settings.target, draft=draft, proposer=proposer,
-                                   n_ctx=self.n_ctx, threads=self.threads)
-        self._key = (settings.target, draft, proposer)
+        load = self.loader
+        if load is None:
+            from edgespec.engine import Engine  # deferred: importing it loads llama.cpp
+            load = Engine.load
+        key = self._load_key(settings)
+        self._engine = load(target=settings.target, draft=key[1], proposer=settings.proposer,
+                            n_ctx=self.n_ctx, threads=self.threads)
+        self._key = key
         return self._engine
 
 
 def registry_choices() -> Choices:
-    """Picker contents from models.toml: targets first, then the rest; drafts by role."""
-    try:
-        from edgespec.registry import load_registry
-        registry = load_registry()
-        models = dict(registry.models)
-    except (ImportError, AttributeError):
-        registry, models = None, {}
+    """Picker contents from models.toml: targets first; drafts by role."""
+    from edgespec.registry import load_registry
+
+    registry = load_registry()
+    models = dict(registry.models)
     roles = {name: getattr(spec, "role", "") for name, spec in models.items()}
     targets = tuple(sorted(models, key=lambda n: (roles[n] != "target", n)))
     drafts = tuple(sorted(models, key=lambda n: (roles[n] != "draft", n)))
-    defaults = getattr(registry, "defaults", None) or {}
-    get = defaults.get if isinstance(defaults, dict) else (lambda k: getattr(defaults, k, None))
     return Choices(
         targets=targets,
         drafts=drafts,
-        proposers=proposer_names(),
-        default_target=get("target") or (targets[0] if targets else None),
-        default_draft=get("draft") or (drafts[0] if drafts else None),
+        proposers=(AUTO_PROPOSER, *proposer_names()),
+        default_target=registry.default_target,
+        default_draft=registry.default_draft,
     )
 
 

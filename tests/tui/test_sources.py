@@ -1,0 +1,148 @@
+"""Event sources without a UI: the scripted replay and the engine adapter's load policy."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from edgespec.errors import InvalidInputError
+from edgespec.events import Finished, Step
+from tui.source import Choices, EngineSource, ScriptedSource, Settings
+from tui_helpers import script
+
+D, T = "draft", "target"
+TWO_STEPS = script([("a", D), ("b", T)], [("c", T)])
+
+
+def test_settings_validate_through_generation_params():
+    s = Settings(target="m", max_tokens=8, temperature=0.7, seed=3, stop=("\n",))
+    p = s.params()
+    assert p.max_tokens == 8 and p.stop == ("\n",)
+    assert p.sampling.temperature == 0.7 and p.sampling.seed == 3
+    with pytest.raises(InvalidInputError, match="temperature"):
+        Settings(target="m", temperature=-1).params()
+
+
+def test_proposer_options_list_the_draft_proposer_once_per_draft_model():
+    c = Choices(targets=("t",), drafts=("d1", "d2"), proposers=("none", "ngram", "draft"))
+    assert c.proposer_options() == [("none", ("none", None)), ("ngram", ("ngram", None)),
+                                    ("draft: d1", ("draft", "d1")), ("draft: d2", ("draft", "d2"))]
+
+
+def test_scripted_source_replays_and_raises_scripted_errors():
+    src = ScriptedSource(TWO_STEPS)
+    assert list(src.start("p", Settings(target="t"))) == TWO_STEPS
+    boom = ScriptedSource([TWO_STEPS[0], ValueError("x")])
+    it = boom.start("p", Settings(target="t"))
+    assert next(it) == TWO_STEPS[0]
+    with pytest.raises(ValueError):
+        next(it)
+
+
+def test_scripted_cancel_ends_with_a_cancelled_finish_covering_what_was_sent():
+    src = ScriptedSource(TWO_STEPS)
+    it = src.start("p", Settings(target="t"))
+    seen = [next(it), next(it), next(it)]  # started, prefill, first step
+    src.cancel()
+    rest = list(it)
+    assert len(rest) == 1 and isinstance(rest[0], Finished)
+    fin = rest[0]
+    assert fin.stop_reason == "cancelled" and fin.text == "ab"
+    assert fin.stats.generated_tokens == 2 and fin.stats.accepted == 1
+    assert isinstance(seen[-1], Step)
+
+
+class FakeEngine:
+    """Records what EngineSource asks of an engine; yields a fixed script."""
+
+    def __init__(self, loads: list, **kw) -> None:
+        self.kw = kw
+        self.proposers = {"ngram": object(), "suffix": object(),
+                          **({"draft": object()} if kw["draft"] else {})}
+        self.streams: list = []
+        self.cancels = 0
+        self.closed = False
+        loads.append(self)
+
+    def stream(self, prompt, params, proposer=None):
+        self.streams.append((prompt, params, proposer))
+        yield from TWO_STEPS
+
+    def cancel(self) -> None:
+        self.cancels += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _engine_source():
+    loads: list[FakeEngine] = []
+    return EngineSource(n_ctx=512, threads=1, loader=lambda **kw: FakeEngine(loads, **kw)), loads
+
+
+def test_engine_source_reuses_the_engine_across_free_proposers_and_reloads_for_models():
+    src, loads = _engine_source()
+    base = Settings(target="qwen", proposer="ngram")
+    assert src.needs_load(base)
+    assert list(src.start("hi", base)) == TWO_STEPS
+    assert len(loads) == 1 and loads[0].kw == {"target": "qwen", "draft": None, "proposer": "ngram",
+                                               "n_ctx": 512, "threads": 1}
+    for proposer in ("none", "suffix", "ngram"):
+        s = Settings(target="qwen", proposer=proposer)
+        assert not src.needs_load(s)
+        list(src.start("hi", s))
+    assert len(loads) == 1
+    assert [p for _, _, p in loads[0].streams] == ["ngram", "none", "suffix", "ngram"]
+
+    with_draft = Settings(target="qwen", proposer="draft", draft="small")
+    assert src.needs_load(with_draft)
+    list(src.start("hi", with_draft))
+    assert len(loads) == 2 and loads[0].closed and loads[1].kw["draft"] == "small"
+    # the draft engine still serves the free proposers, but not another draft or target
+    assert not src.needs_load(Settings(target="qwen", proposer="ngram"))
+    assert src.needs_load(Settings(target="qwen", proposer="draft", draft="other"))
+    assert src.needs_load(Settings(target="gemma", proposer="ngram"))
+
+    auto = Settings(target="qwen", proposer="auto")
+    list(src.start("hi", auto))
+    assert len(loads) == 3 and loads[2].kw["proposer"] == "auto"
+    assert loads[2].streams[-1][2] is None  # the plan chose the default proposer at load
+
+
+def test_engine_source_refuses_bad_input_before_loading():
+    src, loads = _engine_source()
+    with pytest.raises(InvalidInputError):
+        src.start("   ", Settings(target="qwen"))
+    with pytest.raises(InvalidInputError):
+        src.start("hi", Settings(target="qwen", max_tokens=0))
+    assert loads == []
+
+
+def test_a_cancel_that_races_the_start_is_forwarded_to_the_engine():
+    src, loads = _engine_source()
+    it = src.start("hi", Settings(target="qwen"))
+    first = next(it)  # the engine is loaded and streaming
+    src.cancel()
+    assert loads[0].cancels == 1
+    list(it)
+    assert loads[0].cancels == 2  # forwarded once more from inside the stream
+    assert first == TWO_STEPS[0]
+
+
+def test_a_cancel_during_loading_skips_the_request():
+    gate = threading.Event()
+    loads: list = []
+
+    def slow_loader(**kw):
+        gate.wait(5)
+        return FakeEngine(loads, **kw)
+
+    src = EngineSource(loader=slow_loader)
+    out: list = []
+    it = src.start("hi", Settings(target="qwen"))
+    t = threading.Thread(target=lambda: out.extend(it))
+    t.start()
+    src.cancel()
+    gate.set()
+    t.join(5)
+    assert out == [] and loads and loads[0].streams == []
