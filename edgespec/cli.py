@@ -26,6 +26,9 @@ cli.add_command(tui_command)
 from .cli_plan import plan_command  # noqa: E402
 
 cli.add_command(plan_command)
+from .cli_parity import parity  # noqa: E402
+
+cli.add_command(parity)
 from .cli_bench import bench, qualify  # noqa: E402
 
 cli.add_command(bench)

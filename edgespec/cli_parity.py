@@ -1,0 +1,131 @@
+"""`edgespec parity`: plain vs each speculative configuration, per-configuration report."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from .cli_common import handle_errors
+from .errors import InvalidInputError
+
+CONFIGS = ("draft", "ngram", "suffix")
+
+
+@click.command("parity")
+@click.option("--target", default="qwen-1.5b", show_default=True, help="Registry name or .gguf path.")
+@click.option("--draft", default=None, help="Draft model; adds the 'draft' configuration.")
+@click.option("--proposers", default=None,
+              help="Comma-separated configurations to compare with the plain path "
+                   "(default: draft if --draft is given, plus ngram and suffix).")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help="JSONL with a 'prompt' or 'turns' field (default: Spec-Bench, all 13 categories).")
+@click.option("--per-category", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--limit", type=click.IntRange(1), default=None, help="At most this many prompts.")
+@click.option("--mode", type=click.Choice(["greedy", "sampling", "both"]), default="greedy",
+              show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True,
+              help="Greedy generation length.")
+@click.option("--draft-len", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Fixed draft length (adaptive control off, so every configuration drafts).")
+@click.option("--tolerance", type=click.FloatRange(0.0), default=None,
+              help="Largest per-logit batch effect still called numerical drift "
+                   "(default 0.6, the measured maximum; 0 with --exact).")
+@click.option("--temperature", type=click.FloatRange(0.0, min_open=True), default=0.8, show_default=True)
+@click.option("--top-k", type=click.IntRange(0), default=0)
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0)
+@click.option("--min-p", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0)
+@click.option("--seeds", type=click.IntRange(10), default=100, show_default=True,
+              help="Sampling runs per prompt and path.")
+@click.option("--positions", type=click.IntRange(1), default=4, show_default=True,
+              help="Sampled tokens compared per run.")
+@click.option("--alpha", type=click.FloatRange(0.0, 1.0, min_open=True), default=1e-3, show_default=True,
+              help="False-alarm rate per configuration (Bonferroni over its tests).")
+@click.option("--self-check", is_flag=True,
+              help="Also run the first configuration with deliberately broken acceptance "
+                   "(no residual); the report must flag it.")
+@click.option("--ctx", "n_ctx", type=click.IntRange(64), default=None)
+@click.option("--threads", type=click.IntRange(1), default=None)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the full report as JSON here.")
+@handle_errors
+def parity(target, draft, proposers, prompts_file, per_category, limit, mode, max_tokens, draft_len,
+           tolerance, temperature, top_k, top_p, min_p, seeds, positions, alpha, self_check, n_ctx,
+           threads, json_path):
+    """Run prompts through the plain path and each speculative configuration; report divergences."""
+    from . import parity as P
+    from .engine import Engine
+    from .params import SamplingParams
+
+    configs = _configs(proposers, draft)
+    prompts = P.load_prompts(prompts_file, per_category=per_category, limit=limit)
+    tol = P.DEFAULT_TOLERANCE if tolerance is None else tolerance
+    engine = Engine.load(target, draft=draft, proposer=configs[0], n_ctx=n_ctx, threads=threads,
+                         draft_len=draft_len, adaptive=False)
+    reports = {c: P.ConfigReport(c, alpha=alpha) for c in configs}
+    try:
+        click.echo(f"parity: {len(prompts)} prompts x {len(configs)} configurations on {target}", err=True)
+        if mode in ("greedy", "both"):
+            for out in P.greedy_parity(engine, prompts, configs, max_tokens=max_tokens, tolerance=tol):
+                reports[out.config].greedy.append(out)
+                click.echo(f"  greedy {out.config:7s} {out.category:15s} {_greedy_word(out)}", err=True)
+        sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p).validate()
+        if mode in ("sampling", "both"):
+            for out in P.sampling_parity(engine, prompts, configs, sp, n_seeds=seeds, positions=positions):
+                reports[out.config].sampling.append(out)
+                click.echo(f"  sampling {out.config:7s} {out.category:15s} min p {min(out.p_values):.3g}",
+                           err=True)
+        if self_check:
+            broken = P.ConfigReport(f"{configs[0]}+broken", alpha=alpha)
+            with P.broken_acceptance():
+                broken.sampling.extend(P.sampling_parity(engine, prompts, [configs[0]], sp,
+                                                         n_seeds=seeds, positions=positions))
+            reports[broken.config] = broken
+    finally:
+        engine.close()
+
+    click.echo(_table(reports.values(), tol))
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump({"target": target, "draft": draft, "tolerance": tol, "draft_len": draft_len,
+                       "reports": [r.to_json() for r in reports.values()]}, f, indent=2)
+
+
+def _configs(proposers: str | None, draft: str | None) -> list[str]:
+    if proposers is None:
+        return ([("draft")] if draft else []) + ["ngram", "suffix"]
+    names = [p.strip() for p in proposers.split(",") if p.strip()]
+    bad = [p for p in names if p not in CONFIGS]
+    if bad or not names:
+        raise InvalidInputError(f"--proposers takes a comma-separated list of {', '.join(CONFIGS)} "
+                                f"(got {proposers!r})")
+    if "draft" in names and not draft:
+        raise InvalidInputError("the 'draft' configuration needs --draft NAME|PATH")
+    return names
+
+
+def _greedy_word(out) -> str:
+    if out.identical:
+        return f"identical ({out.n_plain} tokens, {out.accepted}/{out.drafted} accepted)"
+    d = out.divergence
+    if d is None:
+        return f"lengths differ ({out.n_plain} vs {out.n_spec} tokens)"
+    return (f"{d.kind.upper()} at token {d.position}: {d.plain_token} vs {d.spec_token}, "
+            f"margins {d.plain_margin:.3f} / {d.spec_margin:.3f}, shift {d.pair_shift:.3f}"
+            f"{' (bound)' if d.bounded else ''}")
+
+
+def _table(reports, tol: float) -> str:
+    lines = [f"{'configuration':18s} {'greedy: same':>12s} {'drift':>6s} {'defect':>7s}   sampling",
+             "-" * 72]
+    for r in reports:
+        c = r.counts()
+        if r.sampling_ok is None:
+            samp = "-"
+        else:
+            samp = (f"{'pass' if r.sampling_ok else 'FAIL'} (min p {r.min_p:.2g} over {r.n_tests} tests, "
+                    f"alpha {r.alpha:g})")
+        greedy = (f"{c['identical']:>12d} {c['drift']:>6d} {c['defect'] + c['length']:>7d}"
+                  if r.greedy else f"{'-':>12s} {'-':>6s} {'-':>7s}")
+        lines.append(f"{r.config:18s} {greedy}   {samp}")
+    lines.append(f"(drift: the two diverging tokens moved by <= 2 x {tol:g} logits relative to each other)")
+    return "\n".join(lines)
