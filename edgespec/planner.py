@@ -181,7 +181,7 @@ def compute_bytes(facts: ModelFacts, n_batch: int, rows: int, n_gpu_layers: int)
     """(host resident, device allocated) compute buffer bytes (see the module docstring)."""
     allocated = n_batch * (4 * facts.n_vocab + 8 * facts.n_embd)
     per_tok = COMPUTE_BYTES_PER_TOKEN_UNIT * (facts.n_ff + facts.n_embd)
-    start = gpu_layer_start(facts, n_gpu_layers)
+    start = min(gpu_layer_start(facts, n_gpu_layers), facts.n_layers)
     cpu_share = start / facts.n_layers if facts.n_layers else 1.0
     touched = max(n_batch * per_tok, rows * (per_tok + 4 * facts.n_vocab))
     host = int(min(allocated, touched * cpu_share) + COMPUTE_FIXED_BYTES)

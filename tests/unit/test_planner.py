@@ -1,0 +1,318 @@
+"""The planner on synthetic devices and models: every branch (tiny RAM, big RAM, GPU with
+little or much memory, a draft that cannot pay, one that does), the memory arithmetic, the
+speed model, and the refusal that names the smallest change that fits."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgespec import device as devmod
+from edgespec import planner
+from edgespec.calibration import Calibration
+from edgespec.device import Device, parse_size
+from edgespec.errors import InvalidInputError
+from edgespec.gguf_facts import ModelFacts
+from edgespec.planner import Acceptance, BudgetError
+
+GiB, MiB = 2**30, 2**20
+
+
+def facts(name="target", layers=28, embd=1536, ff=8960, kv=2, hd=128, vocab=151936, merges=151387,
+          layer_bytes=29_990_912, embd_bytes=131_272_704, out_bytes=191_439_360, ctx=32768,
+          window=0, swa=None) -> ModelFacts:
+    """Shaped like the real Qwen2.5-Coder-1.5B Q4_K_M header (the defaults)."""
+    weights = layers * layer_bytes + embd_bytes + out_bytes + 6144
+    return ModelFacts(
+        path=f"/models/{name}.gguf", file_bytes=weights + 6_000_000, arch="qwen2", name=name,
+        n_layers=layers, n_embd=embd, n_ff=ff, n_head=12, n_head_kv_per_layer=(kv,) * layers,
+        head_dim_k=hd, head_dim_v=hd, n_ctx_train=ctx, n_vocab=vocab, n_merges=merges,
+        sliding_window=window, swa_layers=swa or (False,) * layers, weight_bytes=weights,
+        bytes_by_type={"Q4_K": weights}, layer_bytes=(layer_bytes,) * layers,
+        token_embd_bytes=embd_bytes, output_bytes=out_bytes, other_bytes=6144, n_tensors=339)
+
+
+QWEN_15 = facts()
+QWEN_05 = facts("draft", layers=24, embd=896, ff=4864, hd=64, layer_bytes=10_883_840,
+                embd_bytes=93_592_576, out_bytes=144_643_072)
+
+
+def cpu(ram_available=20 * GiB, ram_total=24 * GiB, synthetic=True, speed=None) -> Device:
+    return Device(name="test cpu", cpu_model="test", cores=2, logical_cpus=2, isa=("avx2",),
+                  ram_total=ram_total, ram_available=ram_available, synthetic=synthetic,
+                  speed=speed or {})
+
+
+def gpu(vram_free, ram_available=20 * GiB, speed=None) -> Device:
+    return Device(name="test gpu box", cpu_model="test", cores=8, logical_cpus=16, isa=("avx2",),
+                  ram_total=32 * GiB, ram_available=ram_available, synthetic=True,
+                  accelerators=(devmod.Accelerator("GPU0", "gpu", vram_free, vram_free + GiB),),
+                  speed=speed or {})
+
+
+FAST_GPU = {"verify_costs": {"2": 1.02, "4": 1.05, "8": 1.1, "16": 1.25}, "step_ms": 8,
+            "draft_step_ratio": 0.15}
+
+
+# --- the branches ---------------------------------------------------------------------------
+def test_big_ram_cpu_prefers_a_free_proposer_over_the_draft():
+    p = planner.plan(QWEN_15, QWEN_05, device=cpu())
+    assert p.proposer in ("suffix", "ngram")
+    assert p.draft is None and p.n_gpu_layers == 0 and p.draft_gpu_layers == 0
+    assert (p.n_ctx, p.kv_type, p.n_batch) == (4096, "f16", 512)
+    by = {c.proposer: c for c in p.candidates}
+    assert by["draft"].fits and by["draft"].speedup < 1.0 < p.predicted_speedup
+    why = "\n".join(p.reasons)
+    assert "not draft" in why and "would need" in why and "acceptance to match" in why
+    assert 1 <= p.draft_len[0] <= p.draft_len[1] <= planner.K_MAX
+
+
+def test_gpu_with_much_memory_offloads_everything_and_picks_the_draft():
+    p = planner.plan(QWEN_15, QWEN_05, device=gpu(7 * GiB, speed=FAST_GPU))
+    assert p.proposer == "draft" and p.draft == QWEN_05.path
+    assert p.n_gpu_layers == QWEN_15.n_layers + 1
+    assert p.draft_gpu_layers == QWEN_05.n_layers + 1
+    assert p.predicted_speedup > 1.3
+    # everything but the input embeddings (and runtime, tokenizer, logits) has left host memory
+    assert p.memory.host < 600 * MiB and p.memory.device > 1.5 * GiB
+    assert any("not suffix" in r for r in p.reasons)
+
+
+def test_gpu_with_little_memory_offloads_part_of_the_target_and_no_draft():
+    p = planner.plan(QWEN_15, QWEN_05, device=gpu(1 * GiB))
+    assert 0 < p.n_gpu_layers < QWEN_15.n_layers + 1
+    assert p.draft_gpu_layers == 0 and p.proposer != "draft"
+    assert p.memory.device <= p.budget_device
+    assert any("does not fit in its memory" in r for r in p.reasons)
+
+
+def test_gpu_too_small_for_even_one_layer_runs_on_the_cpu():
+    p = planner.plan(QWEN_15, None, device=gpu(300 * MiB))
+    assert p.n_gpu_layers == 0 and p.memory.device == 0
+
+
+def test_tiny_ram_refuses_with_the_smallest_change():
+    with pytest.raises(BudgetError) as err:
+        planner.plan(QWEN_15, QWEN_05, device=cpu(ram_available=900 * MiB))
+    msg = str(err.value)
+    assert "does not fit" in msg and "raise --budget to at least" in msg
+    need = parse_size(msg.split("raise --budget to at least ")[1].split(" (")[0].replace(" ", ""))
+    assert need > QWEN_15.weight_bytes
+    # and that budget does fit (within the rounding of the printed size)
+    planner.plan(QWEN_15, device=cpu(), budget=int(need * 1.01))
+
+
+def test_explicit_context_too_big_suggests_a_smaller_one():
+    with pytest.raises(BudgetError, match=r"lower --ctx to \d+"):
+        planner.plan(QWEN_15, device=cpu(), budget=int(1.4 * GiB), ctx=32768)
+
+
+def test_tight_budget_shrinks_context_before_refusing():
+    full = planner.estimate_memory(QWEN_15, n_ctx=4096, verify_rows=planner.K_MAX + 1)
+    p = planner.plan(QWEN_15, device=cpu(), budget=full.host - 40 * MiB)
+    assert p.memory.host <= p.budget_host
+    assert (p.n_ctx, p.kv_type) != (4096, "f16") or p.n_batch < 512
+    assert any("reduced" in r or "batch" in r or "KV cache: q" in r for r in p.reasons)
+
+
+def test_explicit_context_quantizes_the_kv_cache_when_f16_does_not_fit():
+    f16 = planner.estimate_memory(QWEN_15, n_ctx=32768, kv_type="f16", n_batch=128)
+    q8 = planner.estimate_memory(QWEN_15, n_ctx=32768, kv_type="q8_0", n_batch=128)
+    p = planner.plan(QWEN_15, device=cpu(), budget=(f16.host + q8.host) // 2, ctx=32768)
+    assert p.n_ctx == 32768 and p.kv_type == "q8_0" and p.kv_ggml_type == 8
+    assert any("KV cache: q8_0" in r for r in p.reasons)
+
+
+def test_draft_that_does_not_fit_is_reported_not_chosen():
+    alone = planner.estimate_memory(QWEN_15, n_ctx=4096)
+    p = planner.plan(QWEN_15, QWEN_05, device=cpu(), budget=alone.host + 50 * MiB,
+                     calibrations={})
+    by = {c.proposer: c for c in p.candidates}
+    assert not by["draft"].fits and "does not fit" in by["draft"].note
+    assert p.proposer != "draft"
+
+
+def test_incompatible_draft_vocabulary():
+    other = facts("smol", layers=30, embd=576, vocab=49152)
+    p = planner.plan(QWEN_15, other, device=cpu())
+    by = {c.proposer: c for c in p.candidates}
+    assert not by["draft"].fits and "vocabulary differs" in by["draft"].note
+
+
+def test_context_beyond_training_is_an_input_error():
+    with pytest.raises(InvalidInputError, match="trained for"):
+        planner.plan(QWEN_15, device=cpu(), ctx=65536)
+
+
+def test_measured_acceptance_can_make_the_draft_win_on_a_cpu(monkeypatch):
+    def fake(kind, target_name, draft_name=None):
+        return {"draft": Acceptance(0.95, 1.0, "qualification (3 slices)")}.get(
+            kind, planner.DEFAULT_ACCEPTANCE[kind])
+
+    monkeypatch.setattr(planner, "acceptance_for", fake)
+    p = planner.plan(QWEN_15, QWEN_05, device=cpu())
+    assert p.proposer == "draft"
+    assert any("qualification (3 slices)" in r for r in p.reasons)
+
+
+def test_registry_qualification_records_are_read(monkeypatch):
+    from edgespec import registry
+
+    records = {"summarization": {"acceptance": 0.9, "coverage": 0.6},
+               "writing": {"acceptance": 0.4, "coverage": 0.2},
+               "coding": {"acceptance": 0.7, "coverage": 0.5}}
+    monkeypatch.setattr(registry, "qualification", lambda target, proposer: records)
+    acc = planner.acceptance_for("suffix", "qwen-1.5b")
+    assert (acc.alpha, acc.coverage) == (0.7, 0.5) and acc.source.startswith("qualification")
+    monkeypatch.setattr(registry, "qualification", lambda t, p: {})
+    assert planner.acceptance_for("suffix", "qwen-1.5b") == planner.DEFAULT_ACCEPTANCE["suffix"]
+
+
+def test_measured_calibration_is_preferred_to_the_prior():
+    flat = Calibration.from_costs({1: 1.0, 2: 1.01, 4: 1.03, 8: 1.06, 16: 1.12}, step_seconds=0.05,
+                                  source="measured")
+    draft = Calibration.from_costs({1: 1.0}, step_seconds=0.005, source="measured")
+    p = planner.plan(QWEN_15, QWEN_05, device=cpu(synthetic=False),
+                     calibrations={"target": flat, "draft": draft})
+    assert p.proposer == "draft"
+    assert "calibration measured" in p.speed.source
+    assert p.speed.draft_ratio == pytest.approx(0.1)
+    assert p.predicted_tokens_per_second == pytest.approx(p.predicted_speedup / 0.05)
+
+
+# --- memory arithmetic ------------------------------------------------------------------------
+def test_kv_cache_bytes():
+    host, dev = planner.kv_bytes(QWEN_15, 4096, "f16")
+    assert (host, dev) == (4096 * 28 * 2 * (128 + 128) * 2, 0)
+    q8, _ = planner.kv_bytes(QWEN_15, 4096, "q8_0")
+    q4, _ = planner.kv_bytes(QWEN_15, 4096, "q4_0")
+    assert q8 == host * 34 // 64 and q4 == host * 18 // 64
+    # llama.cpp pads the context to 256 cells
+    assert planner.kv_bytes(QWEN_15, 4000, "f16") == (host, 0)
+
+
+def test_kv_cache_of_sliding_window_layers():
+    swa = tuple(il % 6 < 5 for il in range(18))
+    g = facts("gemma", layers=18, embd=640, kv=1, hd=256, window=512, swa=swa)
+    full, _ = planner.kv_bytes(g, 8192, "f16")
+    assert full == 8192 * 18 * 512 * 2  # swa_full (llama.cpp's default): every layer full size
+    windowed, _ = planner.kv_bytes(g, 8192, "f16", n_batch=512, swa_full=False)
+    assert windowed == (3 * 8192 + 15 * 1024) * 512 * 2
+
+
+def test_offload_moves_the_last_layers_and_the_output():
+    n = QWEN_15.n_layers
+    assert planner.weight_bytes(QWEN_15, 0) == (QWEN_15.weight_bytes, 0)
+    host, dev = planner.weight_bytes(QWEN_15, 1)  # the output layer only
+    assert dev == QWEN_15.output_bytes and host + dev == QWEN_15.weight_bytes
+    host, dev = planner.weight_bytes(QWEN_15, n + 1)
+    assert host == QWEN_15.token_embd_bytes + QWEN_15.other_bytes
+    kh, kd = planner.kv_bytes(QWEN_15, 4096, "f16", n_gpu_layers=8)  # 7 blocks + output
+    assert kd == 7 * kh // 21
+    # tied embeddings: the GPU gets its own copy for the output layer
+    tied = facts("tied", out_bytes=0)
+    host, dev = planner.weight_bytes(tied, n + 1)
+    assert dev == n * tied.layer_bytes[0] + tied.token_embd_bytes
+    assert host == tied.token_embd_bytes + tied.other_bytes
+
+
+def test_compute_buffer_host_is_touched_pages_device_is_allocation():
+    host, dev = planner.compute_bytes(QWEN_15, 512, 17, 0)
+    assert dev == 0
+    assert host == 512 * 14 * (8960 + 1536) + 3 * MiB
+    host, dev = planner.compute_bytes(QWEN_15, 512, 17, QWEN_15.n_layers + 1)
+    assert dev == 512 * (4 * 151936 + 8 * 1536) and host == 3 * MiB
+
+
+def test_estimate_lists_every_component():
+    est = planner.estimate_memory(QWEN_15, n_ctx=4096, draft=QWEN_05)
+    names = [i.name for i in est.items]
+    for part in ("runtime", "target weights", "target KV cache", "target compute", "target logits",
+                 "draft weights", "draft KV cache", "suffix cache", "n-gram index"):
+        assert part in names
+    assert est.host == sum(i.host for i in est.items)
+    assert est.host_at_load < est.host
+    assert "total" in est.table()
+
+
+# --- speed model ---------------------------------------------------------------------------------
+def test_expected_tokens():
+    assert planner.expected_tokens(0.0, 4) == 1.0
+    assert planner.expected_tokens(1.0, 4) == 5.0
+    assert planner.expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_speedups():
+    flat = lambda n: 1.0  # noqa: E731
+    acc = Acceptance(0.5, 1.0)
+    assert planner.predicted_speedup("none", 4, acc, flat) == 1.0
+    assert planner.predicted_speedup("draft", 2, acc, flat, draft_ratio=0.0) == pytest.approx(1.75)
+    assert planner.predicted_speedup("draft", 2, acc, flat, draft_ratio=0.5) == pytest.approx(0.875)
+    # a free proposer that never drafts is exactly plain decoding
+    assert planner.predicted_speedup("ngram", 4, Acceptance(0.9, 0.0), lambda n: n) == 1.0
+
+
+def test_best_draft_len_and_break_even():
+    cost = Calibration.prior_cpu().cost
+    k, s, (lo, hi) = planner.best_draft_len("suffix", planner.DEFAULT_ACCEPTANCE["suffix"], cost)
+    assert lo <= k <= hi and s > 1.0
+    need = planner.break_even_alpha(1.02, cost, 0.5)
+    assert need is not None and 0.8 < need < 1.0
+    # a draft as expensive as the target can never win
+    assert planner.break_even_alpha(1.0, cost, 1.0) is None
+
+
+# --- devices and budgets ---------------------------------------------------------------------------
+def test_default_budget_keeps_a_margin():
+    host, vram = planner.default_budgets(gpu(8 * GiB, ram_available=10 * GiB))
+    assert host == 10 * GiB - 32 * GiB // 20
+    assert vram == 8 * GiB - (9 * GiB) // 20
+    assert planner.default_budgets(cpu(), "4GiB") == (4 * GiB, 0)
+
+
+@pytest.mark.parametrize("text,expected", [("4GiB", 4 * GiB), ("512 MiB", 512 * MiB), ("1.5G", 1_500_000_000),
+                                           ("100", 100), (2048, 2048), ("2gib", 2 * GiB)])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["four", "4XB", "-1", "", True])
+def test_parse_size_rejects(text):
+    with pytest.raises(InvalidInputError):
+        parse_size(text)
+
+
+def test_device_from_json(tmp_path):
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps({"name": "box", "cpu": {"cores": 8, "flags": ["avx2"]},
+                                "ram_total": "32GiB", "ram_available": "24GiB",
+                                "gpus": [{"name": "RTX", "free": "7.5GiB", "total": "8GiB"}],
+                                "speed": FAST_GPU}))
+    d = devmod.from_json(path)
+    assert (d.name, d.cores, d.isa, d.ram_available) == ("box", 8, ("avx2",), 24 * GiB)
+    assert d.gpu.free_bytes == int(7.5 * GiB) and d.gpu.kind == "gpu" and d.synthetic
+    assert d.speed["draft_step_ratio"] == 0.15
+
+
+@pytest.mark.parametrize("bad", ["[1, 2]", "{not json", '{"gpus": [{"name": "x"}]}',
+                                 '{"gpus": [{"free": "1GiB", "type": "tpu"}]}', '{"ram_total": "lots"}'])
+def test_device_from_json_rejects(bad):
+    with pytest.raises(InvalidInputError):
+        devmod.from_json(bad)
+
+
+def test_probe_this_machine():
+    d = devmod.probe()
+    assert d.cores >= 1 and 0 < d.ram_available <= d.ram_total and not d.synthetic
+    assert all(a.kind in ("gpu", "igpu", "accel") for a in d.accelerators)
+
+
+def test_plan_for_real_models_on_this_machine_and_a_described_gpu(model_path, tmp_path):
+    t, d = str(model_path("qwen-1.5b")), str(model_path("qwen-0.5b"))
+    here = planner.plan_for(t, d, device=cpu(synthetic=False))
+    assert here.proposer in ("suffix", "ngram")
+    spec = tmp_path / "gpu.json"
+    spec.write_text(json.dumps({"gpus": [{"name": "GPU", "free": "8GiB"}], "speed": FAST_GPU}))
+    there = planner.plan_for(t, d, device=devmod.from_json(spec))
+    assert there.proposer == "draft" and there.draft == d
+    assert there.n_gpu_layers == 29 and there.draft_gpu_layers == 25
