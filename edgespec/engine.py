@@ -89,7 +89,11 @@ class Engine:
         self.proposers = proposers
         self.default_proposer = default_proposer
         self.draft_len = draft_len
-        self.controller_factory = controller_factory or _fixed_controller_factory(draft_len)
+        if controller_factory is None:
+            from .control import ControlSettings, engine_controller_factory
+            controller_factory = engine_controller_factory(
+                ControlSettings(adaptive=False, draft_length=draft_len))
+        self.controller_factory = controller_factory
         self.sinks = list(sinks)
         self.plan = None  # set by load() when --proposer auto consulted the planner
         self._lock = threading.Lock()
@@ -151,9 +155,11 @@ class Engine:
             check_compatible(tmodel, dmodel)
             proposers["draft"] = DraftModelProposer(dmodel, n_ctx=n_ctx, n_threads=threads)
             draft_name = str(draft)
+        user_len = draft_len is not None
         if draft_len is None:
             draft_len = _default_draft_len(plan, proposer)
-        factory = _controller_factory(adaptive, draft_len, control_settings, tmodel, threads)
+        factory = _controller_factory(adaptive, draft_len, control_settings, tmodel, threads,
+                                      user_len)
         eng = cls(tmodel, ctx, target_name=str(target), proposers=proposers,
                   default_proposer=proposer, draft_len=draft_len, controller_factory=factory,
                   draft_name=draft_name, sinks=sinks)
@@ -408,28 +414,23 @@ def _free_names() -> list[str]:
     return list(FREE_PROPOSERS)
 
 
-class _FixedController:
-    """Always the request's proposer at a fixed draft length."""
+def _controller_factory(adaptive: bool, draft_len: int, settings, model, threads, user_len: bool):
+    """One controller per request; the goodput guard and the calibration are per engine.
 
-    def __init__(self, proposer: str, k: int) -> None:
-        self.proposer, self.k = proposer, k
+    With adaptive control a user's --draft-len is the maximum; without, the fixed length.
+    """
+    from . import calibration
+    from .control import ControlSettings, GoodputGuard, engine_controller_factory
 
-    def decide(self, req) -> tuple[str | None, int]:  # noqa: ARG002
-        return self.proposer, self.k
-
-    def observe(self, *args) -> None:
-        pass
-
-    def drain_events(self) -> list[tuple[str, str]]:
-        return []
-
-
-def _fixed_controller_factory(k: int):
-    return lambda proposer, proposers: _FixedController(proposer, k)
-
-
-def _controller_factory(adaptive: bool, draft_len: int, settings, model, threads):
-    return _fixed_controller_factory(draft_len)
+    if settings is None:
+        settings = ControlSettings(adaptive=adaptive, draft_length=draft_len,
+                                   **({"max_draft": draft_len} if user_len and adaptive else {}))
+    settings = settings.validate()
+    if not settings.adaptive:
+        return engine_controller_factory(settings)
+    cal = calibration.load_or_measure(model.path, n_threads=threads, model=model,
+                                      n_gpu_layers=model.n_gpu_layers)
+    return engine_controller_factory(settings, cal, GoodputGuard(settings))
 
 
 def _default_draft_len(plan, proposer: str) -> int:

@@ -38,6 +38,9 @@ def engine_factory(model_path):
             d = str(model_path(draft)) if draft else None
             kw.setdefault("proposer", "draft" if d else "ngram")
             kw.setdefault("n_ctx", 2048)
+            # Fixed-length drafting by default so parity tests really exercise verification;
+            # adaptive control has its own tests.
+            kw.setdefault("adaptive", False)
             kw.setdefault("threads", int(os.environ.get("EDGESPEC_TEST_THREADS", "2")))
             _ENGINES[key] = Engine.load(t, draft=d, **kw)
         return _ENGINES[key]
