@@ -104,5 +104,5 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, max_tokens, t
 
 
 def _plan_line(plan) -> str:
-    summary = getattr(plan, "summary", None)
-    return summary() if callable(summary) else str(plan)
+    why = next((r for r in plan.reasons if r.startswith("chosen")), "")
+    return f"proposer {plan.proposer}, predicted {plan.predicted_speedup:.2f}x plain: {why}"

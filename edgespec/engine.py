@@ -117,11 +117,14 @@ class Engine:
 
         options = dict(proposer_options or {})
         plan = None
+        kv_type = None
         if proposer == "auto":
-            plan = _plan(target, draft, n_ctx)
-            proposer = plan.proposer if plan is not None else "suffix"
-            if proposer != "draft":
-                draft = None
+            from . import planner
+            plan = planner.plan_for(target, draft, ctx=n_ctx, n_threads=threads)
+            proposer = plan.proposer
+            draft = plan.draft if proposer == "draft" else None
+            n_gpu_layers, draft_gpu_layers = plan.n_gpu_layers, plan.draft_gpu_layers
+            kv_type = plan.kv_ggml_type
         if proposer == "draft" and draft is None:
             raise InvalidInputError("--proposer draft needs --draft NAME|PATH (a model that shares "
                                     "the target's vocabulary, see `edgespec models list`)")
@@ -137,7 +140,7 @@ class Engine:
         if n_ctx > tmodel.n_ctx_train:
             raise InvalidInputError(f"--ctx {n_ctx} exceeds what {target_path.name} was trained for "
                                     f"({tmodel.n_ctx_train})")
-        ctx = tmodel.new_context(n_ctx=n_ctx, n_threads=threads)
+        ctx = tmodel.new_context(n_ctx=n_ctx, n_threads=threads, type_k=kv_type, type_v=kv_type)
         proposers: dict[str, Proposer] = {}
         for name in _free_names():
             try:
@@ -438,11 +441,3 @@ def _default_draft_len(plan, proposer: str) -> int:
         dl = plan.draft_len
         return int(dl[1] if isinstance(dl, (tuple, list)) else dl)
     return 4 if proposer == "draft" else 3
-
-
-def _plan(target: str, draft: str | None, n_ctx: int | None):
-    try:
-        from . import planner
-    except ImportError:
-        return None
-    return planner.plan_for(target, draft, ctx=n_ctx)
