@@ -69,6 +69,9 @@ class Calibration:
     model: Mapping[str, str] = field(default_factory=dict)
     samples: Mapping[int, tuple[float, ...]] = field(default_factory=dict)  # n -> raw seconds
     measured_at: float = 0.0
+    # 1-minute load average per logical CPU when the measurement started; above 1 the
+    # machine was oversubscribed and the numbers are suspect (see load_or_measure)
+    busy: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.step_seconds > 0:
@@ -152,7 +155,7 @@ class Calibration:
                    model={str(k): str(v) for k, v in d.get("model", {}).items()},
                    samples={int(k): tuple(float(x) for x in v)
                             for k, v in d.get("samples", {}).items()},
-                   measured_at=float(d.get("measured_at", 0.0)))
+                   measured_at=float(d.get("measured_at", 0.0)), busy=float(d.get("busy", 0.0)))
 
 
 # --- measuring ---------------------------------------------------------------
@@ -171,6 +174,7 @@ def measure(model, *, n_threads: int | None = None, ks: Sequence[int] = DEFAULT_
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     kmax = ks[-1]
+    busy = machine_busy()
     ctx = model.new_context(n_ctx=prefix_tokens + kmax + 8, n_batch=max(kmax, prefix_tokens),
                             n_threads=n_threads)
     try:
@@ -198,7 +202,7 @@ def measure(model, *, n_threads: int | None = None, ks: Sequence[int] = DEFAULT_
         raise EdgespecError("calibration measured a zero-time pass; the clock is not advancing")
     return Calibration(step_seconds=base, points=tuple((k, med[k] / base) for k in ks),
                        source="measured", samples={k: tuple(v) for k, v in samples.items()},
-                       measured_at=time.time())
+                       measured_at=time.time(), busy=busy)
 
 
 # --- identity and cache --------------------------------------------------------
@@ -274,7 +278,10 @@ def load_or_measure(model_path: str | os.PathLike, *, n_threads: int | None = No
 
     Pass the already loaded ``model`` to avoid loading it twice, and the
     registry's ``sha256`` to avoid hashing the file. ``loader`` replaces
-    ``backend.load_model`` (tests).
+    ``backend.load_model`` (tests). A curve measured while the machine was
+    oversubscribed is used until the machine is found quiet, then measured
+    again: on a shared CPU, contention (OpenMP threads waiting on descheduled
+    siblings) can inflate a pass a hundredfold.
     """
     if n_threads is None:
         from .backend import default_threads
@@ -284,7 +291,7 @@ def load_or_measure(model_path: str | os.PathLike, *, n_threads: int | None = No
     key = cache_key(device, ident)
     if not force:
         cal = load_cached(key, home)
-        if cal is not None:
+        if cal is not None and not (cal.busy > 1.0 and machine_busy() <= 0.5):
             return cal
     owned = model is None
     if owned:
@@ -297,12 +304,21 @@ def load_or_measure(model_path: str | os.PathLike, *, n_threads: int | None = No
         if owned and hasattr(model, "close"):
             model.close()
     cal = Calibration(step_seconds=cal.step_seconds, points=cal.points, key=key, source=cal.source,
-                      device=device, model=ident, samples=cal.samples, measured_at=cal.measured_at)
+                      device=device, model=ident, samples=cal.samples, measured_at=cal.measured_at,
+                      busy=cal.busy)
     try:
         save(cal, home)
     except OSError:
         pass  # a read-only home still gets a calibration, just not a cached one
     return cal
+
+
+def machine_busy() -> float:
+    """1-minute load average per logical CPU (0.0 where the OS does not say)."""
+    try:
+        return os.getloadavg()[0] / max(os.cpu_count() or 1, 1)
+    except (AttributeError, OSError):
+        return 0.0
 
 
 def _cpu_model() -> str:
@@ -357,4 +373,5 @@ def _cached_digest(path: Path, st: os.stat_result, store: Path) -> str:
 def summarize(cal: Calibration, ns: Iterable[int] = DEFAULT_KS) -> str:
     """One line for logs and `edgespec plan`: step time and the relative costs."""
     parts = " ".join(f"{n}:{cal.cost(n):.2f}" for n in ns)
-    return f"1-token pass {cal.step_seconds * 1000:.1f} ms; cost by batch size {parts} ({cal.source})"
+    note = f", measured under load {cal.busy:.1f}/CPU" if cal.busy > 1.0 else ""
+    return f"1-token pass {cal.step_seconds * 1000:.1f} ms; cost by batch size {parts} ({cal.source}{note})"

@@ -244,3 +244,30 @@ def test_missing_model_file_is_a_user_error(tmp_path):
 def test_summary_line():
     line = calmod.summarize(Calibration.prior_cpu(), ns=(1, 2))
     assert "86.0 ms" in line and "2:1.50" in line
+
+
+def test_a_busy_measurement_is_redone_once_the_machine_is_quiet(tmp_path, model_file, monkeypatch):
+    loads = []
+
+    def loader(path, n_gpu_layers=0):
+        loads.append(path)
+        return FakeModel(cpu_like, FakeClock())
+
+    real_measure = calmod.measure
+    monkeypatch.setattr(calmod, "measure", lambda model, **kw: real_measure(model, clock=model.clock, **kw))
+    load = {"v": 3.0}
+    monkeypatch.setattr(calmod, "machine_busy", lambda: load["v"])
+
+    def get():
+        return calmod.load_or_measure(model_file, n_threads=2, home=tmp_path, build="b",
+                                      loader=loader, repeats=1)
+
+    busy = get()
+    assert busy.busy == 3.0 and "under load" in calmod.summarize(busy)
+    get()
+    assert len(loads) == 1  # still busy: the cached curve is the best there is
+    load["v"] = 0.2
+    quiet = get()
+    assert len(loads) == 2 and quiet.busy == 0.2
+    get()
+    assert len(loads) == 2  # a quiet measurement is kept
