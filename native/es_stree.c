@@ -13,7 +13,11 @@
  *    no edge ever refers to freed tokens.
  *
  * Appending token x to the open sequence moves each of its live suffixes (the
- * last max_depth - 1 ones, "active") one token down: O(max_depth) per token.
+ * last max_depth - 1 ones, "active") one token down. A suffix that occurs only
+ * once ends in a leaf of its own that grows with the sequence ("open leaf",
+ * as in Ukkonen's construction: once a leaf, always a leaf); its length is
+ * implicit, so only the suffixes that occurred before cost work:
+ * O(1 + longest repeated suffix) per token, at most O(max_depth).
  */
 #include <math.h>
 #include <string.h>
@@ -22,6 +26,9 @@
 
 #define NIL (-1)
 #define ROOT 0
+/* len of an open leaf: the real length is min(open sequence length - ref_pos,
+ * max_depth - parent depth), see node_len(); its depth field is unused */
+#define OPEN_LEAF INT32_MAX
 
 typedef struct {
     int32_t count;       /* suffixes through or ending at this node; -1 when free */
@@ -31,7 +38,7 @@ typedef struct {
     int32_t prev_sib;
     int32_t best;        /* most frequent child (ties: lowest token), NIL if none */
     int32_t token;       /* first token of the edge: the key under the parent */
-    int32_t len;         /* edge length in tokens (0 for the root) */
+    int32_t len;         /* edge length in tokens (0 for the root), or OPEN_LEAF */
     int32_t depth;       /* tokens from the root to the end of this edge */
     int32_t ref_seq;     /* sequence slot holding the edge: the newest through here */
     int32_t ref_pos;     /* edge = seqs[ref_seq].toks[ref_pos .. ref_pos + len) */
@@ -74,8 +81,10 @@ struct es_stree {
     uint64_t next_serial;
     int64_t total_tokens;
 
-    int32_t *active;         /* active[m-1]: node where the open sequence's suffix of length m ends */
+    int32_t *active;         /* active[i % max_depth]: node where the open sequence's suffix
+                                starting at i ends, for its last n_active starts */
     int32_t n_active;        /* <= max_depth - 1 */
+    int32_t leaf_bound;      /* active suffixes starting before it end in open leaves */
     int32_t *path;           /* scratch for eviction walks, max_depth + 1 */
 };
 
@@ -230,6 +239,31 @@ static inline int32_t seq_tok(const es_stree *t, const node_t *nd, int32_t i) {
     return t->seqs[nd->ref_seq].toks[nd->ref_pos + i];
 }
 
+static inline int32_t node_len(const es_stree *t, const node_t *nd) {
+    if (nd->len != OPEN_LEAF) return nd->len;
+    int32_t grown = t->seqs[nd->ref_seq].len - nd->ref_pos;
+    int32_t room = t->max_depth - t->nodes[nd->parent].depth;
+    return grown < room ? grown : room;
+}
+
+static inline int32_t node_depth(const es_stree *t, const node_t *nd) {
+    return nd->len != OPEN_LEAF ? nd->depth : t->nodes[nd->parent].depth + node_len(t, nd);
+}
+
+/* Gives an open leaf its explicit length: when its suffix leaves the active
+ * window (it reached max_depth) or its sequence closes. */
+static void settle_leaf(es_stree *t, int32_t id) {
+    node_t *nd = &t->nodes[id];
+    if (nd->len != OPEN_LEAF) return;
+    int32_t len = node_len(t, nd);
+    nd->len = len;
+    nd->depth = t->nodes[nd->parent].depth + len;
+}
+
+static inline int32_t active_at(const es_stree *t, int32_t start) {
+    return t->active[start % t->max_depth];
+}
+
 static int32_t node_new(es_stree *t) {
     int32_t id;
     if (t->free_nodes != NIL) {
@@ -375,7 +409,7 @@ es_status es_stree_create(const es_stree_config *cfg, es_stree **out) {
     size_t d = (size_t)cfg->max_depth;
     size_t need = sizeof(es_stree) + MIN_NODES * sizeof(node_t) + MIN_EDGES * sizeof(edge_t) +
                   MIN_SEQS * sizeof(seq_t) + MIN_SEQS * sizeof(int32_t) +
-                  (d - 1) * sizeof(int32_t) + (d + 1) * sizeof(int32_t);
+                  d * sizeof(int32_t) + (d + 1) * sizeof(int32_t);
     if ((uint64_t)need > (uint64_t)cfg->max_bytes) return ES_E_FULL;
     es_stree *t = es_calloc(1, sizeof(*t));
     if (t == NULL) return ES_E_NOMEM;
@@ -383,7 +417,7 @@ es_status es_stree_create(const es_stree_config *cfg, es_stree **out) {
     t->edges = es_alloc(MIN_EDGES * sizeof(edge_t));
     t->seqs = es_alloc(MIN_SEQS * sizeof(seq_t));
     t->fifo = es_alloc(MIN_SEQS * sizeof(int32_t));
-    t->active = es_alloc((d - 1) * sizeof(int32_t));
+    t->active = es_alloc(d * sizeof(int32_t));
     t->path = es_alloc((d + 1) * sizeof(int32_t));
     if (!t->nodes || !t->edges || !t->seqs || !t->fifo || !t->active || !t->path) {
         es_free(t->nodes);
@@ -447,6 +481,8 @@ es_status es_stree_end(es_stree *t) {
     if (t == NULL) return ES_E_ARG;
     if (t->open_seq == NIL) return ES_OK;
     seq_t *s = &t->seqs[t->open_seq];
+    int32_t first = s->len - t->n_active;
+    for (int32_t i = first; i < t->leaf_bound; i++) settle_leaf(t, active_at(t, i));
     /* give back the unused tail of the token array; keep the old one if this fails */
     if (s->cap > s->len && s->len > 0) {
         int32_t *fresh = es_alloc((size_t)s->len * sizeof(int32_t));
@@ -460,6 +496,7 @@ es_status es_stree_end(es_stree *t) {
     }
     t->open_seq = NIL;
     t->n_active = 0;
+    t->leaf_bound = 0;
     t->version++;
     return ES_OK;
 }
@@ -484,7 +521,7 @@ es_status es_stree_evict_oldest(es_stree *t) {
             if (c == NIL || t->nodes[c].count <= 0) return ES_E_CORRUPT;
             t->nodes[c].count--;
             t->path[k++] = c;
-            depth += t->nodes[c].len;
+            depth += node_len(t, &t->nodes[c]);
             node = c;
         }
         if (depth != want) return ES_E_CORRUPT;
@@ -544,6 +581,7 @@ es_status es_stree_begin(es_stree *t) {
     s->serial = t->next_serial++;
     t->open_seq = slot;
     t->n_active = 0;
+    t->leaf_bound = 0;
     t->version++;
     return ES_OK;
 }
@@ -581,37 +619,29 @@ static es_status reserve(es_stree *t) {
     }
 }
 
-/* Moves the suffix that ends at `nd` one token (x, at position pos of the
- * open sequence) down the tree; returns the node where it now ends. */
-static int32_t step(es_stree *t, int32_t nd, int32_t x, int32_t pos) {
+/* Moves the suffix that ends at `nd` (not an open leaf) one token down: x, at
+ * position pos of the open sequence. Returns the node where it now ends and
+ * sets *leaf when that is a new open leaf. */
+static int32_t step(es_stree *t, int32_t nd, int32_t x, int32_t pos, int *leaf) {
     int32_t s = t->open_seq;
-    node_t *n = &t->nodes[nd];
-    /* a leaf that only this suffix uses and that ends where x lands: lengthen it */
-    if (nd != ROOT && n->first_child == NIL && n->count == 1 && n->ref_seq == s &&
-        n->ref_pos + n->len == pos) {
-        n->len++;
-        n->depth++;
-        return nd;
-    }
     int32_t c = edge_get(t, nd, x);
     if (c == NIL) {
-        int32_t leaf = node_new(t);
-        node_t *l = &t->nodes[leaf];
-        n = &t->nodes[nd];
+        int32_t id = node_new(t);
+        node_t *l = &t->nodes[id];
         l->count = 1;
         l->parent = nd;
         l->token = x;
-        l->len = 1;
-        l->depth = n->depth + 1;
+        l->len = OPEN_LEAF;
         l->ref_seq = s;
         l->ref_pos = pos;
-        edge_put(t, nd, x, leaf);
-        sib_link(t, nd, leaf);
-        best_after_rise(t, nd, leaf);
-        return leaf;
+        edge_put(t, nd, x, id);
+        sib_link(t, nd, id);
+        best_after_rise(t, nd, id);
+        *leaf = 1;
+        return id;
     }
     node_t *cn = &t->nodes[c];
-    if (cn->len == 1) {
+    if (node_len(t, cn) == 1) {
         cn->count++;
         cn->ref_seq = s;
         cn->ref_pos = pos;
@@ -621,8 +651,8 @@ static int32_t step(es_stree *t, int32_t nd, int32_t x, int32_t pos) {
     /* split c after its first token: the new node m ends where this suffix does */
     int32_t m = node_new(t);
     node_t *mn = &t->nodes[m];
+    node_t *n = &t->nodes[nd];
     cn = &t->nodes[c];
-    n = &t->nodes[nd];
     mn->count = cn->count + 1;
     mn->parent = nd;
     mn->token = x;
@@ -635,7 +665,7 @@ static int32_t step(es_stree *t, int32_t nd, int32_t x, int32_t pos) {
     if (n->best == c) n->best = m;
     cn->parent = m;
     cn->ref_pos++;
-    cn->len--;
+    if (cn->len != OPEN_LEAF) cn->len--; /* an open leaf's length follows from its parent */
     cn->token = seq_tok(t, cn, 0);
     edge_put(t, m, cn->token, c);
     mn->first_child = c;
@@ -649,7 +679,7 @@ es_status es_stree_extend(es_stree *t, const int32_t *tokens, int64_t n) {
     if (t->open_seq == NIL) return ES_E_STATE;
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0) return ES_E_RANGE;
-    int32_t keep = t->max_depth - 1;
+    int32_t d = t->max_depth;
     for (int64_t i = 0; i < n; i++) {
         es_status st = reserve(t);
         if (st != ES_OK) return st;
@@ -657,15 +687,21 @@ es_status es_stree_extend(es_stree *t, const int32_t *tokens, int64_t n) {
         int32_t x = tokens[i];
         int32_t pos = s->len;
         s->toks[pos] = x;
-        s->len = pos + 1;
-        /* longest first, in place: active[m] is written after active[m-1] is read */
-        for (int32_t m = t->n_active; m >= 1; m--) {
-            int32_t moved = step(t, t->active[m - 1], x, pos);
-            if (m < keep) t->active[m] = moved;
+        s->len = pos + 1; /* every open leaf grows by x here */
+        int32_t first = pos - t->n_active;
+        int32_t start = first > t->leaf_bound ? first : t->leaf_bound;
+        /* the suffixes that occurred before, longest first; the ones that turn
+         * into leaves now are the longest of them */
+        for (int32_t j = start; j <= pos; j++) {
+            int leaf = 0;
+            int32_t from = j < pos ? active_at(t, j) : ROOT;
+            if (j == pos) t->nodes[ROOT].count++;
+            t->active[j % d] = step(t, from, x, pos, &leaf);
+            if (leaf) t->leaf_bound = j + 1;
         }
-        t->nodes[ROOT].count++;
-        t->active[0] = step(t, ROOT, x, pos);
-        if (t->n_active < keep) t->n_active++;
+        /* the longest suffix reached max_depth: it leaves the window for good */
+        if (t->n_active == d - 1) settle_leaf(t, active_at(t, first));
+        else t->n_active++;
         t->total_tokens++;
     }
     if (n > 0) t->version++;
@@ -703,7 +739,7 @@ static void spec_path(const es_stree *t, int32_t node, int32_t off, int32_t excl
     int first = 1;
     while (n < budget) {
         const node_t *nd = &t->nodes[node];
-        if (off < nd->len) {
+        if (off < node_len(t, nd)) {
             toks[n] = seq_tok(t, nd, off);
             probs[n] = prob;
             score += prob;
@@ -762,10 +798,11 @@ static void spec_over(const es_stree *t, const int32_t *loc_node, const int32_t 
 /* Longest m whose pattern also occurred earlier in the open sequence: counts
  * along the active list never rise with m, so binary search. */
 static int32_t request_matches(const es_stree *t) {
+    int32_t len = t->seqs[t->open_seq].len;
     int32_t lo = 0, hi = t->n_active;
     while (lo < hi) {
         int32_t mid = lo + (hi - lo + 1) / 2;
-        if (t->nodes[t->active[mid - 1]].count >= 2) lo = mid;
+        if (t->nodes[active_at(t, len - mid)].count >= 2) lo = mid;
         else hi = mid - 1;
     }
     return lo;
@@ -792,9 +829,13 @@ es_status es_speculate(const es_stree *request, es_cursor *global, const es_spec
     spec_best best = {0, 0, 0.0};
     if (request != NULL && request->open_seq != NIL) {
         int32_t m = request_matches(request);
-        int32_t off[ES_MAX_DEPTH];
-        for (int32_t i = 0; i < m; i++) off[i] = request->nodes[request->active[i]].len;
-        spec_over(request, request->active, off, m, 1, p, out->tokens, out->probs, &best);
+        int32_t len = request->seqs[request->open_seq].len;
+        int32_t node[ES_MAX_DEPTH], off[ES_MAX_DEPTH];
+        for (int32_t i = 0; i < m; i++) {
+            node[i] = active_at(request, len - 1 - i);
+            off[i] = node_len(request, &request->nodes[node[i]]);
+        }
+        spec_over(request, node, off, m, 1, p, out->tokens, out->probs, &best);
         if (best.n > 0) out->source = ES_SRC_REQUEST;
     }
     if (global != NULL) {
@@ -858,7 +899,7 @@ size_t es_cursor_memory(const es_cursor *c) { return c ? c->bytes : 0; }
 /* Where (node, off) goes on token x; 0 if the tree has no such continuation. */
 static int advance(const es_stree *t, int32_t *node, int32_t *off, int32_t x) {
     const node_t *nd = &t->nodes[*node];
-    if (*off < nd->len) {
+    if (*off < node_len(t, nd)) {
         if (seq_tok(t, nd, *off) != x) return 0;
         (*off)++;
         return 1;
@@ -937,7 +978,7 @@ es_status es_stree_check(const es_stree *t, int deep, char *msg, size_t cap) {
     size_t bytes = sizeof(es_stree) + (size_t)t->nodes_cap * sizeof(node_t) +
                    (size_t)(t->edge_mask + 1) * sizeof(edge_t) + (size_t)t->seqs_cap * sizeof(seq_t) +
                    (size_t)t->fifo_cap * sizeof(int32_t) +
-                   (size_t)(2 * t->max_depth) * sizeof(int32_t);
+                   (size_t)(2 * t->max_depth + 1) * sizeof(int32_t);
     int64_t tokens = 0;
     for (int64_t i = 0; i < t->fifo_len; i++) {
         int32_t slot = fifo_at(t, i);
@@ -963,7 +1004,7 @@ es_status es_stree_check(const es_stree *t, int deep, char *msg, size_t cap) {
     const node_t *root = &t->nodes[ROOT];
     if (root->count != t->total_tokens || root->len != 0 || root->depth != 0 || root->parent != NIL)
         return es_fail(msg, cap, "bad root");
-    int64_t n_live = 0, n_free = 0;
+    int64_t n_live = 0, n_free = 0, n_open = 0;
     for (int32_t f = t->free_nodes; f != NIL; f = t->nodes[f].next_sib) {
         if (f <= ROOT || f >= t->nodes_hw || t->nodes[f].count != -1 || ++n_free > t->nodes_hw)
             return es_fail(msg, cap, "bad free list at %d", f);
@@ -987,15 +1028,22 @@ es_status es_stree_check(const es_stree *t, int deep, char *msg, size_t cap) {
         }
         if (best != nd->best) return es_fail(msg, cap, "node %d: best is %d, expected %d", id, nd->best, best);
         if (child_sum > nd->count) return es_fail(msg, cap, "node %d: children count %lld > %d", id, (long long)child_sum, nd->count);
-        if (nd->depth > t->max_depth) return es_fail(msg, cap, "node %d: depth %d", id, nd->depth);
         if (id == ROOT) continue;
-        if (nd->count <= 0 || nd->len <= 0) return es_fail(msg, cap, "node %d: empty", id);
-        if (nd->parent < 0 || nd->parent >= t->nodes_hw || t->nodes[nd->parent].count <= 0)
+        if (nd->parent < 0 || nd->parent >= t->nodes_hw || t->nodes[nd->parent].count <= 0 ||
+            t->nodes[nd->parent].len == OPEN_LEAF)
             return es_fail(msg, cap, "node %d: bad parent", id);
-        if (nd->depth != t->nodes[nd->parent].depth + nd->len) return es_fail(msg, cap, "node %d: depth mismatch", id);
         if (nd->ref_seq < 0 || nd->ref_seq >= t->seqs_cap || t->seqs[nd->ref_seq].len < 0)
             return es_fail(msg, cap, "node %d: refers to a dead sequence", id);
-        if (nd->ref_pos < 0 || nd->ref_pos + nd->len > t->seqs[nd->ref_seq].len)
+        if (nd->len == OPEN_LEAF) {
+            n_open++;
+            if (nd->ref_seq != t->open_seq || nd->count != 1 || nd->first_child != NIL)
+                return es_fail(msg, cap, "node %d: open leaf outside the open sequence's suffixes", id);
+        }
+        int32_t len = node_len(t, nd);
+        if (node_depth(t, nd) > t->max_depth) return es_fail(msg, cap, "node %d: depth %d", id, node_depth(t, nd));
+        if (nd->count <= 0 || len <= 0) return es_fail(msg, cap, "node %d: empty", id);
+        if (node_depth(t, nd) != t->nodes[nd->parent].depth + len) return es_fail(msg, cap, "node %d: depth mismatch", id);
+        if (nd->ref_pos < 0 || nd->ref_pos + len > t->seqs[nd->ref_seq].len)
             return es_fail(msg, cap, "node %d: edge outside its sequence", id);
         if (seq_tok(t, nd, 0) != nd->token) return es_fail(msg, cap, "node %d: token mismatch", id);
         if (edge_get(t, nd->parent, nd->token) != id) return es_fail(msg, cap, "node %d: not in the edge table", id);
@@ -1019,10 +1067,17 @@ es_status es_stree_check(const es_stree *t, int deep, char *msg, size_t cap) {
         int32_t want = len < t->max_depth - 1 ? len : t->max_depth - 1;
         if (t->n_active != want) return es_fail(msg, cap, "%d active suffixes, expected %d", t->n_active, want);
         for (int32_t m = 1; m <= t->n_active; m++) {
-            int32_t a = t->active[m - 1];
-            if (a <= ROOT || a >= t->nodes_hw || t->nodes[a].count <= 0 || t->nodes[a].depth != m)
+            int32_t a = active_at(t, len - m);
+            if (a <= ROOT || a >= t->nodes_hw || t->nodes[a].count <= 0 || node_depth(t, &t->nodes[a]) != m)
                 return es_fail(msg, cap, "active suffix %d is wrong", m);
+            if ((len - m < t->leaf_bound) != (t->nodes[a].len == OPEN_LEAF))
+                return es_fail(msg, cap, "active suffix %d: open-leaf bound is wrong", m);
         }
+        int32_t first = len - t->n_active;
+        if (n_open != (t->leaf_bound > first ? t->leaf_bound - first : 0))
+            return es_fail(msg, cap, "%lld open leaves outside the active window", (long long)n_open);
+    } else if (n_open != 0) {
+        return es_fail(msg, cap, "open leaves without an open sequence");
     }
     if (!deep) return ES_OK;
 
@@ -1049,11 +1104,12 @@ es_status es_stree_check(const es_stree *t, int deep, char *msg, size_t cap) {
                     break;
                 }
                 const node_t *cn = &t->nodes[c];
-                if (depth + cn->len > want) {
+                int32_t clen = node_len(t, cn);
+                if (depth + clen > want) {
                     st = es_fail(msg, cap, "suffix %d of sequence %lld ends inside an edge", i, (long long)q);
                     break;
                 }
-                for (int32_t j = 0; j < cn->len; j++) {
+                for (int32_t j = 0; j < clen; j++) {
                     if (seq_tok(t, cn, j) != s->toks[i + depth + j]) {
                         st = es_fail(msg, cap, "edge of node %d disagrees with sequence %lld", c, (long long)q);
                         break;
@@ -1062,7 +1118,7 @@ es_status es_stree_check(const es_stree *t, int deep, char *msg, size_t cap) {
                 if (st != ES_OK) break;
                 cnt[c]++;
                 newest[c] = q + 1;
-                depth += cn->len;
+                depth += clen;
                 node = c;
             }
         }
