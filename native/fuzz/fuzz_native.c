@@ -1,0 +1,240 @@
+/* libFuzzer target for the native proposers' C API.
+ *
+ * The input is a program: a few configuration bytes, then operations on an
+ * n-gram index, a per-request tree, a global tree and a cursor over it, with
+ * token spans (small vocabularies for repetition, raw int32 for negative and
+ * huge ids), invalid arguments, tiny byte budgets and injected allocation
+ * failures. The oracles: the sanitizers, the deep integrity checks after every
+ * few operations, and a brute-force prompt-lookup reference.
+ *
+ * Build and run: see native/README.md (fuzz-smoke). Without libFuzzer, build
+ * with -DES_FUZZ_MAIN to replay corpus files given on the command line. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "es_native.h"
+
+#define MAX_TOKENS 1024
+
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+} input_t;
+
+static uint8_t byte(input_t *in) {
+    if (in->n == 0) return 0;
+    in->n--;
+    return *in->p++;
+}
+
+static int32_t word(input_t *in) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v = v << 8 | byte(in);
+    return (int32_t)v;
+}
+
+static void die(const char *what, const char *msg) {
+    fprintf(stderr, "fuzz oracle failed: %s: %s\n", what, msg);
+    abort();
+}
+
+/* Brute-force prompt lookup, the definition the index must match. */
+static int32_t ngram_ref(const int32_t *t, int64_t len, int32_t min_n, int32_t max_n, int32_t k,
+                         int32_t *out, int32_t *match) {
+    *match = 0;
+    if (k <= 0) return 0;
+    for (int64_t n = (max_n < len - 1 ? max_n : len - 1); n >= min_n; n--) {
+        for (int64_t e = len - 1; e >= n; e--) {
+            if (memcmp(t + e - n, t + len - n, (size_t)n * sizeof(int32_t)) != 0) continue;
+            for (int32_t i = 0; i < k; i++) out[i] = e + i < len ? t[e + i] : out[e + i - len];
+            *match = (int32_t)n;
+            return k;
+        }
+    }
+    return 0;
+}
+
+typedef struct {
+    es_ngram *ix;
+    int32_t min_n, max_n;
+    int32_t *stream; /* mirror of what the index accepted */
+    int64_t stream_len;
+    es_stree *req, *glob;
+    es_cursor *cur;
+} world_t;
+
+static int32_t read_tokens(input_t *in, int32_t *buf) {
+    int32_t n = byte(in) % 64;
+    uint8_t mode = byte(in) % 4;
+    for (int32_t i = 0; i < n; i++) {
+        switch (mode) {
+        case 0: buf[i] = byte(in) % 3; break;    /* heavy repetition */
+        case 1: buf[i] = byte(in) % 17; break;
+        case 2: buf[i] = byte(in); break;
+        default: buf[i] = word(in); break;       /* negative ids now and then */
+        }
+    }
+    return n;
+}
+
+static void check_all(world_t *w, int deep) {
+    char msg[256];
+    if (w->ix && es_ngram_check(w->ix, deep, msg, sizeof msg) == ES_E_CORRUPT) die("ngram", msg);
+    if (w->req && es_stree_check(w->req, deep, msg, sizeof msg) == ES_E_CORRUPT) die("request", msg);
+    if (w->glob && es_stree_check(w->glob, deep, msg, sizeof msg) == ES_E_CORRUPT) die("global", msg);
+}
+
+static const int64_t BUDGETS[4] = {4096, 40000, 200000, 1 << 24};
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    input_t in = {data, size};
+    world_t w;
+    memset(&w, 0, sizeof w);
+    int32_t buf[64], out[ES_MAX_DRAFT], ref[ES_MAX_DRAFT];
+    double probs[ES_MAX_DRAFT];
+
+    w.min_n = 1 + byte(&in) % 4;
+    w.max_n = w.min_n + byte(&in) % 5;
+    es_ngram_config nc = {w.min_n, w.max_n, BUDGETS[byte(&in) % 4]};
+    es_stree_config rc = {2 + byte(&in) % 12, BUDGETS[byte(&in) % 4]};
+    es_stree_config gc = {rc.max_depth, BUDGETS[byte(&in) % 4]};
+    es_ngram_create(&nc, &w.ix);
+    es_stree_create(&rc, &w.req);
+    es_stree_create(&gc, &w.glob);
+    if (w.glob) es_cursor_create(w.glob, &w.cur);
+    if (w.req) es_stree_begin(w.req);
+    w.stream = malloc(MAX_TOKENS * sizeof(int32_t));
+    int ngram_exact = 1; /* the mirror stays exact until an extend fails midway */
+
+    for (int ops = 0; in.n > 0 && ops < 2000; ops++) {
+        uint8_t op = byte(&in) % 12;
+        switch (op) {
+        case 0: { /* n-gram extend, mirrored for the reference */
+            int32_t n = read_tokens(&in, buf);
+            if (!w.ix) break;
+            int64_t before = es_ngram_length(w.ix);
+            es_status st = es_ngram_extend(w.ix, buf, n);
+            int64_t after = es_ngram_length(w.ix);
+            if (st == ES_E_RANGE && after != before) die("ngram", "range error changed the index");
+            if (after - before > n || after < before) die("ngram", "length moved oddly");
+            for (int64_t i = before; i < after && w.stream_len < MAX_TOKENS; i++)
+                w.stream[w.stream_len++] = buf[i - before];
+            if (after > MAX_TOKENS) ngram_exact = 0;
+            break;
+        }
+        case 1: { /* n-gram propose vs the reference */
+            int32_t k = byte(&in) % 40, n = -1, m = -1, rm;
+            if (!w.ix) break;
+            if (es_ngram_propose(w.ix, k, out, &n, &m) != ES_OK) die("ngram", "propose failed");
+            if (ngram_exact) {
+                int32_t rn = ngram_ref(w.stream, w.stream_len, w.min_n, w.max_n, k, ref, &rm);
+                if (rn != n || rm != m || memcmp(out, ref, (size_t)n * sizeof(int32_t)) != 0)
+                    die("ngram", "differs from the reference");
+            }
+            break;
+        }
+        case 2: { /* request tree extend */
+            int32_t n = read_tokens(&in, buf);
+            if (w.req) es_stree_extend(w.req, buf, n);
+            break;
+        }
+        case 3: { /* a response into the global tree */
+            int32_t n = read_tokens(&in, buf);
+            if (w.glob && es_stree_begin(w.glob) == ES_OK) {
+                es_stree_extend(w.glob, buf, n);
+                es_stree_end(w.glob);
+            }
+            break;
+        }
+        case 4:
+            if (w.glob) es_stree_evict_oldest(w.glob);
+            break;
+        case 5: { /* cursor follows a context */
+            int32_t n = read_tokens(&in, buf);
+            if (w.cur) es_cursor_extend(w.cur, buf, n);
+            break;
+        }
+        case 6: { /* speculate with arbitrary (sometimes invalid) parameters */
+            es_spec_params p;
+            p.max_tokens = (int32_t)(byte(&in) % 40) - 2;
+            uint8_t f = byte(&in);
+            p.factor = f == 255 ? NAN : f == 254 ? -1.0 : f / 16.0;
+            p.offset = ((int)byte(&in) - 128) / 8.0;
+            uint8_t q = byte(&in);
+            p.min_prob = q == 255 ? 1.5 : q / 254.0;
+            es_draft d = {out, probs, 0, 0, 0.0, 0};
+            es_status st = es_speculate(byte(&in) & 1 ? w.req : NULL, byte(&in) & 1 ? w.cur : NULL, &p, &d);
+            if (st == ES_OK) {
+                if (d.n < 0 || d.n > p.max_tokens) die("speculate", "draft too long");
+                double score = 0.0;
+                for (int32_t i = 0; i < d.n; i++) {
+                    if (out[i] < 0 || !(probs[i] > 0.0) || probs[i] > 1.0 || probs[i] < p.min_prob ||
+                        (i > 0 && probs[i] > probs[i - 1]))
+                        die("speculate", "bad token or probability");
+                    score += probs[i];
+                }
+                if (score != d.score) die("speculate", "score is not the sum of probabilities");
+            } else if (st != ES_E_ARG) {
+                die("speculate", "unexpected status");
+            }
+            break;
+        }
+        case 7:
+            check_all(&w, 1);
+            break;
+        case 8: /* open / close sequences out of order */
+            if (w.glob) (byte(&in) & 1 ? es_stree_begin : es_stree_end)(w.glob);
+            break;
+        case 9: /* inject an allocation failure a few allocations from now */
+            es_debug_fail_alloc_after(byte(&in) % 8);
+            break;
+        case 10: { /* read back a stored sequence */
+            int64_t len = 0;
+            if (w.glob && es_stree_num_sequences(w.glob) > 0) {
+                int64_t i = byte(&in) % es_stree_num_sequences(w.glob);
+                if (es_stree_sequence(w.glob, i, NULL, 0, &len) != ES_OK) die("sequence", "length");
+                int32_t *tmp = malloc((size_t)(len + 1) * sizeof(int32_t));
+                if (tmp && es_stree_sequence(w.glob, i, tmp, len, &len) != ES_OK) die("sequence", "copy");
+                free(tmp);
+            }
+            break;
+        }
+        default: { /* invalid arguments must be refused, not crash */
+            int32_t n = 0, m = 0, ml = 0;
+            if (es_ngram_extend(w.ix, NULL, 3) != ES_E_ARG || es_ngram_extend(w.ix, buf, -1) != ES_E_ARG)
+                die("args", "ngram extend");
+            if (es_ngram_propose(w.ix, ES_MAX_DRAFT + 1, out, &n, &m) != ES_E_ARG) die("args", "propose k");
+            if (es_stree_extend(w.req, NULL, 2) != ES_E_ARG) die("args", "stree extend");
+            if (es_cursor_extend(w.cur, buf, -5) != ES_E_ARG) die("args", "cursor extend");
+            if (es_cursor_match_length(NULL, &ml) != ES_E_ARG) die("args", "cursor match");
+            if (es_speculate(NULL, NULL, NULL, NULL) != ES_E_ARG) die("args", "speculate");
+            break;
+        }
+        }
+        if ((ops & 15) == 15) check_all(&w, 0);
+    }
+    es_debug_fail_alloc_after(-1);
+    check_all(&w, 1);
+    es_cursor_destroy(w.cur);
+    es_stree_destroy(w.req);
+    es_stree_destroy(w.glob);
+    es_ngram_destroy(w.ix);
+    free(w.stream);
+    return 0;
+}
+
+#ifdef ES_FUZZ_MAIN
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        FILE *f = fopen(argv[i], "rb");
+        if (!f) continue;
+        static uint8_t data[1 << 20];
+        size_t n = fread(data, 1, sizeof data, f);
+        fclose(f);
+        LLVMFuzzerTestOneInput(data, n);
+    }
+    return 0;
+}
+#endif
