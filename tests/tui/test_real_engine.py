@@ -1,0 +1,83 @@
+"""The app over the real engine on SmolLM2-135M (slow: loads llama.cpp and a model)."""
+from __future__ import annotations
+
+import pytest
+
+from edgespec.events import Finished, Step
+from tui import EngineSource, Settings, create_app
+from tui.widgets import DRAFT, AnswerView
+from tui_helpers import run_request, sync, wait_done, wait_for
+
+pytestmark = pytest.mark.slow
+
+PROMPT = ("Copy this list exactly, one item per line: apple, banana, cherry, apple, banana, "
+          "cherry, apple, banana, cherry")
+
+
+class Recording(EngineSource):
+    """The real source, keeping every event it hands the UI (on the worker thread)."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.seen: list = []
+
+    def start(self, prompt, settings):
+        for ev in super().start(prompt, settings):
+            self.seen.append(ev)
+            yield ev
+
+
+def _app(model_path, *, max_tokens: int):
+    source = Recording(n_ctx=1024, threads=2)
+    settings = Settings(target=str(model_path("smollm2-135m")), proposer="ngram",
+                        max_tokens=max_tokens)
+    return create_app(source, initial_prompt=PROMPT, settings=settings), source
+
+
+@sync
+async def test_streams_a_real_answer_with_origins_coloured(model_path):
+    app, source = _app(model_path, max_tokens=16)
+    seen = source.seen
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await run_request(pilot, app, timeout=120)
+            assert not app.errors, app.errors
+            fin = next(e for e in seen if isinstance(e, Finished))
+            steps = [e for e in seen if isinstance(e, Step)]
+            view = app.query_one(AnswerView)
+            assert fin.text and view.plain == fin.text
+            assert all("".join(s.pieces) == s.text for s in steps)
+            drafted_chars = sum(len(p) for s in steps for p, o in zip(s.pieces, s.origins)
+                                if o == DRAFT)
+            text = view.styled_text()
+            draft_style = view.origin_styles()[DRAFT]
+            coloured = sum(sp.end - sp.start for sp in text.spans if sp.style == draft_style)
+            assert coloured == drafted_chars
+            assert app.query_one("#history").row_count == 1
+
+            # the plain path on the same target reuses the loaded engine
+            engine = source._engine
+            app.query_one("#proposer").value = ("none", None)
+            seen.clear()
+            await run_request(pilot, app, timeout=120)
+            assert source._engine is engine and not app.errors
+            assert app.metrics.plain_estimate().basis == "measured"
+    finally:
+        source.close()
+
+
+@sync
+async def test_cancel_stops_a_real_stream(model_path):
+    app, source = _app(model_path, max_tokens=1000)
+    seen = source.seen
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: app.metrics.stats.generated_tokens >= 4, timeout=120)
+            await pilot.press("escape")
+            await wait_done(pilot, app, timeout=30)
+            fin = next(e for e in seen if isinstance(e, Finished))
+            assert fin.stop_reason == "cancelled" and fin.stats.generated_tokens < 1000
+            assert app._phase == "cancelled"
+    finally:
+        source.close()
