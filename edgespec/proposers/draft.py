@@ -51,7 +51,7 @@ class DraftSession:
         self._rng = None
         if not sampling.greedy:
             from ..sampling import make_rng
-            self._rng = make_rng(None if sampling.seed is None else sampling.seed + 0x5EED)
+            self._rng = make_rng(sampling.seed, "draft")
 
     def propose(self, k: int) -> Draft:
         ctx = self.owner.ctx
