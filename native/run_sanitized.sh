@@ -27,5 +27,9 @@ export LD_PRELOAD="$ASAN_LIB"
 # CPython's own allocations look like leaks at exit; the fuzz target checks ours
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:strict_string_checks=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-"$PY" -c "import edgespec._native as n, sys; assert n.__file__.startswith('$OUT'), n.__file__"
-exec "$PY" -m pytest -q -p no:cacheprovider tests/native "$@"
+# a config of its own, so pytest does not root itself (and its pythonpath) in the repo
+printf '[pytest]\n' > pytest.ini
+printf 'import edgespec._native as n\nassert n.__file__.startswith("%s"), n.__file__\n' \
+  "$OUT" > tests/conftest.py
+# --capture=sys: a sanitizer report written to fd 2 must reach the terminal
+exec "$PY" -m pytest -q -p no:cacheprovider --capture=sys tests/native "$@"
