@@ -149,14 +149,16 @@ static int tokens_from_sequence(PyObject *obj, tokens_t *tb) {
     return 0;
 }
 
+/* Fills tb from obj; on failure tb holds nothing and an exception is set. */
 static int tokens_get(PyObject *obj, tokens_t *tb) {
     memset(tb, 0, offsetof(tokens_t, small));
-    if (PyList_Check(obj) || PyTuple_Check(obj)) return tokens_from_sequence(obj, tb);
-    if (PyObject_CheckBuffer(obj)) {
-        if (tokens_from_buffer(obj, tb) == 0) return 0;
-        tokens_release(tb);
-        return -1;
-    }
+    int rc;
+    if (PyList_Check(obj) || PyTuple_Check(obj)) rc = tokens_from_sequence(obj, tb);
+    else if (PyObject_CheckBuffer(obj)) rc = tokens_from_buffer(obj, tb);
+    else rc = -2;
+    if (rc == 0) return 0;
+    tokens_release(tb);
+    if (rc == -1) return -1;
     PyErr_Format(PyExc_TypeError,
                  "tokens must be a list/tuple of ints or a 1-D int32 buffer, not %.100s",
                  Py_TYPE(obj)->tp_name);

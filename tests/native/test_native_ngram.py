@@ -203,3 +203,21 @@ def test_allocation_failures_never_corrupt():
         assert list(ix.propose(4).tokens) == ngram_propose(toks[:k].tolist(), 1, 3, 4)[0]
         ix.extend(toks[:10])  # still usable
         ix.check()
+
+
+def test_failed_conversions_do_not_leak():
+    """Regression: a long list with a bad item used to leak its copy."""
+    import tracemalloc
+    raw = _native.NgramIndex(1, 2, 1 << 20)
+    bad = [0] * 500 + ["x"]
+    for _ in range(50):  # warm-up: exception machinery, caches
+        with pytest.raises(TypeError):
+            raw.extend(bad)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(2000):
+        with pytest.raises(TypeError):
+            raw.extend(bad)
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 100_000, grown  # a leak would be 2000 * 2 KB
