@@ -642,6 +642,9 @@ static int32_t step(es_stree *t, int32_t nd, int32_t x, int32_t pos, int *leaf) 
     }
     node_t *cn = &t->nodes[c];
     if (node_len(t, cn) == 1) {
+        /* (an open leaf is only ever entered by a shorter suffix, which splits
+         * it; settling keeps the tree valid should that ever change) */
+        settle_leaf(t, c);
         cn->count++;
         cn->ref_seq = s;
         cn->ref_pos = pos;
@@ -680,6 +683,9 @@ es_status es_stree_extend(es_stree *t, const int32_t *tokens, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0) return ES_E_RANGE;
     int32_t d = t->max_depth;
+    /* before any change: cursors must not trust their locations even if this
+     * call stops early */
+    if (n > 0) t->version++;
     for (int64_t i = 0; i < n; i++) {
         es_status st = reserve(t);
         if (st != ES_OK) return st;
@@ -704,7 +710,6 @@ es_status es_stree_extend(es_stree *t, const int32_t *tokens, int64_t n) {
         else t->n_active++;
         t->total_tokens++;
     }
-    if (n > 0) t->version++;
     return ES_OK;
 }
 

@@ -271,7 +271,9 @@ def test_allocation_failures_never_corrupt():
     failures = 0
     for n in range(0, 40):
         g = SuffixTree(8, 1 << 24)
+        g.add(seqs[1][:50])
         c = SuffixCursor(g)
+        c.extend(seqs[1][:10])  # live locations, which a failed add must invalidate
         try:
             _native._fail_alloc_after(n)
             for s in seqs:
@@ -291,7 +293,11 @@ def test_allocation_failures_never_corrupt():
         g.check(deep=True)
         if t is not None:
             t.check(deep=True)
-        c.extend(seqs[1][:20])
+        live = [x.tolist() for x in g.sequences()]
+        ctx = seqs[1][:10].tolist()
+        assert as_tuple(speculate(None, c, 8, 1.0, 2.0, 0.0)) == ref_speculate(
+            None, live, ctx, 8, 8, 1.0, 2.0, 0.0)
+        c.extend(seqs[1][10:20])
         speculate(t, c, 8)
     assert failures > 10
 
@@ -382,3 +388,49 @@ def test_concurrent_use_is_serialised():
     assert not errors
     assert g.num_sequences == 4
     g.check(deep=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(closed=st.lists(stream(30), max_size=3), growing=stream(60), context=stream(20),
+       depth=st.integers(2, 8), p=params, cuts=st.lists(st.integers(0, 100), max_size=4))
+def test_cursor_over_a_tree_with_an_open_sequence(closed, growing, context, depth, p, cuts):
+    """Cursors read open leaves (implicit lengths) correctly and never trust
+    locations across a change of the tree."""
+    g = SuffixTree(depth, 1 << 24)
+    for s in closed:
+        g.add(s)
+    g.begin()
+    c = SuffixCursor(g)
+    c.extend(context)
+    grown: list[int] = []
+    for part in chunked(growing, cuts):
+        c.match_length()  # sync the cursor to the tree as it is
+        g.extend(part)
+        grown += part
+        assert as_tuple(speculate(None, c, **p)) == ref_speculate(None, closed + [grown], context,
+                                                                  depth, **p)
+    g.check(deep=True)
+
+
+def test_cursor_resyncs_after_a_failed_extend():
+    rng = np.random.default_rng(11)
+    toks = rng.integers(0, 5, size=400).astype(np.int32)
+    for n in range(0, 12):
+        g = SuffixTree(6, 1 << 24)
+        g.begin()
+        g.extend(toks[:100])
+        c = SuffixCursor(g)
+        c.extend(toks[100:110])
+        c.match_length()
+        try:
+            _native._fail_alloc_after(n)
+            try:
+                g.extend(toks[100:])
+            except MemoryError:
+                pass
+        finally:
+            _native._fail_alloc_after(-1)
+        g.check(deep=True)
+        live = [x.tolist() for x in g.sequences()]
+        assert as_tuple(speculate(None, c, 8, 1.0, 2.0, 0.0)) == ref_speculate(
+            None, live, toks[100:110].tolist(), 6, 8, 1.0, 2.0, 0.0)
