@@ -8,7 +8,8 @@ from the calibration cache (:mod:`edgespec.calibration`), expected acceptance
 from the registry's qualification results when they exist.
 
 Memory model (host RAM and accelerator memory, per component)
-    runtime       the Python process with llama.cpp loaded (measured: 48 MiB)
+    runtime       the Python process with llama.cpp loaded (measured: 48 MiB), plus
+                  the engine and its native proposers (measured: ~12 MiB)
     weights       the mmapped GGUF: layers offloaded to the GPU (llama.cpp puts
                   the *last* ``n_gpu_layers - 1`` blocks and the output layer
                   there) leave host memory, the input embeddings never do
@@ -61,6 +62,7 @@ from .gguf_facts import ModelFacts, read_facts
 RUNTIME_BYTES = 48 * 2**20            # RSS of python + numpy + llama.cpp initialised
 VOCAB_BYTES_PER_TOKEN = 175           # llama.cpp's vocabulary tables, anonymous memory...
 VOCAB_BYTES_PER_MERGE = 150           # ...and its BPE merge ranks
+ENGINE_BYTES = 12 * 2**20             # Engine.load on top of the backend (native lib, tables)
 COMPUTE_BYTES_PER_TOKEN_UNIT = 14     # x (n_ff + n_embd) per batch token actually touched on CPU
 COMPUTE_FIXED_BYTES = 3 * 2**20
 # --- not measurable here (no GPU): llama.cpp's allocation rules plus a CUDA/Metal runtime reserve
@@ -125,8 +127,9 @@ class MemoryEstimate:
 
     @property
     def host_at_load(self) -> int:
-        """Before the first pass: everything but the touched compute pages and logits."""
-        return sum(i.host for i in self.items if not i.name.endswith(("compute", "logits")))
+        """Right after loading: no compute pages touched, no logits, proposer caches still empty."""
+        return sum(i.host for i in self.items
+                   if not i.name.endswith(("compute", "logits", "suffix cache", "n-gram index")))
 
     def table(self, with_device: bool = False) -> str:
         rows = []
@@ -221,6 +224,7 @@ def estimate_memory(target: ModelFacts, *, n_ctx: int, kv_type: str = "f16",
         items += model_memory("draft", draft, n_ctx=n_ctx, kv_type=kv_type, n_batch=n_batch,
                               n_gpu_layers=draft_gpu_layers, rows=1)
     if free_proposers:
+        items.append(MemoryItem("engine", ENGINE_BYTES, 0, "engine, native proposers"))
         items.append(MemoryItem("suffix cache", suffix_cap, 0, "cap"))
         items.append(MemoryItem("n-gram index", NGRAM_BYTES_PER_TOKEN * n_ctx, 0, "per request"))
     if n_gpu_layers > 0 or (draft is not None and draft_gpu_layers > 0):
@@ -341,6 +345,12 @@ def speed_model(dev: Device, target: ModelFacts, draft: ModelFacts | None, *,
     if target_cal is not None:
         cost, step, source = target_cal.cost, target_cal.step_seconds, \
             f"calibration measured on this device ({target_cal.source})"
+        if not 0.25 < step / cpu_step < 4:
+            # decode is bandwidth-bound, so a step far from the size-based guess was probably
+            # timed while other work held the cores: say so rather than silently trust it
+            source += (f"; its {step * 1000:.0f} ms step is {step / cpu_step:.1f}x what the model's "
+                       "size suggests: re-measure on a quiet machine (delete the cached calibration, "
+                       "then `edgespec plan --calibrate`)")
     elif speed.get("verify_costs"):
         cost = _curve_from_points(speed["verify_costs"])
         step = float(speed["step_ms"]) / 1000 if speed.get("step_ms") else None
@@ -422,7 +432,8 @@ class Plan:
     target: str
     draft: str | None            # the draft model to load (None unless proposer == "draft")
     proposer: str                # "draft" | "suffix" | "ngram" | "none"
-    draft_len: tuple[int, int]   # (min, max) draft length worth trying; (0, 0) for none
+    draft_len: tuple[int, int]   # (min, max) draft length worth trying (for "none": the free
+                                 # proposers' range, for requests that pick one themselves)
     n_gpu_layers: int
     draft_gpu_layers: int
     n_ctx: int
@@ -451,7 +462,8 @@ class Plan:
         lines = [f"plan for {Path(self.target).name}"
                  + (f" with draft {Path(self.draft).name}" if self.draft else ""),
                  f"  proposer   {self.proposer}"
-                 + (f", draft length {self.draft_len[0]}-{self.draft_len[1]}" if self.draft_len[1] else ""),
+                 + (f", draft length {self.draft_len[0]}-{self.draft_len[1]}"
+                    if self.proposer != "none" else ""),
                  f"  predicted  {self.predicted_speedup:.2f}x plain decoding"
                  + (f" (~{self.predicted_tokens_per_second:.1f} tokens/s)"
                     if self.predicted_tokens_per_second else ""),
@@ -659,11 +671,17 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
     order = {"none": 0, "ngram": 1, "suffix": 2, "draft": 3}
     best = max(fitting, key=lambda c: (round(c.speedup, 3), -order[c.proposer]))
     cfg = best.config
+    draft_len = best.draft_len
+    if best.proposer == "none":
+        # Requests may still name a free proposer (the engine loads them all): give them the
+        # range their own prediction prefers rather than a draft length of zero.
+        free = [c for c in fitting if c.proposer in ("ngram", "suffix")]
+        draft_len = max(free, key=lambda c: c.speedup).draft_len if free else (1, 1)
     reasons = _reasons(best, cands, dev, budgets, target, draft, ctx, explicit_ctx,
                        budget is not None)
     return Plan(
         target=target.path, draft=draft.path if best.proposer == "draft" and draft else None,
-        proposer=best.proposer, draft_len=best.draft_len, n_gpu_layers=cfg["n_gpu_layers"],
+        proposer=best.proposer, draft_len=draft_len, n_gpu_layers=cfg["n_gpu_layers"],
         draft_gpu_layers=cfg["draft_gpu_layers"], n_ctx=cfg["n_ctx"], kv_type=cfg["kv_type"],
         n_batch=cfg["n_batch"], predicted_speedup=best.speedup, memory=best.memory,
         budget_host=budgets[0], budget_device=budgets[1], device=dev, candidates=tuple(cands),
@@ -892,7 +910,7 @@ def measure_plan(p: Plan, n_threads: int | None = None, subprocess: bool = True)
     proposers' caches are not built here, so they are left out of the comparison.
     """
     est = MemoryEstimate(tuple(i for i in p.memory.items
-                               if i.name not in ("suffix cache", "n-gram index")))
+                               if i.name not in ("engine", "suffix cache", "n-gram index")))
     job = {"target": str(p.target), "draft": str(p.draft) if p.draft else None, "n_ctx": p.n_ctx,
            "n_batch": p.n_batch, "kv_type": p.kv_type, "n_gpu_layers": p.n_gpu_layers,
            "draft_gpu_layers": p.draft_gpu_layers, "n_threads": n_threads,

@@ -316,3 +316,19 @@ def test_plan_for_real_models_on_this_machine_and_a_described_gpu(model_path, tm
     there = planner.plan_for(t, d, device=devmod.from_json(spec))
     assert there.proposer == "draft" and there.draft == d
     assert there.n_gpu_layers == 29 and there.draft_gpu_layers == 25
+
+
+def test_plain_decoding_wins_when_verifying_costs_as_much_as_decoding():
+    steep = {"verify_costs": {str(n): float(n) for n in range(2, 17)}}
+    p = planner.plan(QWEN_15, QWEN_05, device=cpu(speed=steep))
+    assert p.proposer == "none" and p.draft is None and p.predicted_speedup == 1.0
+    # a request that names a free proposer itself still gets a usable draft length
+    assert p.draft_len[0] >= 1
+    assert all(c.speedup <= 1.0 for c in p.candidates if c.fits)
+
+
+def test_at_load_leaves_out_what_only_use_fills():
+    est = planner.estimate_memory(QWEN_15, n_ctx=4096)
+    grows = sum(i.host for i in est.items
+                if i.name in ("target compute", "target logits", "suffix cache", "n-gram index"))
+    assert est.host - est.host_at_load == grows
