@@ -415,13 +415,16 @@ def render_plots(run: Mapping, out_dir: Path) -> dict[str, str]:
         made["Accepted-length distribution"] = _save(fig, out_dir, "accepted_length.png")
 
         fig, ax = plt.subplots(figsize=(7, 4))
+        drew = False
         for c in others:
             acc = config_summary(run, c).request_acceptance
             if acc:
                 ax.hist(acc, bins=[i / 10 for i in range(11)], alpha=0.5, label=c)
-        ax.set_xlabel("acceptance rate of one request")
+                drew = True
+        ax.set_xlabel("acceptance rate of one request (requests that drafted)")
         ax.set_ylabel("requests")
-        ax.legend(fontsize=8)
+        if drew:
+            ax.legend(fontsize=8)
         made["Per-request acceptance"] = _save(fig, out_dir, "request_acceptance.png")
 
     fig, ax = plt.subplots(figsize=(7, 4))

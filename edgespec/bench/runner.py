@@ -34,6 +34,10 @@ from .prompts import (BenchPrompt, bucket_label, load_humanevalfix, load_jsonl_p
 # Knobs that configure the engine as a whole (Engine.load arguments), not one proposer.
 ENGINE_KNOBS = ("draft_len", "adaptive")
 
+# Not one of the measured prompts: a proposer that learns across requests (the suffix tree)
+# must not see the start of a measured answer before it is measured.
+WARMUP_MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
+
 Progress = Callable[[int, int, dict | None], None]  # (done, total, record or None for warm-up)
 
 
@@ -174,7 +178,7 @@ class Runner:
             if prompts:
                 for _ in range(self.m.warmup):
                     for cfg in self.m.configs:
-                        self._request(cfg, prompts[0].messages([]), self.m.warmup_tokens, seed=0)
+                        self._request(cfg, WARMUP_MESSAGES, self.m.warmup_tokens, seed=0)
                         run.warmup_discarded += 1
                         done += 1
                         self.progress(done, total, None)

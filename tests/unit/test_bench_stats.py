@@ -100,3 +100,12 @@ def test_histograms():
     assert h == {1: 4, 2: 1, 4: 2}
     assert histogram_mean(h) == pytest.approx((4 + 2 + 8) / 7)
     assert math.isnan(histogram_mean({}))
+
+
+def test_bootstrap_fast_path_matches_the_generic_one():
+    ratios = [0.9, 1.1, 1.3, 2.0, 0.8, 1.05]
+    clusters = ["a", "a", "b", "c", "c", "d"]
+    fast = bootstrap_ci(ratios, clusters, seed=11)
+    slow = bootstrap_ci(ratios, clusters, statistic=lambda a: geometric_mean(a), seed=11)
+    assert (fast.low, fast.high) == pytest.approx((slow.low, slow.high))
+    assert fast.estimate == pytest.approx(slow.estimate)

@@ -1,0 +1,79 @@
+"""A tiny real benchmark on smollm2-135m: CLI -> engine + llama-cpp-python anchor -> JSON + report,
+and a qualification round trip into a throwaway EDGESPEC_HOME."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from click.testing import CliRunner
+
+from edgespec.cli import cli
+
+TARGET = "smollm2-135m"
+THREADS = os.environ.get("EDGESPEC_TEST_THREADS", "2")
+
+
+def test_bench_writes_json_and_report(model_path, tmp_path):
+    path = model_path(TARGET)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        json.dumps({"id": "rep", "category": "copy", "prompt": "Repeat exactly: red green blue, "
+                    "red green blue, red green blue."}) + "\n"
+        + json.dumps({"id": "hi", "category": "chat", "prompt": "Say hello."}) + "\n")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, [
+        "bench", "--target", str(path), "--proposer", "ngram", "--anchor", "2",
+        "--categories", "none", "--humanevalfix", "0", "--jsonl", str(prompts),
+        "--max-tokens", "8", "--warmup", "1", "--threads", THREADS, "--ctx", "512",
+        "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "bench.json").read_text())
+    assert [c["label"] for c in data["matrix"]["configs"]] == [
+        "none", "ngram", "llama-cpp-pld[num_pred_tokens=2]"]
+    recs = data["records"]
+    assert len(recs) == 6 and data["warmup_discarded"] == 3 and not data["interrupted"]
+    assert all("error" not in r for r in recs), [r.get("error") for r in recs]
+    for r in recs:
+        assert 1 <= r["generated_tokens"] <= 8 and len(r["tokens"]) == r["generated_tokens"]
+        assert r["prefill_seconds"] > 0 and r["e2e_seconds"] >= r["prefill_seconds"]
+        assert r["rss_peak_bytes"] > 0 and r["category"] in ("copy", "chat")
+    # exact decoding: the engine's speculative output equals the plain path's
+    assert all(r["parity"] for r in recs if r["config"] == "ngram")
+    ident = data["identity"]
+    assert ident["models"]["target"]["sha256"] and ident["llama_cpp"]["llama_cpp_python"]
+    assert ident["machine"]["cpu_model"] and ident["engine"]["threads"] == int(THREADS)
+    assert set(data["load_seconds"]) == {"target", "llama-cpp-pld[num_pred_tokens=2]"}
+    report = (out / "report.md").read_text()
+    assert "## Speedup over the plain path" in report and "(speedup.png)" in report
+    assert (out / "speedup.png").stat().st_size > 1000
+    # the report can be rebuilt from the JSON alone
+    again = CliRunner().invoke(cli, ["bench", "--report-from", str(out / "bench.json"),
+                                     "--out", str(tmp_path / "re")])
+    assert again.exit_code == 0, again.output
+    assert (tmp_path / "re" / "report.md").read_text() == report
+
+
+def test_qualify_records_into_the_registry(model_path, tmp_path, monkeypatch):
+    real = model_path(TARGET)
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    # the verified model, visible under the throwaway home without copying 100 MB
+    (home / "models" / real.name).symlink_to(real)
+    shutil.copy(real.with_name(real.name + ".verified"), home / "models")
+    monkeypatch.setenv("EDGESPEC_HOME", str(home))
+    from edgespec import registry
+
+    assert registry.qualification(TARGET, "ngram") == {}
+    res = CliRunner().invoke(cli, [
+        "qualify", TARGET, "ngram", "--slices", "qa", "--per-slice", "1", "--max-tokens", "8",
+        "--threads", THREADS, "--ctx", "512", "--out", str(tmp_path / "ev")])
+    assert res.exit_code == 0, res.output
+    got = registry.qualification(TARGET, "ngram")
+    assert set(got) == {"qa"}
+    qa = got["qa"]
+    assert qa["n"] == 1 and qa["speedup"] > 0 and qa["speedup_ci_low"] == qa["speedup"]
+    assert 0 <= (qa["acceptance_rate"] or 0) <= 1 and qa["mean_accepted_length"] >= 1
+    assert qa["target_sha256"] == registry.load_registry().get(TARGET).sha256
+    assert qa["edgespec_commit"] and qa["evidence"].endswith("bench.json")
+    assert (home / "qualification.json").is_file()
