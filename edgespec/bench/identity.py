@@ -72,7 +72,7 @@ def model_identity(name: str, path: Path) -> dict:
     return info
 
 
-def collect_identity(m: Matrix, engine, anchors: dict) -> dict:
+def collect_identity(m: Matrix, engine, anchors: dict, engine_knobs: dict | None = None) -> dict:
     from .. import __version__, backend
 
     models = {"target": model_identity(m.target, Path(engine.target.path))}
@@ -89,6 +89,8 @@ def collect_identity(m: Matrix, engine, anchors: dict) -> dict:
             "draft_len": engine.draft_len,
             "use_extra_bufts": getattr(engine.target, "use_extra_bufts", None),
             "proposers": sorted(engine.proposers),
+            # Engine.load arguments the matrix set; anything absent is the engine's default
+            "load_knobs": dict(engine_knobs or {}),
         },
         "anchors": {label: {"n_ctx": a.n_ctx, "num_pred_tokens": a.num_pred_tokens,
                             "implementation": "llama_cpp.Llama + LlamaPromptLookupDecoding "

@@ -345,7 +345,7 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
                     engine.target.path, n_ctx=n_ctx, threads=m.threads,
                     num_pred_tokens=int(cfg.knob_dict["num_pred_tokens"]))
                 run.load_seconds[cfg.label] = time.perf_counter() - t0
-        run.identity = collect_identity(m, engine, anchors)
+        run.identity = collect_identity(m, engine, anchors, plan.engine_knobs)
         if on_loaded is not None:
             on_loaded(run)
         Runner(m, engine, anchors, plan.request_name, progress).run(prompts, run)
