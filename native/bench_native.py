@@ -74,6 +74,7 @@ def bench_size(L: int, calls: int) -> dict:
     t0 = CLOCK()
     ix = build_ngram()
     res["ngram_build_ns_per_token"] = (CLOCK() - t0) / L * 1e9
+    res["ngram_memory_bytes_per_token"] = ix.memory_usage() / len(ix)
     res["ngram_extend_us_per_token"] = best_per_call(lambda i: ix.extend(tail[i:i + 1]), calls,
                                                       repeats=1) * 1e6
     ix = build_ngram()
@@ -128,6 +129,7 @@ ROWS = [
     ("n-gram session step: propose + accept", "ngram_session_step_us", "µs"),
     ("n-gram extend, one token per call", "ngram_extend_us_per_token", "µs"),
     ("n-gram build, bulk", "ngram_build_ns_per_token", "ns/token"),
+    ("n-gram index memory", "ngram_memory_bytes_per_token", "B/token"),
     ("suffix speculate, request tree (binding)", "suffix_speculate_us", "µs"),
     ("suffix propose, request + global tree", "suffix_speculate_both_us", "µs"),
     ("suffix session step: propose + accept", "suffix_session_step_us", "µs"),
