@@ -355,6 +355,9 @@ class PromptLookupAnchor:
                 times.append(now)
                 if len(tokens) >= max_tokens:
                     break
+        except (ValueError, RuntimeError) as e:
+            # one failed anchor request is a recorded error, not the end of a benchmark
+            raise EdgespecError(f"llama-cpp-python's prompt lookup failed: {e}") from None
         finally:
             gen.close()
         total = time.perf_counter() - t0
