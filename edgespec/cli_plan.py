@@ -29,18 +29,21 @@ _DEVICE_HELP = ("JSON file describing another machine instead of probing this on
 @click.option("--calibrate", is_flag=True,
               help="Measure the verify-cost curve (and the draft's step) if not cached yet: "
                    "tens of seconds on a small CPU. Without it, cached results or priors are used.")
+@click.option("--recalibrate", is_flag=True,
+              help="Measure them again even if cached (do it on a quiet machine).")
 @click.option("--verify", "verify_rss", is_flag=True,
               help="Then load the plan in a fresh process and compare planned memory with measured RSS.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @handle_errors
-def plan_command(target, draft, budget, n_ctx, kv_type, device_json, calibrate, verify_rss, as_json):
+def plan_command(target, draft, budget, n_ctx, kv_type, device_json, calibrate, recalibrate,
+                 verify_rss, as_json):
     """Plan proposer, draft length, GPU offload, context and KV cache for a target on this device."""
     from . import device as devmod
     from . import planner
 
     dev = devmod.from_json(device_json) if device_json else None
     p = planner.plan_for(target, draft, device=dev, budget=budget, ctx=n_ctx, kv_type=kv_type,
-                         calibrate=calibrate)
+                         calibrate=calibrate, recalibrate=recalibrate)
     checks = []
     if verify_rss:
         if p.device.synthetic:

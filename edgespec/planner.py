@@ -342,15 +342,16 @@ def speed_model(dev: Device, target: ModelFacts, draft: ModelFacts | None, *,
     # Scale the dev machine's 86 ms Qwen-1.5B step by weight bytes: decode is bandwidth-bound.
     cpu_step = PRIOR_CPU_STEP_SECONDS * target.weight_bytes / 1_111_370_240
     share = _cpu_time_share(target, n_gpu_layers)
-    if target_cal is not None:
+    notes = []
+    trusted_t, why_t = calibration_trust(target_cal, cpu_step)
+    if target_cal is not None and not trusted_t:
+        notes.append(f"ignored the cached calibration of the target: {why_t}; re-measure on a quiet "
+                     "machine with `edgespec plan --recalibrate`")
+    if trusted_t:
         cost, step, source = target_cal.cost, target_cal.step_seconds, \
             f"calibration measured on this device ({target_cal.source})"
-        if not 0.25 < step / cpu_step < 4:
-            # decode is bandwidth-bound, so a step far from the size-based guess was probably
-            # timed while other work held the cores: say so rather than silently trust it
-            source += (f"; its {step * 1000:.0f} ms step is {step / cpu_step:.1f}x what the model's "
-                       "size suggests: re-measure on a quiet machine (delete the cached calibration, "
-                       "then `edgespec plan --calibrate`)")
+        if why_t:
+            source += f"; {why_t}"
     elif speed.get("verify_costs"):
         cost = _curve_from_points(speed["verify_costs"])
         step = float(speed["step_ms"]) / 1000 if speed.get("step_ms") else None
@@ -362,13 +363,16 @@ def speed_model(dev: Device, target: ModelFacts, draft: ModelFacts | None, *,
                   f"prior: {share:.0%} of step time on CPU layers, blended CPU/GPU curves")
     else:
         cost, step = cpu_prior.cost, cpu_step
-        source = "prior from a 2-core CPU (docs/models.md); `edgespec plan --calibrate` measures it"
+        source = "prior from a 2-core CPU (docs/models.md)"
+        if target_cal is None and not dev.synthetic:
+            source += "; `edgespec plan --calibrate` measures this device"
 
     ratio, dsrc = None, ""
     if draft is not None:
         if "draft_step_ratio" in speed:
             ratio, dsrc = float(speed["draft_step_ratio"]), "the device description's draft_step_ratio"
-        elif draft_cal is not None and target_cal is not None:
+        elif trusted_t and calibration_trust(
+                draft_cal, cpu_step * draft.weight_bytes / max(target.weight_bytes, 1))[0]:
             ratio = draft_cal.step_seconds / target_cal.step_seconds
             dsrc = "measured step times of both models"
         else:
@@ -380,8 +384,44 @@ def speed_model(dev: Device, target: ModelFacts, draft: ModelFacts | None, *,
                 ratio *= (d_share * CPU_GPU_BANDWIDTH_RATIO + 1 - d_share) / \
                          (share * CPU_GPU_BANDWIDTH_RATIO + 1 - share)
                 dsrc += ", slowed by CPU placement"
+    if notes:
+        source += "; " + "; ".join(notes)
     return SpeedModel(cost=cost, step_seconds=step, draft_ratio=ratio, source=source,
                       draft_source=dsrc)
+
+
+#: Repeats of one pass on a quiet machine agree within a few percent; far more spread means
+#: other work held the cores while it was measured, and the curve's shape is noise.
+MAX_CALIBRATION_SPREAD = 0.10
+
+
+def calibration_trust(cal, expected_step: float) -> tuple[bool, str]:
+    """(usable, remark) for a cached calibration: refuse ones timed under heavy load.
+
+    The spread is the median over batch sizes of the repeats' median absolute deviation
+    relative to their median. A one-token step more than 10x off what the model's size
+    suggests is refused too, beyond 4x only remarked on (slow boards exist).
+    """
+    if cal is None:
+        return False, ""
+    import statistics
+
+    spreads = []
+    for samples in (getattr(cal, "samples", None) or {}).values():
+        if len(samples) >= 3:
+            m = statistics.median(samples)
+            if m > 0:
+                spreads.append(statistics.median(abs(x - m) for x in samples) / m)
+    if spreads and statistics.median(spreads) > MAX_CALIBRATION_SPREAD:
+        return False, (f"its repeats vary by ±{statistics.median(spreads):.0%} "
+                       "(timed while other work held the cores)")
+    ratio = cal.step_seconds / expected_step if expected_step > 0 else 1.0
+    if not 0.1 < ratio < 10:
+        return False, f"its {cal.step_seconds * 1000:.0f} ms step is {ratio:.1f}x what the model's size suggests"
+    if not 0.25 < ratio < 4:
+        return True, (f"its {cal.step_seconds * 1000:.0f} ms step is {ratio:.1f}x what the model's "
+                      "size suggests")
+    return True, ""
 
 
 # =============================================================================== acceptance
@@ -799,15 +839,17 @@ def _resolve(name_or_path: str | os.PathLike) -> tuple[Path, str | None, str | N
 
 
 def cached_calibration(path: Path, sha256: str | None, n_threads: int | None = None,
-                       measure: bool = False):
-    """The calibration cached for this device and model (CPU layout), or None; measure if asked."""
+                       measure: bool = False, force: bool = False):
+    """The calibration cached for this device and model (CPU layout), or None.
+
+    ``measure`` measures a missing one (``force``: re-measures a cached one too)."""
     try:
         from . import calibration as cal
     except ImportError:
         return None
     try:
-        if measure:
-            return cal.load_or_measure(path, n_threads=n_threads, sha256=sha256)
+        if measure or force:
+            return cal.load_or_measure(path, n_threads=n_threads, sha256=sha256, force=force)
         stem = path.stem
         folder = cal.edgespec_home() / "calibration"
         if sha256 is None and not any(folder.glob(f"{stem}-*.json")):
@@ -838,15 +880,16 @@ def registered_draft(target_name: str) -> str | None:
 
 
 def plan_for(target_path, draft_path=None, device: Device | None = None, budget=None, ctx=None,
-             *, kv_type: str | None = None, calibrate: bool = False,
+             *, kv_type: str | None = None, calibrate: bool = False, recalibrate: bool = False,
              n_threads: int | None = None) -> Plan:
     """The engine's entry point: registry names or paths in, a :class:`Plan` out.
 
     Without ``draft_path`` a registered target's own draft pair is weighed too when
     its file is already pulled; ``Plan.draft`` names the draft to load, if chosen.
 
-    Uses cached calibrations when present (``calibrate=True`` measures missing
-    ones first: tens of seconds on a small CPU) and priors otherwise.
+    Uses cached calibrations when present and trustworthy (``calibrate=True``
+    measures missing ones first, ``recalibrate=True`` re-measures: tens of seconds
+    on a small CPU) and priors otherwise.
     """
     tpath, tname, tsha = _resolve(target_path)
     tfacts = read_facts(tpath)
@@ -859,9 +902,9 @@ def plan_for(target_path, draft_path=None, device: Device | None = None, budget=
     dev = device or devmod.probe()
     cals = {}
     if not dev.synthetic:
-        cals["target"] = cached_calibration(tpath, tsha, n_threads, calibrate)
+        cals["target"] = cached_calibration(tpath, tsha, n_threads, calibrate, recalibrate)
         if dpath is not None:
-            cals["draft"] = cached_calibration(dpath, dsha, n_threads, calibrate)
+            cals["draft"] = cached_calibration(dpath, dsha, n_threads, calibrate, recalibrate)
     return plan(tfacts, dfacts, device=dev, budget=budget, ctx=ctx, kv_type=kv_type,
                 target_name=tname, draft_name=dname, calibrations={k: v for k, v in cals.items() if v})
 

@@ -332,3 +332,29 @@ def test_at_load_leaves_out_what_only_use_fills():
     grows = sum(i.host for i in est.items
                 if i.name in ("target compute", "target logits", "suffix cache", "n-gram index"))
     assert est.host - est.host_at_load == grows
+
+
+def _cal(step, costs, spread=0.0):
+    """A calibration with five repeats per batch size, spread by ±spread around each median."""
+    samples = {n: tuple(step * c * (1 + spread * d) for d in (-1, -0.5, 0, 0.5, 1))
+               for n, c in costs.items()}
+    return Calibration(step_seconds=step, points=tuple(costs.items()), source="measured",
+                       samples=samples)
+
+
+def test_noisy_calibration_is_ignored_for_the_prior():
+    flat = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0}
+    noisy = _cal(0.086, flat, spread=0.5)
+    p = planner.plan(QWEN_15, QWEN_05, device=cpu(synthetic=False),
+                     calibrations={"target": noisy, "draft": _cal(0.009, {1: 1.0}, spread=0.5)})
+    assert p.proposer != "draft"  # the flat noisy curve would have made the draft win
+    assert "ignored the cached calibration" in p.speed.source and "prior" in p.speed.source
+    ok, why = planner.calibration_trust(_cal(0.086, flat, spread=0.01), 0.086)
+    assert ok and why == ""
+
+
+def test_calibration_far_from_the_size_estimate():
+    costs = {1: 1.0, 2: 1.5, 4: 1.9}
+    assert planner.calibration_trust(_cal(2.0, costs), 0.086)[0] is False      # 23x: refused
+    ok, why = planner.calibration_trust(_cal(0.5, costs), 0.086)                # 5.8x: remarked
+    assert ok and "size suggests" in why
