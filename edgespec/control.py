@@ -80,7 +80,7 @@ class ControlSettings:
     floor_window: int = 32  # verified positions the floor looks at
     floor_min: int = 8  # positions needed before the floor judges
     window: int = 16  # about this many recent drafts (used or shadow-scored) drive the estimates
-    margin: float = 0.03  # a draft must beat a plain step's goodput by this fraction
+    margin: float = 0.08  # a draft must beat a plain step's goodput by this fraction
     probe_match: int = 6  # in fallback, a match this long earns a probe
     probe_after: int = 32  # steps without evidence before a blind probe (doubles per failure)
     probe_after_max: int = 512
@@ -222,31 +222,46 @@ class Feature(NamedTuple):
 
 
 _POSITION_ONLY = ("p",)
-_MATCH_PRIORS = ((1, 0.30), (2, 0.45), (3, 0.55), (5, 0.65), (8, 0.75), (15, 0.82))
+# first-token acceptance before any evidence, by n-gram match length (cautious versions of
+# what prompt lookup achieved on Spec-Bench outputs of Qwen2.5-Coder-1.5B: 0.40 at 2 tokens,
+# 0.75 at 3, 0.78 at 4-5); a confidence c gets 0.1 + 0.6 c (suffix-tree frequencies of 1.0
+# were right 60% of the time)
+_MATCH_PRIORS = ((1, 0.25), (2, 0.35), (3, 0.5), (5, 0.6), (8, 0.7), (15, 0.75))
+_MATCH_PRIOR_TOP = 0.8
 
 
 def _position_bucket(i: int) -> int:
     return i if i < 4 else 4 if i < 6 else 6 if i < 9 else 9
 
 
+def _match_prior(match_length: int) -> tuple[int, float]:
+    for top, prior in _MATCH_PRIORS:
+        if match_length <= top:
+            return top, prior
+    return 99, _MATCH_PRIOR_TOP
+
+
 def token_features(n: int, confidence: Sequence[float] | None, match_length: int,
-                   base_prior: float = 0.5) -> list[Feature]:
+                   base_prior: float = 0.4) -> list[Feature]:
     """Bucket each of the first ``n`` draft tokens by what the proposer said about it.
 
-    A per-token confidence (draft-model probability, suffix-tree frequency)
-    wins; else the n-gram match length; else position alone.
+    A per-token confidence (draft-model probability, suffix-tree frequency) is
+    binned low / mid / high and, when the proposer also reports a match length,
+    paired with its bucket: a frequency of 1.0 means little after a one-token
+    match seen once. Without confidence the n-gram match length alone decides;
+    without either, position alone.
     """
     if confidence is not None and len(confidence) >= n:
+        top, mprior = _match_prior(match_length) if match_length > 0 else (0, 1.0)
         out = []
         for c in confidence[:n]:
-            b = min(max(int(float(c) * 10), 0), 9)
-            out.append(Feature(("c", b), min(max((b + 0.5) / 10, 0.05), 0.95)))
+            c = min(max(float(c), 0.0), 1.0)
+            b = 0 if c < 0.3 else 1 if c < 0.8 else 2
+            out.append(Feature(("c", b, top), min(0.1 + 0.6 * c, mprior)))
         return out
     if match_length > 0:
-        for top, prior in _MATCH_PRIORS:
-            if match_length <= top:
-                return [Feature(("m", top), prior)] * n
-        return [Feature(("m", 99), 0.88)] * n
+        top, prior = _match_prior(match_length)
+        return [Feature(("m", top), prior)] * n
     return [Feature(_POSITION_ONLY, base_prior)] * n
 
 
@@ -264,41 +279,75 @@ class AcceptanceModel:
     towards the level above, the top towards the feature's prior. Every token is
     also counted in the position-only track, which predicts drafts made after the
     decision (a draft model's, whose confidences are not known yet). Older
-    evidence fades by ``1 - 1/window`` per draft.
+    evidence fades by ``1 - 1/window`` per step.
     """
 
-    def __init__(self, window: float = 16, strength: float = 3.0) -> None:
+    rescale = True
+    rescale_strength = 30.0  # tokens of evidence before the text's own rate moves the priors much
+
+    def __init__(self, window: float = 16, strength: float = 6.0) -> None:
         self.window = window
         self.decay = 1.0 - 1.0 / window
         self.strength = strength
         self._counts: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self.records = 0
+        self.weight = 0.0  # decayed number of drafts behind the counts
+        # accepted vs prior-expected verified tokens: how this text compares with the priors
+        self._seen = [0.0, 0.0]
+
+    def seeded_copy(self, window: float, max_weight: float) -> "AcceptanceModel":
+        """A fresh model (memory ``window``) that starts from this one's evidence, worth
+        at most ``max_weight`` drafts: an informed prior that the new request's own
+        drafts soon outweigh."""
+        m = AcceptanceModel(window, self.strength)
+        f = min(1.0, max_weight / self.weight) if self.weight > 0 else 0.0
+        for key, (a, n) in self._counts.items():
+            if n * f > 1e-6:
+                m._counts[key] = [a * f, n * f]
+        m.weight = self.weight * f
+        m._seen = [self._seen[0] * f, self._seen[1] * f]
+        return m
 
     @staticmethod
     def _levels(i: int, f: Feature, state: bool | None) -> tuple[tuple, tuple, tuple]:
         return (f.key,), (f.key, state), (f.key, state, _position_bucket(i))
 
-    def record(self, features: Sequence[Feature], accepted: int, state: bool | None = None) -> None:
-        verified = min(accepted + 1, len(features))
-        if verified <= 0:
-            return
+    def tick(self) -> None:
+        """One step passed: older evidence fades."""
         for c in self._counts.values():
             c[0] *= self.decay
             c[1] *= self.decay
-        for i in range(verified):
-            keys = list(self._levels(i, features[i], state))
-            if features[i].key != _POSITION_ONLY:
-                keys += self._levels(i, Feature(_POSITION_ONLY, 0.0), state)
-            for key in keys:
-                c = self._counts[key]
-                c[0] += i < accepted
-                c[1] += 1
+        self._seen[0] *= self.decay
+        self._seen[1] *= self.decay
+        self.weight = self.weight * self.decay + 1.0
+
+    def add(self, i: int, f: Feature, ok: bool, state: bool | None = None) -> None:
+        """One verified token: draft position ``i``, accepted or not."""
+        keys = list(self._levels(i, f, state))
+        if f.key != _POSITION_ONLY:
+            keys += self._levels(i, Feature(_POSITION_ONLY, 0.0), state)
+        for key in keys:
+            c = self._counts[key]
+            c[0] += ok
+            c[1] += 1
+        self._seen[0] += ok
+        self._seen[1] += f.prior
+
+    def record(self, features: Sequence[Feature], accepted: int, state: bool | None = None) -> None:
+        """A whole verified draft, as one step."""
+        self.tick()
+        for i in range(min(accepted + 1, len(features))):
+            self.add(i, features[i], i < accepted, state)
         self.records += 1
 
     def predict(self, features: Sequence[Feature], state: bool | None = None) -> list[float]:
+        # scale every prior by how this request's text has compared with them so far, so a
+        # bucket with no evidence yet still reflects that the text copies its input or not
+        a, e = self._seen
+        ratio = (a + self.rescale_strength) / (e + self.rescale_strength) if self.rescale else 1.0
         out = []
         for i, f in enumerate(features):
-            p = f.prior
+            p = min(max(f.prior * ratio, 0.02), 0.95)
             for key in self._levels(i, f, state):
                 a, n = self._counts.get(key, (0.0, 0.0))
                 p = (a + self.strength * p) / (n + self.strength)
@@ -457,6 +506,31 @@ class GoodputGuard:
         return out
 
 
+# --- what an engine remembers between requests ----------------------------------
+class ControlMemory:
+    """Engine-wide acceptance evidence per proposer, used to seed each request's estimates.
+
+    Every draft a request scores is also recorded here (with a long memory);
+    a new request starts from a copy worth ``seed_weight`` drafts instead of
+    the bare priors, so it neither repeats the same costly first mistakes nor
+    ignores its own text for long.
+    """
+
+    def __init__(self, window: float = 256, seed_weight: float = 8.0) -> None:
+        self.window = window
+        self.seed_weight = seed_weight
+        self.models: dict[str, AcceptanceModel] = {}
+
+    def model(self, proposer: str) -> AcceptanceModel:
+        m = self.models.get(proposer)
+        if m is None:
+            m = self.models[proposer] = AcceptanceModel(self.window)
+        return m
+
+    def seed(self, proposer: str, window: float) -> AcceptanceModel:
+        return self.model(proposer).seeded_copy(window, self.seed_weight)
+
+
 # --- the adaptive controller -------------------------------------------------
 @dataclass
 class _Pending:
@@ -468,12 +542,14 @@ class _Pending:
     start: int  # index in the emitted stream of its first token
     used: bool  # this draft (truncated) was verified: the floor already counted it
     state: bool | None  # the proposer's previous first-token outcome when this was drafted
+    done: int = 0  # leading tokens already matched and counted
 
 
 @dataclass
 class _ProposerState:
     costly: bool
     model: AcceptanceModel
+    shared: AcceptanceModel | None  # the engine's memory for this proposer
     floor_window: deque  # verified positions of real drafts: True accepted / False rejected
     shadow_window: deque  # the same for shadow-scored drafts since the last fallback
     token_seconds: float | None = None  # measured seconds per drafted token (costly ones)
@@ -493,12 +569,14 @@ class AdaptiveController:
     costly ones when known (the draft model's calibration step time); it is
     refined from observed draft times. ``guard`` is the engine's
     :class:`GoodputGuard` (None: no guard); ``slice_`` names this request's
-    traffic slice for it.
+    traffic slice for it. ``memory`` is the engine's :class:`ControlMemory`
+    (None: every request starts from the priors).
     """
 
     def __init__(self, proposers: Mapping[str, bool], calibration: Calibration | None = None,
                  settings: ControlSettings | None = None, guard: GoodputGuard | None = None,
-                 slice_: str = "default", token_seconds: Mapping[str, float] | None = None) -> None:
+                 slice_: str = "default", token_seconds: Mapping[str, float] | None = None,
+                 memory: ControlMemory | None = None) -> None:
         self.settings = s = (settings or ControlSettings()).validate()
         self.cal = calibration or Calibration.prior_cpu()
         self.guard = guard if s.guard else None
@@ -507,7 +585,9 @@ class AdaptiveController:
         self._p: dict[str, _ProposerState] = {}
         for name, costly in proposers.items():
             self._p[name] = _ProposerState(
-                costly=bool(costly), model=AcceptanceModel(s.window),
+                costly=bool(costly),
+                model=memory.seed(name, s.window) if memory else AcceptanceModel(s.window),
+                shared=memory.model(name) if memory else None,
                 floor_window=deque(maxlen=s.floor_window), shadow_window=deque(maxlen=s.floor_window),
                 token_seconds=(token_seconds or {}).get(name), probe_interval=s.probe_after)
         self._scale = 1.0  # observed / calibrated pass time (load, context length)
@@ -618,8 +698,9 @@ class AdaptiveController:
             if self._step - st.fallback_step >= st.probe_interval:
                 return "probe", f"{self._step - st.fallback_step} steps since falling back"
             return None, ""
-        if st.costly and cand is None and self._step - st.last_evidence >= st.probe_interval:
-            # a costly proposer the estimates keep benched: look again now and then
+        if self._step - st.last_evidence >= st.probe_interval:
+            # benched with nothing to learn from (a costly proposer, or no shadow scoring):
+            # look again now and then
             return "probe", f"no evidence for {self._step - st.last_evidence} steps"
         return "ok", ""
 
@@ -632,6 +713,10 @@ class AdaptiveController:
         if outcome.verify_seconds > 0:
             ratio = outcome.verify_seconds / self.cal.seconds(n_pass)
             self._scale += 0.1 * (min(max(ratio, 0.2), 5.0) - self._scale)
+        for st in self._p.values():  # evidence fades per step, whoever drafted
+            st.model.tick()
+            if st.shared is not None:
+                st.shared.tick()
         if name in self._p:
             self._observe_draft(name, outcome, view)
         if self.guard is not None:
@@ -658,7 +743,11 @@ class AdaptiveController:
         cand = view.candidates.get(name) if view is not None else None
         if not o.tokens or cand is None:
             # no candidate to score later: count the verification itself
-            st.model.record(token_features(o.drafted, o.confidence, o.match_length), o.accepted, st.hit)
+            feats = token_features(o.drafted, o.confidence, o.match_length)
+            for i in range(verified):
+                for m in (st.model, st.shared):
+                    if m is not None:
+                        m.add(i, feats[i], i < o.accepted, st.hit)
             st.hit = o.accepted > 0
         if st.probing:
             st.probing = False
@@ -694,7 +783,10 @@ class AdaptiveController:
         if view is not None:
             for name, cand in view.candidates.items():
                 st = self._p.get(name)
-                if st is None or len(cand) == 0:
+                if st is None:
+                    continue
+                st.last_evidence = self._step  # consulted and scored: no probe needed
+                if len(cand) == 0:
                     continue
                 n = min(len(cand), self.settings.max_draft)
                 used = o.drafted > 0 and o.proposer == name
@@ -705,14 +797,20 @@ class AdaptiveController:
         self._emitted.extend(o.tokens)
         keep = []
         for pd in self._pending:
+            st = self._p[pd.proposer]
             seen = self._emitted[pd.start:pd.start + len(pd.tokens)]
-            j = 0
+            j = pd.done
             while j < len(seen) and seen[j] == pd.tokens[j]:
                 j += 1
-            if j < len(seen) or j == len(pd.tokens):
-                st = self._p[pd.proposer]
-                st.model.record(pd.features, j, pd.state)
-                st.last_evidence = self._step
+            rejected = j < len(seen)
+            # count what became known this step: matches, then the first mismatch
+            for i in range(pd.done, j + rejected):
+                for m in (st.model, st.shared):
+                    if m is not None:
+                        m.add(i, pd.features[i], i < j, pd.state)
+            pd.done = j
+            st.last_evidence = self._step
+            if rejected or j == len(pd.tokens):
                 if not pd.used:
                     verified = min(j + 1, len(pd.tokens))
                     w = st.shadow_window
@@ -791,11 +889,12 @@ class EngineAdapter:
 
 
 def engine_controller_factory(settings: ControlSettings, calibration: Calibration | None = None,
-                              guard: GoodputGuard | None = None, slice_: str = "default"):
+                              guard: GoodputGuard | None = None, slice_: str = "default",
+                              memory: ControlMemory | None = None):
     """``controller_factory(proposer_name, proposers)`` for :class:`edgespec.engine.Engine`.
 
     One adaptive (or fixed) controller per request over the request's proposer;
-    the guard is shared by every request of the engine.
+    the guard and the memory are shared by every request of the engine.
     """
     settings.validate()
 
@@ -805,7 +904,7 @@ def engine_controller_factory(settings: ControlSettings, calibration: Calibratio
         per_token = getattr(p, "seconds_per_token", 0.0) or None
         ctl = make_controller(replace(settings, proposer=proposer_name), {proposer_name: costly},
                               calibration, guard, slice_,
-                              {proposer_name: per_token} if per_token else None)
+                              {proposer_name: per_token} if per_token else None, memory)
         return EngineAdapter(ctl, proposer_name, costly, settings.max_draft)
 
     return factory
@@ -813,8 +912,8 @@ def engine_controller_factory(settings: ControlSettings, calibration: Calibratio
 
 def make_controller(settings: ControlSettings, proposers: Mapping[str, bool],
                     calibration: Calibration | None = None, guard: GoodputGuard | None = None,
-                    slice_: str = "default",
-                    token_seconds: Mapping[str, float] | None = None) -> Controller:
+                    slice_: str = "default", token_seconds: Mapping[str, float] | None = None,
+                    memory: ControlMemory | None = None) -> Controller:
     """The controller a request gets: fixed (``adaptive=False``) or adaptive over ``proposers``.
 
     In fixed mode ``settings.proposer`` (or the only loaded proposer) drafts
@@ -827,11 +926,12 @@ def make_controller(settings: ControlSettings, proposers: Mapping[str, bool],
     if not settings.adaptive:
         name = settings.proposer or next(iter(proposers))
         return FixedController(name, settings.draft_length)
-    return AdaptiveController(proposers, calibration, settings, guard, slice_, token_seconds)
+    return AdaptiveController(proposers, calibration, settings, guard, slice_, token_seconds, memory)
 
 
 __all__ = [
-    "AcceptanceModel", "AdaptiveController", "ControlRecord", "ControlSettings", "Controller",
+    "AcceptanceModel", "AdaptiveController", "ControlMemory", "ControlRecord", "ControlSettings",
+    "Controller",
     "Decision", "EngineAdapter", "engine_controller_factory", "Feature", "FixedController", "GoodputGuard", "GuardEstimate", "Outcome", "PLAIN",
     "StepView", "expected_tokens", "make_controller", "token_features",
 ]

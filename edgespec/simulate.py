@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .calibration import Calibration
-from .control import (AdaptiveController, ControlRecord, ControlSettings, Controller, Decision,
+from .control import (AdaptiveController, ControlMemory, ControlRecord, ControlSettings, Controller, Decision,
                       FixedController, GoodputGuard, Outcome, StepView)
 from .proposers.base import EMPTY_DRAFT, Draft
 
@@ -212,19 +212,22 @@ def standard_configs(cal: Calibration, proposers: Mapping[str, bool] | Sequence[
                      ks: Sequence[int] = (1, 2, 3, 4, 6, 8),
                      settings: ControlSettings | None = None,
                      token_seconds: Mapping[str, float] | None = None,
-                     guard: bool = True) -> dict[str, Callable[[], Controller]]:
+                     guard: bool = True, memory: bool = True) -> dict[str, Callable[[], Controller]]:
     """Controller factories: fixed k for the first proposer, and adaptive over all of them.
 
-    The adaptive one shares one :class:`GoodputGuard` across traces, as an engine would.
+    The adaptive one shares one :class:`GoodputGuard` and one :class:`ControlMemory`
+    across traces, as an engine would (so trace order matters a little).
     """
     if not isinstance(proposers, Mapping):
         proposers = {p: False for p in proposers}
     first = next(iter(proposers))
     s = settings or ControlSettings()
     g = GoodputGuard(s, plain_seconds_prior=cal.step_seconds) if guard else None
+    mem = ControlMemory() if memory else None
     configs: dict[str, Callable[[], Controller]] = {
         f"fixed k={k}": (lambda k=k: FixedController(first, k)) for k in ks}
-    configs["adaptive"] = lambda: AdaptiveController(proposers, cal, s, g, token_seconds=token_seconds)
+    configs["adaptive"] = lambda: AdaptiveController(proposers, cal, s, g, token_seconds=token_seconds,
+                                                     memory=mem)
     return configs
 
 
@@ -304,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("traces", help="JSONL of {name, category, prompt, output} token traces")
     ap.add_argument("--calibration", help="a calibration JSON (default: the 2-core CPU prior)")
     ap.add_argument("--linear", type=float, help="use cost(n) = 1 + X (n - 1) instead")
-    ap.add_argument("--proposers", default="ngram",
+    ap.add_argument("--proposers", default="suffix",
                     help="comma-separated: lookup (pure Python), ngram, suffix (native)")
     args = ap.parse_args(argv)
     traces = load_traces(args.traces)
@@ -315,7 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         cal = Calibration.prior_cpu()
     names = [n for n in args.proposers.split(",") if n]
-    opts = {"ngram": {"max_draft": 15}, "suffix": {"max_draft": 15, "use_global": False}}
+    # the controller cuts drafts itself, so let suffix drafts run past the match length
+    opts = {"ngram": {"max_draft": 15}, "suffix": {"max_draft": 15, "use_global": False, "factor": 3.0}}
     table = compare(traces, cal, native_proposers(names, opts), standard_configs(cal, names))
     print(format_table(table, traces))
     return 0
