@@ -7,6 +7,7 @@ a fast stream cannot starve input handling.
 """
 from __future__ import annotations
 
+import functools
 import traceback
 from pathlib import Path
 from typing import Callable
@@ -60,6 +61,17 @@ class StreamFailed(Message):
 
 class StreamEnded(Message):
     pass
+
+
+def _while_mounted(handler):
+    """Drop UI work that arrives after the widgets are gone (events queued before quitting)."""
+    @functools.wraps(handler)
+    def wrapper(self, *args):
+        try:
+            return handler(self, *args)
+        except NoMatches:  # every widget exists while mounted; this is teardown
+            return None
+    return wrapper
 
 
 def parse_stop(text: str) -> tuple[str, ...]:
@@ -126,6 +138,8 @@ class EdgespecApp(App[None]):
     @property
     def _main(self):
         # Widgets live on the first screen; self.screen is the help screen while it is open.
+        if not self.screen_stack:
+            raise NoMatches("no screen: the app is shutting down")
         return self.screen_stack[0]
 
     # --- layout --------------------------------------------------------------------
@@ -330,6 +344,7 @@ class EdgespecApp(App[None]):
             self.post_message(StreamEnded())
 
     @on(StreamEvent)
+    @_while_mounted
     def _on_stream_event(self, message: StreamEvent) -> None:
         ev = message.event
         self.metrics.observe(ev)
@@ -346,6 +361,7 @@ class EdgespecApp(App[None]):
             self._record(ev)
 
     @on(StreamFailed)
+    @_while_mounted
     def _on_stream_failed(self, message: StreamFailed) -> None:
         e = message.error
         if isinstance(e, Cancelled):  # an engine may raise instead of finishing "cancelled"
@@ -361,6 +377,7 @@ class EdgespecApp(App[None]):
         self._phase = "error"
 
     @on(StreamEnded)
+    @_while_mounted
     def _on_stream_ended(self) -> None:
         if self._phase not in ("error", "done", "cancelled"):
             self._phase = "ended"
@@ -390,11 +407,9 @@ class EdgespecApp(App[None]):
         self._main.query_one("#cancel", Button).disabled = not running
 
     # --- drawing -------------------------------------------------------------------------
+    @_while_mounted
     def _refresh_tick(self) -> None:
-        try:
-            self._draw()
-        except NoMatches:  # the app is shutting down and its widgets are gone
-            pass
+        self._draw()
 
     def _draw(self) -> None:
         self._main.query_one(AnswerView).flush()

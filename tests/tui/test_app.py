@@ -211,3 +211,16 @@ async def test_panels_show_the_request_numbers(fixed_memory):
         hist = str(app.query_one("#hist").render())
         assert " 1 " in hist and " 3 " in hist
         assert app.query_one("#spark").data == [2 / 3]
+
+
+@sync
+async def test_quitting_mid_stream_cancels_and_late_events_are_dropped(fixed_memory):
+    steps = [[(f" w{i}", D), (f" t{i}", T)] for i in range(100)]
+    source = ScriptedSource(script(*steps), delay=0.01)
+    app = create_app(source, memory_probe=fixed_memory, initial_prompt="q")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: app.metrics.stats.generated_tokens >= 2)
+        await pilot.press("ctrl+q")
+    # run_test re-raises anything a handler raised while shutting down
+    assert source._cancel.is_set()

@@ -40,20 +40,22 @@ async def run_request(pilot, app, timeout: float = 10.0) -> None:
     before = app.requests_started
     await pilot.press("ctrl+r")
     await wait_for(pilot, lambda: app.requests_started > before and not app.running, timeout)
+    await pilot.pause()
 
 
 async def wait_done(pilot, app, timeout: float = 10.0) -> None:
     """Until the running request has ended and the screen shows it."""
     await wait_for(pilot, lambda: not app.running, timeout)
+    await pilot.pause()
 
 
 async def wait_for(pilot, predicate, timeout: float = 10.0) -> None:
+    """Poll without pilot.pause(), which would wait for a running stream to go quiet."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not reached in {timeout} s")
         await asyncio.sleep(0.01)
-    await pilot.pause()
 
 
 def sync(test):

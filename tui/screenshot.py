@@ -1,0 +1,66 @@
+"""Run one request headless and save the screen as SVG: the README screenshot.
+
+    python -m tui.screenshot docs/tui.svg --target qwen-1.5b --proposer ngram --prompt "..."
+    python -m tui.screenshot docs/tui.svg --demo          # the scripted request, no model
+
+The SVG is what Textual exports; convert it to PNG with e.g. rsvg-convert.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+from .app import create_app
+from .demo import DEMO_PROMPT, demo_events
+from .source import EngineSource, ScriptedSource, Settings
+
+FIX_PROMPT = ("Here is a Python function with a bug. Fix the bug and return the whole corrected "
+              "function.\n\ndef mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n"
+              "    return total / (len(xs) - 1)\n")
+
+
+async def capture(app, out: Path, size: tuple[int, int], timeout: float) -> None:
+    async with app.run_test(size=size) as pilot:
+        app.query_one("#prompt").cursor_blink = False
+        await pilot.press("ctrl+r")
+        deadline = time.monotonic() + timeout
+        while app.running or not app.requests_started:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no answer within {timeout} s")
+            await asyncio.sleep(0.1)
+        await pilot.pause(0.3)
+        if app.errors:
+            raise SystemExit(f"the request failed: {app.errors[-1]}")
+        out.write_text(app.export_screenshot(title="edgespec tui"), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m tui.screenshot", description=__doc__.split("\n")[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--target", default="qwen-1.5b")
+    ap.add_argument("--proposer", default="ngram")
+    ap.add_argument("--draft")
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--prompt", default=FIX_PROMPT)
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--size", default="120x36", help="COLSxROWS")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--demo", action="store_true")
+    a = ap.parse_args(argv)
+    cols, rows = (int(x) for x in a.size.lower().split("x"))
+    if a.demo:
+        source, prompt = ScriptedSource(demo_events), DEMO_PROMPT
+        settings = None
+    else:
+        source, prompt = EngineSource(n_ctx=2048, threads=a.threads), a.prompt
+        settings = Settings(target=a.target, proposer=a.proposer, draft=a.draft,
+                            max_tokens=a.max_tokens)
+    app = create_app(source, initial_prompt=prompt, settings=settings)
+    asyncio.run(capture(app, a.out, (cols, rows), a.timeout))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
