@@ -78,7 +78,7 @@ class ControlSettings:
     max_draft: int = 15  # adaptive: never draft more (15 drafts = a 16-token verify pass)
     floor: float | None = None  # min verified acceptance; None = min(0.6, break-even + 0.1)
     floor_window: int = 32  # verified positions the floor looks at
-    floor_min: int = 8  # positions needed before the floor judges
+    floor_min: int = 16  # positions needed before the floor judges
     window: int = 16  # about this many recent drafts (used or shadow-scored) drive the estimates
     margin: float = 0.08  # a draft must beat a plain step's goodput by this fraction
     probe_match: int = 6  # in fallback, a match this long earns a probe
@@ -89,7 +89,7 @@ class ControlSettings:
     guard_threshold: float = 1.0  # disable when the lower bound of speedup falls below this
     guard_z: float = 1.645  # one-sided 95%
     guard_window: int = 128  # speculative steps per slice the guard remembers
-    guard_min_steps: int = 24  # speculative steps before the guard judges
+    guard_min_steps: int = 64  # speculative steps before the guard judges (per-step goodput is noisy)
     guard_probe_every: int = 8  # while disabled, admit one speculative step per this many asks
 
     def validate(self) -> "ControlSettings":
@@ -381,6 +381,7 @@ class _SliceState:
         self.enabled = True
         self.asks = 0
         self.gap = 0  # while disabled: asks between probes (grows while probes keep failing)
+        self.fresh = 0  # speculative steps since the last judgement
 
 
 class GoodputGuard:
@@ -389,12 +390,12 @@ class GoodputGuard:
     Plain-step times are shared by a slice; speculative steps are kept per
     proposer. The speedup estimate is (tokens / seconds over speculative steps)
     × (mean plain-step seconds), with a delta-method confidence interval. When
-    its lower bound falls below ``guard_threshold`` (after ``guard_min_steps``
-    speculative steps) the proposer is disabled for that slice; its window is
-    cleared, one speculative step in ``guard_probe_every`` is admitted as a
-    probe, and it is re-enabled once the probes alone lift the lower bound back
-    over the threshold (each batch of probes that fails doubles the spacing, up
-    to 16 times). Until enough plain steps exist, the calibration's step
+    its lower bound falls below ``guard_threshold`` (judged after
+    ``guard_min_steps`` speculative steps, then every quarter of that) the
+    proposer is disabled for that slice; its window is cleared, one speculative
+    step in ``guard_probe_every`` is admitted as a probe, and it is re-enabled
+    once a batch of probes (a quarter window) alone lifts the lower bound back
+    over the threshold (each batch that fails doubles the spacing, up to 16 times). Until enough plain steps exist, the calibration's step
     time stands in for them.
     """
 
@@ -437,10 +438,15 @@ class GoodputGuard:
             return None
         st = self._state(slice_, proposer)
         st.spec.append((tokens, seconds))
+        st.fresh += 1
         s = self.settings
-        need = s.guard_min_steps if st.enabled else max(s.guard_min_steps // 3, 4)
-        if len(st.spec) < need:
+        # judge a full window, then again every quarter window of new steps (testing after
+        # every step would turn a 5% false-alarm rate into a certainty on long runs);
+        # while disabled, judge each batch of probes once
+        need = s.guard_min_steps if st.enabled else max(s.guard_min_steps // 4, 8)
+        if len(st.spec) < need or st.fresh < (max(need // 4, 1) if st.enabled else need):
             return None
+        st.fresh = 0
         est = self.estimate(slice_, proposer)
         if est is None:
             return None

@@ -212,11 +212,11 @@ def standard_configs(cal: Calibration, proposers: Mapping[str, bool] | Sequence[
                      ks: Sequence[int] = (1, 2, 3, 4, 6, 8),
                      settings: ControlSettings | None = None,
                      token_seconds: Mapping[str, float] | None = None,
-                     guard: bool = True, memory: bool = True) -> dict[str, Callable[[], Controller]]:
+                     guard: bool = True, memory: bool = False) -> dict[str, Callable[[], Controller]]:
     """Controller factories: fixed k for the first proposer, and adaptive over all of them.
 
-    The adaptive one shares one :class:`GoodputGuard` and one :class:`ControlMemory`
-    across traces, as an engine would (so trace order matters a little).
+    The adaptive one shares one :class:`GoodputGuard` (and, with ``memory``, one
+    :class:`ControlMemory`) across traces, as an engine would, so trace order matters.
     """
     if not isinstance(proposers, Mapping):
         proposers = {p: False for p in proposers}
