@@ -55,5 +55,23 @@ test-slow: install
 
 native: install
 
+native-test: install
+	$(PY) -m pytest -q tests/native
+
+# The native tests again under AddressSanitizer + UndefinedBehaviorSanitizer (~1 min).
+native-sanitize: install
+	PYTHON=$(abspath $(PY)) native/run_sanitized.sh
+
+# A short coverage-guided libFuzzer run over the C API (long runs: native/README.md).
+FUZZ_SECONDS ?= 60
+fuzz-smoke:
+	@command -v clang >/dev/null || { echo "installing clang for libFuzzer"; \
+	  (apt-get update -qq && apt-get install -y -qq clang) >/dev/null; }
+	mkdir -p native/build/fuzz-corpus
+	clang -g -O1 -std=c11 -ffp-contract=off -fsanitize=fuzzer,address,undefined \
+	  -fno-sanitize-recover=all -Inative native/fuzz/fuzz_native.c native/es_util.c \
+	  native/es_ngram.c native/es_stree.c -lm -o native/build/fuzz_native
+	native/build/fuzz_native -max_total_time=$(FUZZ_SECONDS) -max_len=4096 native/build/fuzz-corpus
+
 clean:
 	rm -rf build native/build edgespec/*.so $(VENV)
