@@ -53,6 +53,7 @@ def read_prompt(prompt: str | None) -> str:
 @click.option("--system", default=None, help="System message (with --chat).")
 @click.option("--ctx", "n_ctx", type=click.IntRange(64), default=None, help="Context size in tokens.")
 @click.option("--threads", type=click.IntRange(1), default=None)
+@click.option("--budget", default=None, help="Memory budget for --proposer auto, e.g. 4GiB.")
 @click.option("--logprobs", type=click.IntRange(0, 20), default=None,
               help="Report each token's log-probability and N alternatives (with --json).")
 @click.option("--stats", "show_stats", is_flag=True, help="Print a stats summary to stderr.")
@@ -60,7 +61,7 @@ def read_prompt(prompt: str | None) -> str:
 @handle_errors
 def generate(prompt, target, draft, proposer, draft_len, adaptive, max_tokens, temperature, top_k,
              top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty, seed, stop, chat,
-             system, n_ctx, threads, logprobs, show_stats, as_json):
+             system, n_ctx, threads, budget, logprobs, show_stats, as_json):
     """Generate a completion for PROMPT (or stdin)."""
     from .engine import Engine
     from .events import Control, Finished, Step
@@ -73,10 +74,12 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, max_tokens, t
                                 frequency_penalty=frequency_penalty, seed=seed),
     ).validate()
     engine = Engine.load(target, draft=draft, proposer=proposer, n_ctx=n_ctx, threads=threads,
-                         draft_len=draft_len, adaptive=adaptive)
+                         draft_len=draft_len, adaptive=adaptive, budget=budget)
     try:
         if engine.plan is not None and show_stats and not as_json:
+            from .planner import check_memory
             click.echo(f"[plan] {_plan_line(engine.plan)}", err=True)
+            click.echo(f"[plan] {check_memory(engine.plan, 'load').report()}", err=True)
         fin = None
         controls = []
         for ev in engine.stream(text, params):

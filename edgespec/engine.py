@@ -107,7 +107,8 @@ class Engine:
              n_ctx: int | None = None, threads: int | None = None, draft_len: int | None = None,
              proposer_options: dict | None = None, n_gpu_layers: int = 0,
              draft_gpu_layers: int = 0, adaptive: bool = True, control_settings=None,
-             sinks: Sequence[StatsSink] = (), pull: bool = True) -> "Engine":
+             sinks: Sequence[StatsSink] = (), pull: bool = True,
+             budget: str | int | None = None) -> "Engine":
         """Load a target (registry name or .gguf path) and the proposers a request may use.
 
         The free proposers (ngram, suffix) are always loaded; a draft model only
@@ -118,13 +119,15 @@ class Engine:
         options = dict(proposer_options or {})
         plan = None
         kv_type = None
+        n_batch = 512
         if proposer == "auto":
             from . import planner
-            plan = planner.plan_for(target, draft, ctx=n_ctx, n_threads=threads)
+            plan = planner.plan_for(target, draft, ctx=n_ctx, n_threads=threads, budget=budget)
             proposer = plan.proposer
             draft = plan.draft if proposer == "draft" else None
             n_gpu_layers, draft_gpu_layers = plan.n_gpu_layers, plan.draft_gpu_layers
             kv_type = plan.kv_ggml_type
+            n_batch = plan.n_batch
         if proposer == "draft" and draft is None:
             raise InvalidInputError("--proposer draft needs --draft NAME|PATH (a model that shares "
                                     "the target's vocabulary, see `edgespec models list`)")
@@ -140,7 +143,8 @@ class Engine:
         if n_ctx > tmodel.n_ctx_train:
             raise InvalidInputError(f"--ctx {n_ctx} exceeds what {target_path.name} was trained for "
                                     f"({tmodel.n_ctx_train})")
-        ctx = tmodel.new_context(n_ctx=n_ctx, n_threads=threads, type_k=kv_type, type_v=kv_type)
+        ctx = tmodel.new_context(n_ctx=n_ctx, n_batch=n_batch, n_threads=threads, type_k=kv_type,
+                                 type_v=kv_type)
         proposers: dict[str, Proposer] = {}
         for name in _free_names():
             try:
