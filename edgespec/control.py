@@ -313,10 +313,15 @@ class AcceptanceModel:
         return (f.key,), (f.key, state), (f.key, state, _position_bucket(i))
 
     def tick(self) -> None:
-        """One step passed: older evidence fades."""
-        for c in self._counts.values():
+        """One step passed: older evidence fades (and what has faded to nothing is dropped)."""
+        dead = []
+        for key, c in self._counts.items():
             c[0] *= self.decay
             c[1] *= self.decay
+            if c[1] < 1e-3:
+                dead.append(key)
+        for key in dead:
+            del self._counts[key]
         self._seen[0] *= self.decay
         self._seen[1] *= self.decay
         self.weight = self.weight * self.decay + 1.0
