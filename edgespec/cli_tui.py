@@ -8,14 +8,15 @@ from .cli_common import handle_errors
 
 @click.command("tui")
 @click.option("--target", "-m", metavar="NAME|PATH", help="Target model: registry name or .gguf path.")
-@click.option("--proposer", "-p", metavar="NAME", help="none, ngram, suffix or draft.")
+@click.option("--proposer", "-p", metavar="NAME", help="auto, none, ngram, suffix or draft.")
 @click.option("--draft", metavar="NAME|PATH", help="Draft model for --proposer draft.")
+@click.option("--draft-len", type=int, help="Fixed draft length (default: adaptive).")
 @click.option("--n-ctx", default=4096, show_default=True, help="Context window.")
 @click.option("--threads", type=int, help="CPU threads (default: physical cores).")
 @click.option("--prompt", default="", help="Text to put in the prompt box.")
 @click.option("--demo", is_flag=True, help="Replay a scripted request: no model needed.")
 @handle_errors
-def tui_command(target, proposer, draft, n_ctx, threads, prompt, demo):
+def tui_command(target, proposer, draft, draft_len, n_ctx, threads, prompt, demo):
     """Interactive speculation: stream answers with accepted draft tokens coloured.
 
     Keys: ctrl+r run, Esc cancel, F1 help, F2 settings, F3 colours, ctrl+q quit.
@@ -33,9 +34,10 @@ def tui_command(target, proposer, draft, n_ctx, threads, prompt, demo):
     else:
         source = EngineSource(n_ctx=n_ctx, threads=threads)
     settings = None
-    if target or proposer or draft:
+    if target or proposer or draft or draft_len:
         choices = source.models()
         settings = Settings(target=target or choices.default_target or "",
                             proposer=proposer or ("draft" if draft else "ngram"),
-                            draft=draft or (choices.default_draft if proposer == "draft" else None))
+                            draft=draft or (choices.default_draft if proposer == "draft" else None),
+                            draft_len=draft_len)
     create_app(source, initial_prompt=prompt, settings=settings).run()

@@ -20,7 +20,7 @@ from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Sparkline, Static
+from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Static
 
 from edgespec.errors import Cancelled, EdgespecError, InvalidInputError
 from edgespec.events import Control, Event, Finished, PrefillDone, RequestStarted, Step
@@ -28,7 +28,7 @@ from edgespec.events import Control, Event, Finished, PrefillDone, RequestStarte
 from .help import HelpScreen
 from .metrics import LiveMetrics
 from .render import (HISTORY_COLUMNS, Palette, histogram_text, history_row, live_text,
-                     positions_text, summary_line)
+                     positions_text, spark_text, summary_line)
 from .source import Choices, EventSource, Settings
 from .widgets import DRAFT, TARGET, AnswerView, History, PromptArea
 
@@ -169,6 +169,9 @@ class EdgespecApp(App[None]):
                 yield Label("proposer")
                 yield Select(proposers, id="proposer", compact=True, allow_blank=not proposers,
                              **({"value": proposer_value} if proposer_value else {}))
+                yield Label("draft length")
+                yield Input("" if not s or s.draft_len is None else str(s.draft_len),
+                            id="draft-len", type="integer", placeholder="adaptive", compact=True)
                 yield Label("max tokens")
                 yield Input(str(s.max_tokens if s else 256), id="max-tokens", type="integer",
                             compact=True)
@@ -193,7 +196,7 @@ class EdgespecApp(App[None]):
                                  disabled=True)
             with VerticalScroll(id="side"):
                 yield Label("acceptance per verify pass", classes="section")
-                yield Sparkline([], id="spark")
+                yield Static(id="spark")
                 yield Static(id="live")
                 yield Static(id="hist")
                 yield Static(id="positions")
@@ -237,7 +240,8 @@ class EdgespecApp(App[None]):
         answer.clear()
         box = self._main.query_one("#answer-box")
         box.border_subtitle = ""
-        box.anchor()  # follow the stream until the user scrolls up
+        box.anchor(False)
+        box.scroll_home(animate=False)
         needs_load = getattr(self.source, "needs_load", None)
         self._phase = f"loading {settings.target}…" if needs_load and needs_load(settings) else "prefill…"
         self.requests_started += 1
@@ -328,6 +332,8 @@ class EdgespecApp(App[None]):
                                 "temperature", 0.0),
             seed=_number(self._main.query_one("#seed", Input).value, int, "seed", None),
             stop=parse_stop(self._main.query_one("#stop", Input).value),
+            draft_len=_number(self._main.query_one("#draft-len", Input).value, int,
+                              "draft length", None),
         )
 
     # --- the worker --------------------------------------------------------------------
@@ -413,6 +419,11 @@ class EdgespecApp(App[None]):
 
     def _draw(self) -> None:
         self._main.query_one(AnswerView).flush()
+        box = self._main.query_one("#answer-box")
+        if not box._anchored and box.max_scroll_y > 0:
+            # Anchored only once the answer overflows (an anchored box bottom-aligns short
+            # text); from then on it follows the stream until the user scrolls up.
+            box.anchor()
         if self._panels_dirty:
             self._refresh_panels()
 
@@ -436,7 +447,8 @@ class EdgespecApp(App[None]):
         m, p = self.metrics, self.palette()
         live = self._main.query_one("#live", Static)
         width = live.content_region.width or 28
-        self._main.query_one("#spark", Sparkline).data = list(m.pass_acceptance) or [0.0]
+        self._main.query_one("#spark", Static).update(
+            spark_text(m.pass_acceptance, width=width, p=p))
         live.update(live_text(m, rss=self.rss, width=width, p=p))
         self._main.query_one("#hist", Static).update(
             histogram_text(m.stats.accepted_length_hist, width=width, p=p))

@@ -55,6 +55,36 @@ def mib(n_bytes: int | None) -> str:
     return "-" if n_bytes is None else f"{n_bytes / 2**20:,.0f} MiB"
 
 
+_LEVELS = " ▁▂▃▄▅▆▇█"
+
+
+def spark_text(values: Sequence[float], *, width: int, height: int = 2,
+               p: Palette = Palette()) -> Text:
+    """One column per verify pass (newest on the right) on an absolute 0..1 scale.
+
+    A pass that accepted nothing still gets a low mark, in the target's colour,
+    so it reads differently from "no pass".
+    """
+    t = Text(no_wrap=True, overflow="crop")
+    if not values:
+        t.append("no verify pass yet", p.dim)
+        t.append("\n" * (height - 1))
+        return t
+    shown = list(values)[-width:]
+    steps = 8 * height
+    rows = []
+    for row in reversed(range(height)):
+        line = Text(no_wrap=True)
+        for v in shown:
+            level = round(max(0.0, min(v, 1.0)) * steps)
+            if level == 0:
+                line.append("▁" if row == 0 else " ", p.target)
+            else:
+                line.append(_LEVELS[max(0, min(level - 8 * row, 8))], p.draft)
+        rows.append(line)
+    return Text("\n", no_wrap=True).join(rows)
+
+
 def live_text(m: LiveMetrics, *, rss: int | None, width: int, p: Palette = Palette()) -> Text:
     """The numbers block: acceptance, draft length, rates, share, time split, memory."""
     s = m.stats

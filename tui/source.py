@@ -35,9 +35,13 @@ class Settings:
     temperature: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    draft_len: int | None = None  # None: the adaptive controller decides; N: always N
 
     def params(self) -> GenerationParams:
         """The engine request, validated here so bad input fails before any model loads."""
+        if self.draft_len is not None and self.draft_len < 1:
+            raise InvalidInputError(f"draft length must be >= 1, or blank for adaptive "
+                                    f"(got {self.draft_len})")
         return GenerationParams(
             max_tokens=self.max_tokens,
             stop=self.stop,
@@ -173,8 +177,9 @@ class EngineSource:
 
     One engine is kept loaded. The engine always carries the free proposers, so
     switching among none / ngram / suffix reuses it; another target, another
-    draft model or "auto" (a load-time plan) loads a new one, after closing the
-    old one so two models never sit in memory together.
+    draft model, "auto" (a load-time plan) or another draft length (the
+    controller is built at load) loads a new one, after closing the old one so
+    two models never sit in memory together.
     """
 
     n_ctx: int = 4096
@@ -230,7 +235,7 @@ class EngineSource:
     def _load_key(settings: Settings) -> tuple:
         p = settings.proposer
         return (settings.target, settings.draft if p == DRAFT_PROPOSER else None,
-                p if p in (AUTO_PROPOSER, DRAFT_PROPOSER) else None)
+                p if p in (AUTO_PROPOSER, DRAFT_PROPOSER) else None, settings.draft_len)
 
     def _serves(self, settings: Settings) -> bool:
         if self._engine is None or self._key is None:
@@ -238,7 +243,7 @@ class EngineSource:
         if settings.proposer in (AUTO_PROPOSER, DRAFT_PROPOSER):
             return self._key == self._load_key(settings)
         loaded = getattr(self._engine, "proposers", {})
-        return self._key[0] == settings.target and (
+        return self._key[0] == settings.target and self._key[3] == settings.draft_len and (
             settings.proposer == NO_PROPOSER or settings.proposer in loaded)
 
     def _ensure(self, settings: Settings):
@@ -250,8 +255,10 @@ class EngineSource:
             from edgespec.engine import Engine  # deferred: importing it loads llama.cpp
             load = Engine.load
         key = self._load_key(settings)
+        fixed = {} if settings.draft_len is None else {"draft_len": settings.draft_len,
+                                                         "adaptive": False}
         self._engine = load(target=settings.target, draft=key[1], proposer=settings.proposer,
-                            n_ctx=self.n_ctx, threads=self.threads)
+                            n_ctx=self.n_ctx, threads=self.threads, **fixed)
         self._key = key
         return self._engine
 

@@ -210,7 +210,9 @@ async def test_panels_show_the_request_numbers(fixed_memory):
         assert "256 MiB RSS" in live
         hist = str(app.query_one("#hist").render())
         assert " 1 " in hist and " 3 " in hist
-        assert app.query_one("#spark").data == [2 / 3]
+        assert list(app.metrics.pass_acceptance) == [2 / 3]
+        spark = str(app.query_one("#spark").render()).split("\n")
+        assert spark[0].strip() == "▃" and spark[1].strip() == "█"  # 2/3 of two rows
 
 
 @sync
@@ -224,3 +226,13 @@ async def test_quitting_mid_stream_cancels_and_late_events_are_dropped(fixed_mem
         await pilot.press("ctrl+q")
     # run_test re-raises anything a handler raised while shutting down
     assert source._cancel.is_set()
+
+
+@sync
+async def test_a_long_answer_scrolls_to_its_end(fixed_memory):
+    lines = script(*[[(f"line {i}\n", T)] for i in range(60)])
+    app = create_app(ScriptedSource(lines), memory_probe=fixed_memory, initial_prompt="q")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await run_request(pilot, app)
+        box = app.query_one("#answer-box")
+        await wait_for(pilot, lambda: box.max_scroll_y > 0 and box.scroll_y == box.max_scroll_y)

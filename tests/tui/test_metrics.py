@@ -8,7 +8,7 @@ import pytest
 from edgespec.events import Control, PrefillDone, RequestStarted, Step
 from tui.app import parse_stop
 from tui.metrics import VERIFY_SLOPE, LiveMetrics, fold_stats
-from tui.render import bar, histogram_text, live_text, positions_text, split_cells
+from tui.render import bar, histogram_text, live_text, positions_text, spark_text, split_cells
 from tui.widgets import History, step_pieces
 from tui_helpers import script
 
@@ -97,6 +97,14 @@ def test_renderings_fit_their_width_and_show_the_numbers():
     pos = positions_text(m.stats.position_acceptance, m.stats.position_drafted, width=width)
     rows = pos.plain.split("\n")[1:]
     assert [r[-4:] for r in rows] == ["100%", " 50%", "  0%"]  # drafted 2, 2, 1 times
+
+
+def test_sparkline_is_absolute_and_marks_rejected_passes():
+    t = spark_text([1.0, 0.5, 0.0, 0.25], width=10)
+    top, bottom = t.plain.split("\n")
+    assert top == "█   " and bottom == "██▁▄"
+    assert spark_text([0.5] * 50, width=10).plain.split("\n")[1] == "█" * 10
+    assert "no verify pass" in spark_text([], width=10).plain
 
 
 def test_parse_stop_strings():
