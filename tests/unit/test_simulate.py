@@ -60,3 +60,25 @@ def test_compare_reports_adaptive_no_slower_than_plain_on_novel_text():
     assert table["adaptive"]["novel"] == pytest.approx(1.0)
     text = format_table(table, [novel])
     assert "| adaptive |" in text and "writing" in text
+
+
+def test_adaptive_control_on_recorded_generations():
+    """Regression guard for the controller's tuning, on real outputs.
+
+    The traces are Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) greedy answers, 96 tokens at most, to
+    the first Spec-Bench question of each category and HumanEvalFix Python/0, recorded with
+    :func:`edgespec.simulate.record_traces`; the cost curve is this 2-core CPU's. Replaying is
+    deterministic, so these bounds are exact properties of the current controller.
+    """
+    from pathlib import Path
+
+    traces = load_traces(Path(__file__).parent / "data" / "spec_bench_traces_qwen15b.jsonl")
+    cal = Calibration.prior_cpu()
+    table = compare(traces, cal, {"lookup": prompt_lookup()}, standard_configs(cal, ["lookup"]))
+    adaptive = table["adaptive"]
+    by_cat = {t.category: adaptive[t.name] for t in traces}
+    assert min(by_cat.values()) >= 0.96, by_cat  # never clearly slower than plain
+    assert by_cat["summarization"] >= 1.15
+    from edgespec.simulate import geomean
+    best_fixed = max(geomean(row.values()) for name, row in table.items() if name != "adaptive")
+    assert geomean(adaptive.values()) >= best_fixed + 0.05
