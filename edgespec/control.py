@@ -27,10 +27,14 @@ accepted more than half the time to pay; on a GPU t(k) ≈ t(1) and long drafts
 pay at modest acceptance. The same rule covers both: nothing is tuned per device
 except the measured curve.
 
-Where the p_i come from (:class:`AcceptanceModel`): recency-weighted acceptance counts
-per proposer, grouped by what the proposer says about the token (its confidence
-bucket, else its n-gram match-length bucket) and by draft position, shrunk
-towards priors when data is thin. Drafts of free proposers (n-gram, suffix) are
+Where the p_i come from (:class:`AcceptanceModel`): recency-weighted acceptance
+counts per proposer, grouped by what the proposer says about the token (its
+confidence band and match-length bucket), by whether its previous draft got the
+first token right (acceptance comes in bursts) and by draft position, each level
+shrunk towards the one above and the top towards a prior that is itself scaled
+by how this request's text has compared with the priors so far. An engine may
+keep a :class:`ControlMemory` to seed each request from earlier ones (off by
+default: on recorded traces it did not help). Drafts of free proposers (n-gram, suffix) are
 proposed before the decision at no real cost and handed in as candidates; every
 candidate, used or not, is later scored against the tokens the target actually
 emitted (the target's greedy choice is what verification would have compared
