@@ -116,7 +116,11 @@ class Engine:
         """
         from . import registry
 
-        options = dict(proposer_options or {})
+        options = {name: dict(o) for name, o in (proposer_options or {}).items()}
+        if adaptive:
+            # The controller cuts drafts itself; a suffix draft capped at its match length
+            # would leave long copied spans on the table.
+            options.setdefault("suffix", {}).setdefault("factor", 3.0)
         plan = None
         kv_type = None
         n_batch = 512
@@ -435,9 +439,18 @@ def _controller_factory(adaptive: bool, draft_len: int, settings, model, threads
     settings = settings.validate()
     if not settings.adaptive:
         return engine_controller_factory(settings)
+    from .calibration import PRIOR_CPU_STEP_SECONDS, Calibration
+    from .planner import calibration_trust
+
     cal = calibration.load_or_measure(model.path, n_threads=threads, model=model,
                                       n_gpu_layers=model.n_gpu_layers)
-    return engine_controller_factory(settings, cal, GoodputGuard(settings))
+    # A curve timed on an oversubscribed machine would steer every request wrongly; the
+    # documented CPU curve (scaled by model size: decode is bandwidth-bound) is safer.
+    expected = PRIOR_CPU_STEP_SECONDS * model.size_bytes / 1_111_370_240
+    if not calibration_trust(cal, expected)[0]:
+        cal = Calibration.prior_cpu(step_seconds=expected)
+    return engine_controller_factory(settings, cal,
+                                     GoodputGuard(settings, plain_seconds_prior=cal.step_seconds))
 
 
 def _default_draft_len(plan, proposer: str) -> int:
