@@ -26,26 +26,38 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 
 class _Progress:
-    """A click progress bar with ETA on stderr, created once the request count is known."""
+    """Progress with ETA on stderr: a click bar on a terminal, one line per request in a log."""
 
     def __init__(self, total: int, label: str) -> None:
-        self.bar = click.progressbar(length=total, label=label, file=sys.stderr, show_eta=True,
-                                     show_pos=True, item_show_func=self._item)
-        self.bar.__enter__()
+        self.total = total
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.monotonic()
+        self.bar = None
+        if self.tty:
+            self.bar = click.progressbar(length=total, label=label, file=sys.stderr, show_eta=True,
+                                         show_pos=True, item_show_func=self._item)
+            self.bar.__enter__()
 
     @staticmethod
     def _item(rec) -> str | None:
         if rec is None:
-            return None
+            return "warm-up"
         if "error" in rec:
             return f"{rec['config']} {rec['prompt_id']}: error"
         return f"{rec['config']} {rec['category']} {rec['decode_tokens_per_second']:.1f} tok/s"
 
-    def __call__(self, done: int, total: int, rec) -> None:  # noqa: ARG002
-        self.bar.update(1, rec)
+    def __call__(self, done: int, total: int, rec) -> None:
+        if self.bar is not None:
+            self.bar.update(1, rec)
+            return
+        elapsed = time.monotonic() - self.t0
+        eta = elapsed / done * (total - done) if done else 0.0
+        click.echo(f"[{done}/{total}] {self._item(rec)}; elapsed {elapsed / 60:.1f} min, "
+                   f"ETA {eta / 60:.1f} min", err=True)
 
     def close(self) -> None:
-        self.bar.__exit__(None, None, None)
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
 
 
 def run_and_write(m, out_dir: Path, label: str):
