@@ -23,13 +23,13 @@ from textual.message import Message
 from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Static
 
 from edgespec.errors import Cancelled, EdgespecError, InvalidInputError
-from edgespec.events import Control, Event, Finished, PrefillDone, RequestStarted, Step
+from edgespec.events import Event, Finished, PrefillDone, RequestStarted, Step
 
 from .help import HelpScreen
 from .metrics import LiveMetrics
 from .render import (HISTORY_COLUMNS, Palette, histogram_text, history_row, live_text,
                      positions_text, spark_text, summary_line)
-from .source import Choices, EventSource, Settings
+from .source import DRAFT_PROPOSER, Choices, EventSource, Settings
 from .widgets import DRAFT, TARGET, AnswerView, History, PromptArea
 
 MemoryProbe = Callable[[], "int | None"]
@@ -150,14 +150,14 @@ class EdgespecApp(App[None]):
         if target and target not in targets:
             targets.insert(0, target)
         proposers = c.proposer_options()
-        proposer_value = (s.proposer, s.draft if s and s.proposer == "draft" else None) if s else None
-        if proposer_value is None:
+        if s is not None:
+            proposer_value = (s.proposer, s.draft if s.proposer == DRAFT_PROPOSER else None)
+            if proposer_value not in [v for _, v in proposers]:  # e.g. a draft given by path
+                label = s.proposer + (f": {s.draft}" if proposer_value[1] else "")
+                proposers.insert(0, (label, proposer_value))
+        else:  # ngram: free, and it speculates from the first step
             proposer_value = next((v for _, v in proposers if v[0] == "ngram"),
                                   proposers[0][1] if proposers else None)
-        if proposer_value is not None and proposer_value not in [v for _, v in proposers]:
-            proposers.insert(0, (f"{proposer_value[0]}" + (f": {proposer_value[1]}"
-                                                            if proposer_value[1] else ""),
-                                 proposer_value))
 
         yield Static(id="status")
         with Horizontal(id="body"):
@@ -241,7 +241,7 @@ class EdgespecApp(App[None]):
         box = self._main.query_one("#answer-box")
         box.border_subtitle = ""
         box.anchor(False)
-        box.scroll_home(animate=False)
+        box.scroll_home(animate=False, immediate=True)
         needs_load = getattr(self.source, "needs_load", None)
         self._phase = f"loading {settings.target}…" if needs_load and needs_load(settings) else "prefill…"
         self.requests_started += 1
