@@ -389,6 +389,7 @@ class EdgespecApp(App[None]):
             self._phase = "ended"
         self._set_running(False)
         self._refresh_all()
+        self.call_after_refresh(self._refresh_tick)  # anchors a long answer once laid out
 
     def _record(self, ev: Finished) -> None:
         s = ev.stats

@@ -8,7 +8,7 @@ from __future__ import annotations
 from tui import ScriptedSource, create_app
 from tui.demo import DEMO_PROMPT, demo_events
 from tui.widgets import PromptArea
-from tui_helpers import MIB, run_request
+from tui_helpers import MIB, run_request, wait_for
 
 
 def _app():
@@ -24,6 +24,9 @@ def _steady(pilot) -> None:
 async def _run_demo(pilot) -> None:
     _steady(pilot)
     await run_request(pilot, pilot.app)
+    box = pilot.app.query_one("#answer-box")
+    await wait_for(pilot, lambda: box.max_scroll_y == 0 or box.scroll_y == box.max_scroll_y)
+    await pilot.pause()
 
 
 def test_main_screen_80x24(snap_compare):
