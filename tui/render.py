@@ -147,7 +147,8 @@ def live_text(m: LiveMetrics, *, rss: int | None, width: int, p: Palette = Palet
     return t
 
 
-def histogram_text(hist: Counter, *, width: int, p: Palette = Palette()) -> Text:
+def histogram_text(hist: Counter, *, width: int, p: Palette = Palette(),
+                   max_rows: int = 8) -> Text:
     """Accepted length per target pass (1 = the target's own token only)."""
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append("accepted length / pass\n", p.label)
@@ -157,7 +158,9 @@ def histogram_text(hist: Counter, *, width: int, p: Palette = Palette()) -> Text
     top = max(hist.values())
     n_width = len(str(top))
     inner = max(width - 4 - n_width - 1, 4)
-    rows = range(1, max(hist) + 1)
+    rows = list(range(1, max(hist) + 1))
+    if len(rows) > max_rows:  # a long tail: only the lengths that occurred
+        rows = sorted(k for k, v in hist.items() if v)
     for k in rows:
         v = hist.get(k, 0)
         t.append(f"{k:>2} ")

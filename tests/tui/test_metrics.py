@@ -107,6 +107,13 @@ def test_sparkline_is_absolute_and_marks_rejected_passes():
     assert "no verify pass" in spark_text([], width=10).plain
 
 
+def test_histogram_skips_empty_lengths_only_in_a_long_tail():
+    short = histogram_text(Counter({1: 5, 3: 1}), width=30).plain.split("\n")[1:]
+    assert [r.split()[0] for r in short] == ["1", "2", "3"]
+    tail = histogram_text(Counter({1: 60, 4: 2, 11: 2}), width=30).plain.split("\n")[1:]
+    assert [r.split()[0] for r in tail] == ["1", "4", "11"]
+
+
 def test_parse_stop_strings():
     assert parse_stop("") == ()
     assert parse_stop(r"\n\n, END ,###") == ("\n\n", "END", "###")
