@@ -58,6 +58,7 @@ class _Request:
     n_past: int = 0  # positions of `tokens` already in the target's KV cache
     session: object | None = None
     controller: object | None = None
+    control: object | None = None  # ControlSettings for this request
     rng: np.random.Generator | None = None
     stats: RequestStats = field(default_factory=RequestStats)
     text: TextAssembler = field(default_factory=TextAssembler)
@@ -77,9 +78,11 @@ class Engine:
     """
 
     def __init__(self, target: backend.Model, ctx: backend.Context, *, target_name: str,
-                 proposers: dict[str, Proposer], default_proposer: str, draft_len: int = 4,
-                 controller_factory=None, draft_name: str | None = None,
+                 proposers: dict[str, Proposer], default_proposer: str, control=None,
+                 calibration=None, draft_name: str | None = None,
                  sinks: Sequence[StatsSink] = ()) -> None:
+        from .control import ControlSettings, GoodputGuard
+
         if default_proposer != PLAIN and default_proposer not in proposers:
             raise EdgespecError(f"proposer {default_proposer!r} is not loaded")
         self.target = target
@@ -88,12 +91,10 @@ class Engine:
         self.draft_name = draft_name
         self.proposers = proposers
         self.default_proposer = default_proposer
-        self.draft_len = draft_len
-        if controller_factory is None:
-            from .control import ControlSettings, engine_controller_factory
-            controller_factory = engine_controller_factory(
-                ControlSettings(adaptive=False, draft_length=draft_len))
-        self.controller_factory = controller_factory
+        self.control = (control or ControlSettings(adaptive=False)).validate()
+        self._calibration = calibration
+        self.guard = GoodputGuard(self.control, plain_seconds_prior=(
+            calibration.step_seconds if calibration is not None else None))
         self.sinks = list(sinks)
         self.plan = None  # set by load() when --proposer auto consulted the planner
         self._lock = threading.Lock()
@@ -166,13 +167,17 @@ class Engine:
             check_compatible(tmodel, dmodel)
             proposers["draft"] = DraftModelProposer(dmodel, n_ctx=n_ctx, n_threads=threads)
             draft_name = str(draft)
-        user_len = draft_len is not None
-        if draft_len is None:
-            draft_len = _default_draft_len(plan, proposer)
-        factory = _controller_factory(adaptive, draft_len, control_settings, tmodel, threads,
-                                      user_len)
+        if control_settings is None:
+            from .control import ControlSettings
+            length = draft_len if draft_len is not None else _default_draft_len(plan, proposer)
+            control_settings = ControlSettings(
+                adaptive=adaptive, draft_length=length,
+                # with adaptive control a user's --draft-len is the longest draft allowed
+                **({"max_draft": draft_len} if draft_len is not None and adaptive else {}))
+        control_settings = control_settings.validate()
+        cal = _calibration(tmodel, threads) if control_settings.adaptive else None
         eng = cls(tmodel, ctx, target_name=str(target), proposers=proposers,
-                  default_proposer=proposer, draft_len=draft_len, controller_factory=factory,
+                  default_proposer=proposer, control=control_settings, calibration=cal,
                   draft_name=draft_name, sinks=sinks)
         eng.plan = plan
         return eng
@@ -224,9 +229,9 @@ class Engine:
         return self.target.tokenize(prompt, add_special=True, parse_special=False)
 
     def generate(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
-                 proposer: str | None = None) -> Result:
+                 proposer: str | None = None, control=None) -> Result:
         fin = None
-        for ev in self.stream(prompt, params, proposer=proposer):
+        for ev in self.stream(prompt, params, proposer=proposer, control=control):
             if isinstance(ev, Finished):
                 fin = ev
         assert fin is not None
@@ -234,8 +239,14 @@ class Engine:
                       stats=fin.stats, logprobs=tuple(fin.logprobs))
 
     def stream(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
-               proposer: str | None = None) -> Iterator[Event]:
-        """Run one request, yielding RequestStarted, PrefillDone, Step..., Control..., Finished."""
+               proposer: str | None = None, control=None) -> Iterator[Event]:
+        """Run one request, yielding RequestStarted, PrefillDone, Step..., Control..., Finished.
+
+        ``proposer`` and ``control`` (a :class:`edgespec.control.ControlSettings`) override
+        the engine's defaults for this request only, so a benchmark can compare the plain
+        path, fixed draft lengths and adaptive control on one loaded model.
+        """
+        control = (control or self.control).validate()
         params = (params or GenerationParams()).validate()
         name = proposer or self.default_proposer
         if name != PLAIN and name not in self.proposers:
@@ -248,14 +259,33 @@ class Engine:
             raise ContextOverflowError(
                 f"the prompt is {len(prompt_tokens)} tokens but the context holds {self.ctx.n_ctx}; "
                 "raise --ctx (up to the model's trained context) or shorten the prompt")
-        return self._run(prompt_tokens, params, name)
+        return self._run(prompt_tokens, params, name, control)
 
-    def _run(self, prompt_tokens: list[int], params: GenerationParams, name: str) -> Iterator[Event]:
+    def add_proposer(self, name: str, proposer: Proposer) -> None:
+        """Make another proposer (e.g. the same kind with other knobs) available to requests."""
+        if name == PLAIN or name in self.proposers:
+            raise InvalidInputError(f"a proposer named {name!r} is already loaded")
+        self.proposers[name] = proposer
+
+    def calibration(self, threads: int | None = None):
+        """This device's verify-cost curve for the target (measured once, cached on disk)."""
+        if self._calibration is None:
+            self._calibration = _calibration(self.target, threads or self.ctx.n_threads)
+            self.guard.plain_seconds_prior = self._calibration.step_seconds
+        return self._calibration
+
+    def _controller(self, proposer_name: str, control):
+        from .control import engine_controller_factory
+        cal = self.calibration() if control.adaptive else None
+        return engine_controller_factory(control, cal, self.guard)(proposer_name, self.proposers)
+
+    def _run(self, prompt_tokens: list[int], params: GenerationParams, name: str,
+             control) -> Iterator[Event]:
         with self._lock:
             self._cancel.clear()
             req = _Request(id=next(self._ids), params=params, proposer_name=name,
                            tokens=list(prompt_tokens), n_prompt=len(prompt_tokens),
-                           text=TextAssembler(params.stop))
+                           text=TextAssembler(params.stop), control=control)
             req.stats.proposer = name
             if not params.sampling.greedy:
                 req.rng = sampling.make_rng(params.sampling.seed)
@@ -278,7 +308,7 @@ class Engine:
         yield PrefillDone(req.id, req.n_prompt, t_prefill)
         if req.proposer_name != PLAIN:
             req.session = self.proposers[req.proposer_name].open(req.tokens, p.sampling)
-            req.controller = self.controller_factory(req.proposer_name, self.proposers)
+            req.controller = self._controller(req.proposer_name, req.control)
 
         first = self._choose_plain(req, logits[0])
         step = self._emit(req, [first], [logits[0]], n_acc=0, proposer=None, drafted=0,
@@ -425,32 +455,20 @@ def _free_names() -> list[str]:
     return list(FREE_PROPOSERS)
 
 
-def _controller_factory(adaptive: bool, draft_len: int, settings, model, threads, user_len: bool):
-    """One controller per request; the goodput guard and the calibration are per engine.
-
-    With adaptive control a user's --draft-len is the maximum; without, the fixed length.
-    """
+def _calibration(model: backend.Model, threads: int | None):
+    """The measured verify-cost curve, or the documented CPU prior when the measurement is
+    not trustworthy (timed on an oversubscribed machine)."""
     from . import calibration
-    from .control import ControlSettings, GoodputGuard, engine_controller_factory
-
-    if settings is None:
-        settings = ControlSettings(adaptive=adaptive, draft_length=draft_len,
-                                   **({"max_draft": draft_len} if user_len and adaptive else {}))
-    settings = settings.validate()
-    if not settings.adaptive:
-        return engine_controller_factory(settings)
     from .calibration import PRIOR_CPU_STEP_SECONDS, Calibration
     from .planner import calibration_trust
 
     cal = calibration.load_or_measure(model.path, n_threads=threads, model=model,
                                       n_gpu_layers=model.n_gpu_layers)
-    # A curve timed on an oversubscribed machine would steer every request wrongly; the
-    # documented CPU curve (scaled by model size: decode is bandwidth-bound) is safer.
+    # decode is bandwidth-bound: scale the documented 1.5B step by weight size
     expected = PRIOR_CPU_STEP_SECONDS * model.size_bytes / 1_111_370_240
     if not calibration_trust(cal, expected)[0]:
         cal = Calibration.prior_cpu(step_seconds=expected)
-    return engine_controller_factory(settings, cal,
-                                     GoodputGuard(settings, plain_seconds_prior=cal.step_seconds))
+    return cal
 
 
 def _default_draft_len(plan, proposer: str) -> int:

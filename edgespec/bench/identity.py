@@ -1,6 +1,8 @@
 """Run identity: everything needed to say what a benchmark number was measured on."""
 from __future__ import annotations
 
+import dataclasses
+
 import datetime as _dt
 import os
 import platform
@@ -86,11 +88,11 @@ def collect_identity(m: Matrix, engine, anchors: dict, engine_knobs: dict | None
         "engine": {
             "n_ctx": engine.ctx.n_ctx,
             "threads": engine.ctx.n_threads,
-            "draft_len": engine.draft_len,
+            "control": dataclasses.asdict(engine.control),
             "use_extra_bufts": getattr(engine.target, "use_extra_bufts", None),
             "proposers": sorted(engine.proposers),
-            # Engine.load arguments the matrix set; anything absent is the engine's default
-            "load_knobs": dict(engine_knobs or {}),
+            # per-configuration controller knobs; anything absent is the engine's default
+            "control_knobs": dict(engine_knobs or {}),
         },
         "anchors": {label: {"n_ctx": a.n_ctx, "num_pred_tokens": a.num_pred_tokens,
                             "implementation": "llama_cpp.Llama + LlamaPromptLookupDecoding "

@@ -32,7 +32,9 @@ from .prompts import (BenchPrompt, bucket_label, load_humanevalfix, load_jsonl_p
                       load_spec_bench)
 
 # Knobs that configure the engine as a whole (Engine.load arguments), not one proposer.
-ENGINE_KNOBS = ("draft_len", "adaptive")
+# Knobs of the speculation controller: per request (Engine.stream(control=...)), so fixed
+# draft lengths and adaptive control compare on one loaded model.
+CONTROL_KNOBS = ("draft_len", "adaptive")
 
 # Not one of the measured prompts: a proposer that learns across requests (the suffix tree)
 # must not see the start of a measured answer before it is measured.
@@ -63,52 +65,63 @@ def collect_prompts(m: Matrix) -> list[BenchPrompt]:
 class EnginePlan:
     """Engine.load arguments and the proposer name each configuration requests with."""
 
-    engine_knobs: dict[str, object]  # ENGINE_KNOBS the configurations set (they must agree)
     proposer_options: dict[str, dict]  # for the engine's own instance of each proposer
     extra: dict[str, tuple[str, dict]]  # label -> (proposer, options) loaded under the label
     request_name: dict[str, str]  # label -> the name passed as stream(proposer=...)
+    control: dict[str, dict] = field(default_factory=dict)  # label -> CONTROL_KNOBS it sets
 
 
 def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
     """The first configuration of each proposer uses the engine's instance (with its knobs);
-    later ones with other knobs get their own instance under their label."""
-    engine_knobs: dict[str, object] = {}
-    for knob in ENGINE_KNOBS:
-        values = {c.knob_dict[knob] for c in configs if c.kind == "engine" and knob in c.knob_dict}
-        if len(values) > 1:
-            raise InvalidInputError(
-                f"configurations ask for different {knob} ({', '.join(map(str, sorted(values, key=str)))}) "
-                f"but one engine has one {knob}; run one bench per value")
-        if values:
-            engine_knobs[knob] = values.pop()
+    every later one gets its own instance under its label, so a proposer that learns across
+    requests (the suffix tree) never sees another configuration's answer to the same prompt."""
     options: dict[str, dict] = {}
     extra: dict[str, tuple[str, dict]] = {}
     names: dict[str, str] = {}
+    control: dict[str, dict] = {}
     for c in configs:
         if c.kind != "engine":
             continue
-        own = {k: v for k, v in c.knob_dict.items() if k not in ENGINE_KNOBS}
+        own = {k: v for k, v in c.knob_dict.items() if k not in CONTROL_KNOBS}
+        ctl = {k: v for k, v in c.knob_dict.items() if k in CONTROL_KNOBS}
+        if ctl:
+            control[c.label] = ctl
         if c.proposer == BASELINE:
-            if own:
+            if c.knob_dict:
                 raise InvalidInputError("the plain path ('none') takes no knobs")
             names[c.label] = BASELINE
         elif c.proposer not in options:
             options[c.proposer] = own
             names[c.label] = c.proposer
-        elif options[c.proposer] == own:
-            names[c.label] = c.proposer
         else:
             if c.proposer == "draft":
-                raise InvalidInputError("one engine holds one draft model: give every 'draft' "
-                                        "configuration the same knobs")
-            extra[c.label] = (c.proposer, own)
-            names[c.label] = c.label
+                if options["draft"] != own:
+                    raise InvalidInputError("one engine holds one draft model: give every 'draft' "
+                                            "configuration the same model knobs")
+                names[c.label] = "draft"
+                continue
+            # an instance name of its own (a knob-less label would collide with the engine's)
+            name = c.label if c.label != c.proposer else f"{c.label}#{len(extra) + 2}"
+            extra[name] = (c.proposer, own)
+            names[c.label] = name
     if options.get("draft"):
-        raise InvalidInputError(f"the draft proposer takes only engine knobs ({', '.join(ENGINE_KNOBS)}); "
+        raise InvalidInputError(f"the draft proposer takes only control knobs ({', '.join(CONTROL_KNOBS)}); "
                                 f"got {', '.join(options['draft'])}")
-    return EnginePlan(engine_knobs=engine_knobs,
-                      proposer_options={k: v for k, v in options.items() if v},
-                      extra=extra, request_name=names)
+    return EnginePlan(proposer_options={k: v for k, v in options.items() if v},
+                      extra=extra, request_name=names, control=control)
+
+
+def control_settings(base, knobs: dict):
+    """The engine's default ControlSettings with a configuration's draft_len/adaptive."""
+    from dataclasses import replace
+    if not knobs:
+        return None
+    adaptive = bool(knobs.get("adaptive", base.adaptive))
+    changes: dict = {"adaptive": adaptive}
+    if "draft_len" in knobs:
+        n = int(knobs["draft_len"])
+        changes.update(draft_length=n, **({"max_draft": n} if adaptive else {}))
+    return replace(base, **changes)
 
 
 def load_engine(m: Matrix, plan: EnginePlan):
@@ -116,12 +129,11 @@ def load_engine(m: Matrix, plan: EnginePlan):
     from ..proposers import free_proposer
 
     engine = Engine.load(m.target, draft=m.draft, proposer=BASELINE, n_ctx=m.n_ctx,
-                         threads=m.threads, proposer_options=plan.proposer_options,
-                         **plan.engine_knobs)
+                         threads=m.threads, proposer_options=plan.proposer_options)
     for label, (name, options) in plan.extra.items():
         # The engine's proposer table is keyed by request name, so a knob variant is just
         # one more entry; the controller and stats see it under its label.
-        engine.proposers[label] = free_proposer(name, **options)
+        engine.add_proposer(label, free_proposer(name, **options))
     missing = [c.label for c in m.engine_configs
                if plan.request_name[c.label] != BASELINE
                and plan.request_name[c.label] not in engine.proposers]
@@ -162,9 +174,11 @@ class Runner:
     """Runs the units of a matrix on an already loaded engine (and anchors)."""
 
     def __init__(self, m: Matrix, engine, anchors: dict | None = None,
-                 request_name: dict[str, str] | None = None, progress: Progress | None = None) -> None:
+                 request_name: dict[str, str] | None = None, progress: Progress | None = None,
+                 control: dict[str, dict] | None = None) -> None:
         self.m = m
         self.engine = engine
+        self.control = control or {}
         self.anchors = anchors or {}
         self.request_name = request_name or {c.label: c.proposer for c in m.engine_configs}
         self.progress = progress or (lambda done, total, rec: None)
@@ -234,8 +248,10 @@ class Runner:
         rss = _rss(self._proc)
         t0 = time.perf_counter()
         fin = None
+        ctl = self.control.get(cfg.label)
+        kw = {"control": control_settings(self.engine.control, ctl)} if ctl else {}
         stream: Iterator = self.engine.stream(messages, self._params(max_tokens, seed),
-                                              proposer=self.request_name[cfg.label])
+                                              proposer=self.request_name[cfg.label], **kw)
         try:
             for ev in stream:
                 if isinstance(ev, Step):
@@ -345,10 +361,10 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
                     engine.target.path, n_ctx=n_ctx, threads=m.threads,
                     num_pred_tokens=int(cfg.knob_dict["num_pred_tokens"]))
                 run.load_seconds[cfg.label] = time.perf_counter() - t0
-        run.identity = collect_identity(m, engine, anchors, plan.engine_knobs)
+        run.identity = collect_identity(m, engine, anchors, plan.control)
         if on_loaded is not None:
             on_loaded(run)
-        Runner(m, engine, anchors, plan.request_name, progress).run(prompts, run)
+        Runner(m, engine, anchors, plan.request_name, progress, plan.control).run(prompts, run)
     except KeyboardInterrupt:
         run.interrupted = True
         run.finished_at = time.time()

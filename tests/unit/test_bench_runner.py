@@ -137,14 +137,19 @@ def test_plan_engine_maps_knobs():
     plan = plan_engine([ConfigSpec("none"), ConfigSpec.make("ngram", {"min_n": 2, "draft_len": 3}),
                         ConfigSpec.make("ngram", {"min_n": 3, "draft_len": 3}),
                         ConfigSpec("suffix"), ConfigSpec.anchor(4)])
-    assert plan.engine_knobs == {"draft_len": 3}
+    assert plan.control == {"ngram[draft_len=3,min_n=2]": {"draft_len": 3},
+                            "ngram[draft_len=3,min_n=3]": {"draft_len": 3}}
     assert plan.proposer_options == {"ngram": {"min_n": 2}}
     assert plan.extra == {"ngram[draft_len=3,min_n=3]": ("ngram", {"min_n": 3})}
     assert plan.request_name == {"none": "none", "ngram[draft_len=3,min_n=2]": "ngram",
                                  "ngram[draft_len=3,min_n=3]": "ngram[draft_len=3,min_n=3]",
                                  "suffix": "suffix"}
-    with pytest.raises(InvalidInputError, match="different draft_len"):
-        plan_engine([ConfigSpec.make("ngram", {"draft_len": 2}), ConfigSpec.make("suffix", {"draft_len": 4})])
+    # fixed lengths and adaptive control side by side; each suffix configuration gets its
+    # own tree so none sees another's answer to the same prompt
+    plan = plan_engine([ConfigSpec.make("suffix", {"draft_len": 2, "adaptive": False}),
+                        ConfigSpec("suffix")])
+    assert plan.extra == {"suffix#2": ("suffix", {})}
+    assert plan.request_name == {"suffix[adaptive=False,draft_len=2]": "suffix", "suffix": "suffix#2"}
     with pytest.raises(InvalidInputError, match="one draft model"):
         plan_engine([ConfigSpec("draft"), ConfigSpec.make("draft", {"x": 1})])
 
