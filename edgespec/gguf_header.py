@@ -254,6 +254,9 @@ def _parse(buf, file_size: int, path: Path) -> GGUFInfo:
 
     data_offset = -(-r.pos // alignment) * alignment
     data_size = max((t.offset + t.nbytes for t in tensors), default=0)
+    if sum(t.nbytes for t in tensors) > data_size:
+        # tensors of a real file never share bytes; overlapping offsets mean a corrupt table
+        raise _Corrupt("the tensor table is corrupt: tensors overlap in the data section")
     if data_offset + data_size > file_size:
         missing = data_offset + data_size - file_size
         raise _Corrupt(f"the file is truncated: its header describes {data_offset + data_size} "
