@@ -3,12 +3,17 @@
     python -m tui.screenshot docs/tui.svg --target qwen-1.5b --proposer ngram --prompt "..."
     python -m tui.screenshot docs/tui.svg --demo          # the scripted request, no model
 
-The SVG is what Textual exports; convert it to PNG with e.g. rsvg-convert.
+The SVG is what Textual exports; ``--png`` also writes a PNG next to it with
+rsvg-convert (Debian: librsvg2-bin).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
+import shutil
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +41,20 @@ async def capture(app, out: Path, size: tuple[int, int], timeout: float) -> None
         out.write_text(app.export_screenshot(title="edgespec tui"), encoding="utf-8")
 
 
+def svg_to_png(svg: Path, png: Path) -> None:
+    """rsvg-convert drops the no-break spaces Textual pads text runs with; plain spaces
+    under xml:space="preserve" render the same columns."""
+    exe = shutil.which("rsvg-convert")
+    if exe is None:
+        raise SystemExit("rsvg-convert not found (apt install librsvg2-bin)")
+    text = svg.read_text(encoding="utf-8").replace("&#160;", " ")
+    text = re.sub(r"<svg ", '<svg xml:space="preserve" ', text, count=1)
+    with tempfile.NamedTemporaryFile("w", suffix=".svg", encoding="utf-8") as tmp:
+        tmp.write(text)
+        tmp.flush()
+        subprocess.run([exe, tmp.name, "-o", str(png)], check=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m tui.screenshot", description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
@@ -48,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--size", default="120x36", help="COLSxROWS")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--demo", action="store_true")
+    ap.add_argument("--png", action="store_true", help="also write OUT with .png")
     a = ap.parse_args(argv)
     cols, rows = (int(x) for x in a.size.lower().split("x"))
     if a.demo:
@@ -60,6 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     app = create_app(source, initial_prompt=prompt, settings=settings)
     asyncio.run(capture(app, a.out, (cols, rows), a.timeout))
     print(f"wrote {a.out}")
+    if a.png:
+        svg_to_png(a.out, a.out.with_suffix(".png"))
+        print(f"wrote {a.out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":
