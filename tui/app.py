@@ -220,6 +220,8 @@ class EdgespecApp(App[None]):
 
     # --- actions ---------------------------------------------------------------------
     def action_run(self) -> None:
+        if self.screen is not self._main:  # the key is global; not from under the help
+            return
         if self.running:
             self.notify("a request is running: Esc cancels it", severity="warning")
             return
@@ -405,6 +407,10 @@ class EdgespecApp(App[None]):
             table.remove_row(next(iter(table.rows)))
         table.move_cursor(row=table.row_count - 1)
         self._main.query_one("#answer-box").border_subtitle = summary_line(s)
+        if ev.stop_reason == "context":
+            self.notify(f"the context window filled after {s.generated_tokens} tokens; start "
+                        "with a larger --n-ctx or a shorter prompt", title="context full",
+                        severity="warning", timeout=10)
 
     def _set_running(self, running: bool) -> None:
         self.running = running

@@ -103,6 +103,17 @@ async def test_engine_errors_show_as_notifications_and_the_app_goes_on(fixed_mem
 
 
 @sync
+async def test_a_context_that_fills_mid_answer_is_reported(fixed_memory):
+    app = create_app(ScriptedSource(script([("a", T)], [("b", T)], stop="context")),
+                     memory_probe=fixed_memory, initial_prompt="q")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await run_request(pilot, app)
+        assert answer(app).plain == "ab"
+        assert any(n.title == "context full" and n.severity == "warning"
+                   for n in app._notifications)
+
+
+@sync
 async def test_an_error_before_any_event_and_a_bug_both_notify(fixed_memory):
     source = ScriptedSource([IncompatibleDraftError("draft vocabulary differs from the target")])
     app = create_app(source, memory_probe=fixed_memory, initial_prompt="q")
@@ -188,6 +199,8 @@ async def test_help_screen_and_settings_panel_by_keyboard(fixed_memory):
         await pilot.press("f1")
         assert isinstance(app.screen, HelpScreen)
         await pilot.pause(0.1)  # the refresh timer keeps running under the help screen
+        await pilot.press("ctrl+r")  # no request starts from under the help screen
+        assert app.requests_started == 0
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
 
