@@ -186,7 +186,7 @@ async def test_prompt_history_with_up_and_down(fixed_memory):
 
 @sync
 async def test_help_screen_and_settings_panel_by_keyboard(fixed_memory):
-    app = create_app(ScriptedSource(HELLO), memory_probe=fixed_memory)
+    app = create_app(ScriptedSource(HELLO), memory_probe=fixed_memory, initial_prompt="x")
     async with app.run_test(size=(80, 24)) as pilot:
         settings = app.query_one("#settings")
         assert not settings.display  # narrow: hidden until F2
