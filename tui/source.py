@@ -50,8 +50,13 @@ class Settings:
 
     @property
     def label(self) -> str:
-        how = f"draft {self.draft}" if self.proposer == DRAFT_PROPOSER else self.proposer
-        return f"{self.target} + {how}"
+        how = f"draft {_short(self.draft)}" if self.proposer == DRAFT_PROPOSER else self.proposer
+        return f"{_short(self.target)} + {how}"
+
+
+def _short(name: str | None) -> str:
+    """A registry name as is; a path by its file name."""
+    return "" if name is None else name.replace("\\", "/").rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)

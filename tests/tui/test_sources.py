@@ -23,6 +23,12 @@ def test_settings_validate_through_generation_params():
         Settings(target="m", temperature=-1).params()
 
 
+def test_labels_show_paths_by_file_name():
+    assert Settings(target="/m/qwen.gguf", proposer="draft", draft="/m/small.gguf").label == \
+        "qwen.gguf + draft small.gguf"
+    assert Settings(target="qwen-1.5b", proposer="suffix").label == "qwen-1.5b + suffix"
+
+
 def test_proposer_options_list_the_draft_proposer_once_per_draft_model():
     c = Choices(targets=("t",), drafts=("d1", "d2"), proposers=("none", "ngram", "draft"))
     assert c.proposer_options() == [("none", ("none", None)), ("ngram", ("ngram", None)),
