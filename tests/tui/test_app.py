@@ -9,7 +9,7 @@ from tui import ScriptedSource, create_app
 from tui.help import HelpScreen
 from tui.widgets import AnswerView, PromptArea
 
-from tui_helpers import run_request, script, sync, wait_done, wait_for
+from tui_helpers import run_request, script, start_request, sync, wait_done, wait_for
 
 D, T = "draft", "target"
 HELLO = script([("Hello", T)], [(" wor", D), ("ld", D), ("!", T)], [("\n", T)])
@@ -70,7 +70,7 @@ async def test_escape_cancels_mid_stream(fixed_memory):
     source = ScriptedSource(script(*steps), delay=0.02)
     app = create_app(source, memory_probe=fixed_memory, initial_prompt="long one")
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("ctrl+r")
+        start_request(app)
         await wait_for(pilot, lambda: app.metrics.stats.generated_tokens >= 4)
         assert app.running and not app.query_one("#cancel").disabled
         await pilot.press("escape")
@@ -234,7 +234,7 @@ async def test_quitting_mid_stream_cancels_and_late_events_are_dropped(fixed_mem
     source = ScriptedSource(script(*steps), delay=0.01)
     app = create_app(source, memory_probe=fixed_memory, initial_prompt="q")
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("ctrl+r")
+        start_request(app)
         await wait_for(pilot, lambda: app.metrics.stats.generated_tokens >= 2)
         await pilot.press("ctrl+q")
     # run_test re-raises anything a handler raised while shutting down

@@ -6,7 +6,7 @@ import pytest
 from edgespec.events import Finished, Step
 from tui import EngineSource, Settings, create_app
 from tui.widgets import DRAFT, AnswerView
-from tui_helpers import run_request, sync, wait_done, wait_for
+from tui_helpers import run_request, start_request, sync, wait_done, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +72,7 @@ async def test_cancel_stops_a_real_stream(model_path):
     seen = source.seen
     try:
         async with app.run_test(size=(80, 24)) as pilot:
-            await pilot.press("ctrl+r")
+            start_request(app)
             await wait_for(pilot, lambda: app.metrics.stats.generated_tokens >= 4, timeout=120)
             await pilot.press("escape")
             await wait_done(pilot, app, timeout=30)

@@ -35,6 +35,12 @@ def script(*steps: list[tuple[str, str]], proposer: str = "ngram", target: str =
     return events
 
 
+def start_request(app) -> None:
+    """What ctrl+r does, without pilot.press, which waits for the app to go idle: with a
+    stream posting events that only happens once the request is over."""
+    app.action_run()
+
+
 async def run_request(pilot, app, timeout: float = 10.0) -> None:
     """Press ctrl+r and wait until that request has ended and the screen shows it."""
     before = app.requests_started
