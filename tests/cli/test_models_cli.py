@@ -4,27 +4,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from edgespec.cli import cli
-from registry_fakes import FakeWorld, sha256
+from registry_fakes import sha256
 
 REPO_TOML = Path(__file__).resolve().parents[2] / "models.toml"
-
-
-@pytest.fixture(scope="session")
-def world_files(tmp_path_factory):
-    return FakeWorld(tmp_path_factory.mktemp("world"))
-
-
-@pytest.fixture
-def world(world_files, tmp_path, monkeypatch):
-    w = FakeWorld.__new__(FakeWorld)
-    w.__dict__.update(world_files.__dict__)
-    w.root = tmp_path
-    w.home = w.install(monkeypatch)
-    return w
 
 
 def run(*args):

@@ -12,25 +12,10 @@ from hypothesis import strategies as st
 
 from edgespec import registry
 from edgespec.errors import ModelError
-from registry_fakes import (FakeWorld, gguf_string, leftovers, raw_header, sha256, to_toml,
+from registry_fakes import (gguf_string, leftovers, raw_header, sha256, to_toml,
                             write_gguf)
 
 REPO_TOML = Path(__file__).resolve().parents[2] / "models.toml"
-
-
-@pytest.fixture(scope="session")
-def world_files(tmp_path_factory):
-    return FakeWorld(tmp_path_factory.mktemp("world"))
-
-
-@pytest.fixture
-def world(world_files, tmp_path, monkeypatch):
-    """The fake world with a fresh EDGESPEC_HOME per test."""
-    w = FakeWorld.__new__(FakeWorld)
-    w.__dict__.update(world_files.__dict__)
-    w.root = tmp_path
-    w.home = w.install(monkeypatch)
-    return w
 
 
 # --------------------------------------------------------------------------- the real registry
