@@ -105,7 +105,8 @@ def _configs(proposers: str | None, draft: str | None) -> list[str]:
 
 def _greedy_word(out) -> str:
     if out.identical:
-        return f"identical ({out.n_plain} tokens, {out.accepted}/{out.drafted} accepted)"
+        exact = "bitwise" if out.bitwise else f"logprobs differ by up to {out.max_logprob_diff:.3g}"
+        return f"identical, {exact} ({out.n_plain} tokens, {out.accepted}/{out.drafted} accepted)"
     d = out.divergence
     if d is None:
         return f"lengths differ ({out.n_plain} vs {out.n_spec} tokens)"
@@ -115,8 +116,8 @@ def _greedy_word(out) -> str:
 
 
 def _table(reports, tol: float) -> str:
-    lines = [f"{'configuration':18s} {'greedy: same':>12s} {'drift':>6s} {'defect':>7s}   sampling",
-             "-" * 72]
+    lines = [f"{'configuration':18s} {'greedy: same':>12s} {'bitwise':>8s} {'drift':>6s} {'defect':>7s}"
+             "   sampling", "-" * 80]
     for r in reports:
         c = r.counts()
         if r.sampling_ok is None:
@@ -124,8 +125,9 @@ def _table(reports, tol: float) -> str:
         else:
             samp = (f"{'pass' if r.sampling_ok else 'FAIL'} (min p {r.min_p:.2g} over {r.n_tests} tests, "
                     f"alpha {r.alpha:g})")
-        greedy = (f"{c['identical']:>12d} {c['drift']:>6d} {c['defect'] + c['length']:>7d}"
-                  if r.greedy else f"{'-':>12s} {'-':>6s} {'-':>7s}")
+        greedy = (f"{c['identical']:>12d} {c['bitwise']:>8d} {c['drift']:>6d} {c['defect'] + c['length']:>7d}"
+                  if r.greedy else f"{'-':>12s} {'-':>8s} {'-':>6s} {'-':>7s}")
         lines.append(f"{r.config:18s} {greedy}   {samp}")
-    lines.append(f"(drift: the two diverging tokens moved by <= 2 x {tol:g} logits relative to each other)")
+    lines.append("(same: identical tokens; bitwise: and identical logprobs at every emitted token; "
+                 f"drift: the two diverging tokens moved by <= 2 x {tol:g} logits relative to each other)")
     return "\n".join(lines)

@@ -77,10 +77,17 @@ class GreedyOutcome:
     divergence: Divergence | None
     drafted: int
     accepted: int
+    # largest |logprob difference| of the same token at the same position before any
+    # divergence: 0.0 means the target's rows were bitwise equal on both paths
+    max_logprob_diff: float = 0.0
 
     @property
     def identical(self) -> bool:
         return self.divergence is None and self.n_plain == self.n_spec
+
+    @property
+    def bitwise(self) -> bool:
+        return self.identical and self.max_logprob_diff == 0.0
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,9 @@ class ConfigReport:
     def counts(self) -> dict[str, int]:
         c = Counter("identical" if g.identical else (g.divergence.kind if g.divergence else "length")
                     for g in self.greedy)
-        return {k: c.get(k, 0) for k in ("identical", "drift", "defect", "length")}
+        out = {k: c.get(k, 0) for k in ("identical", "drift", "defect", "length")}
+        out["bitwise"] = sum(g.bitwise for g in self.greedy)
+        return out
 
     def to_json(self) -> dict:
         return {
@@ -194,6 +203,14 @@ def first_divergence(plain: Sequence[int], spec: Sequence[int],
     return None
 
 
+def logprob_drift(plain_lp: Sequence[TokenLogprob], spec_lp: Sequence[TokenLogprob],
+                  div: Divergence | None) -> float:
+    """Largest |logprob difference| over the shared prefix (the same token at the same position)."""
+    n = min(len(plain_lp), len(spec_lp), div.position if div is not None else len(plain_lp))
+    diffs = [abs(a.logprob - b.logprob) for a, b in zip(plain_lp[:n], spec_lp[:n])]
+    return max(diffs, default=0.0)
+
+
 def _row_facts(lp: TokenLogprob, chosen: int, other: int) -> tuple[float, float, float, bool]:
     """(top-1 minus top-2, logprob of chosen, logprob of other or a bound, other was listed)."""
     top = dict(lp.top)
@@ -219,7 +236,8 @@ def greedy_parity(engine, prompts: Sequence[ParityPrompt], configs: Sequence[str
             spec = engine.generate(pr.prompt, gp, proposer=cfg)
             div = first_divergence(plain.tokens, spec.tokens, plain.logprobs, spec.logprobs, tolerance)
             yield GreedyOutcome(pr.id, pr.category, cfg, len(plain.tokens), len(spec.tokens), div,
-                                spec.stats.drafted, spec.stats.accepted)
+                                spec.stats.drafted, spec.stats.accepted,
+                                logprob_drift(plain.logprobs, spec.logprobs, div))
 
 
 # --- sampling ----------------------------------------------------------------------------------
@@ -286,7 +304,8 @@ def _fields(sp: SamplingParams) -> dict:
 
 def _outcome_json(g: GreedyOutcome) -> dict:
     d = {"prompt": g.prompt_id, "category": g.category, "plain_tokens": g.n_plain,
-         "spec_tokens": g.n_spec, "identical": g.identical, "drafted": g.drafted, "accepted": g.accepted}
+         "spec_tokens": g.n_spec, "identical": g.identical, "bitwise": g.bitwise,
+         "max_logprob_diff": g.max_logprob_diff, "drafted": g.drafted, "accepted": g.accepted}
     if g.divergence is not None:
         d["divergence"] = g.divergence.__dict__.copy()
     return d

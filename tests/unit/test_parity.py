@@ -155,3 +155,12 @@ def test_broken_acceptance_patches_and_restores():
 def test_parity_cli_rejects_bad_configurations(args, message):
     res = CliRunner().invoke(cli, ["parity", *args])
     assert res.exit_code != 0 and message in res.output
+
+
+def test_logprob_drift_measures_the_shared_prefix_only():
+    a = [lp(1, [(1, -0.5)]), lp(2, [(2, -0.25)]), lp(3, [(3, -1.0)])]
+    b = [lp(1, [(1, -0.5)]), lp(2, [(2, -0.125)]), lp(4, [(4, -9.0)])]
+    assert P.logprob_drift(a, a, None) == 0.0
+    div = P.first_divergence([1, 2, 3], [1, 2, 4], a, b)
+    assert div.position == 2
+    assert P.logprob_drift(a, b, div) == pytest.approx(0.125)
