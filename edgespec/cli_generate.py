@@ -37,6 +37,9 @@ def read_prompt(prompt: str | None) -> str:
               help="Draft length (the maximum when adaptive control is on).")
 @click.option("--adaptive/--no-adaptive", default=True, show_default=True,
               help="Adaptive draft length, fallback and goodput guard.")
+@click.option("--exact/--no-exact", default=True, show_default=True,
+              help="Keep verify passes short enough that greedy output equals the plain path "
+                   "bit for bit; --no-exact allows longer drafts (near-ties may flip).")
 @click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--temperature", type=click.FloatRange(0.0), default=0.0, show_default=True,
               help="0 = greedy.")
@@ -59,7 +62,7 @@ def read_prompt(prompt: str | None) -> str:
 @click.option("--stats", "show_stats", is_flag=True, help="Print a stats summary to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record instead of streaming text.")
 @handle_errors
-def generate(prompt, target, draft, proposer, draft_len, adaptive, max_tokens, temperature, top_k,
+def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_tokens, temperature, top_k,
              top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty, seed, stop, chat,
              system, n_ctx, threads, budget, logprobs, show_stats, as_json):
     """Generate a completion for PROMPT (or stdin)."""
@@ -74,7 +77,7 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, max_tokens, t
                                 frequency_penalty=frequency_penalty, seed=seed),
     ).validate()
     engine = Engine.load(target, draft=draft, proposer=proposer, n_ctx=n_ctx, threads=threads,
-                         draft_len=draft_len, adaptive=adaptive, budget=budget)
+                         draft_len=draft_len, adaptive=adaptive, budget=budget, exact=exact)
     try:
         if engine.plan is not None and show_stats and not as_json:
             from .planner import check_memory

@@ -34,6 +34,10 @@ from .textstream import TextAssembler
 
 DEFAULT_CTX = 4096
 PLAIN = "none"
+#: In exact mode a verify pass holds at most this many drafts (plus the pending token):
+#: llama.cpp's CPU kernels (repacked weights, flash attention, Q8_0 KV) give a position
+#: bitwise the same logits alone or in a batch of up to 3 tokens (docs/parity.md).
+EXACT_MAX_DRAFT = 2
 
 
 @dataclass
@@ -80,7 +84,7 @@ class Engine:
     def __init__(self, target: backend.Model, ctx: backend.Context, *, target_name: str,
                  proposers: dict[str, Proposer], default_proposer: str, control=None,
                  calibration=None, draft_name: str | None = None,
-                 sinks: Sequence[StatsSink] = ()) -> None:
+                 sinks: Sequence[StatsSink] = (), exact: bool = True) -> None:
         from .control import ControlSettings, GoodputGuard
 
         if default_proposer != PLAIN and default_proposer not in proposers:
@@ -91,6 +95,7 @@ class Engine:
         self.draft_name = draft_name
         self.proposers = proposers
         self.default_proposer = default_proposer
+        self.exact = exact
         self.control = (control or ControlSettings(adaptive=False)).validate()
         self._calibration = calibration
         self.guard = GoodputGuard(self.control, plain_seconds_prior=(
@@ -109,11 +114,16 @@ class Engine:
              proposer_options: dict | None = None, n_gpu_layers: int = 0,
              draft_gpu_layers: int = 0, adaptive: bool = True, control_settings=None,
              sinks: Sequence[StatsSink] = (), pull: bool = True,
-             budget: str | int | None = None) -> "Engine":
+             budget: str | int | None = None, exact: bool = True) -> "Engine":
         """Load a target (registry name or .gguf path) and the proposers a request may use.
 
         The free proposers (ngram, suffix) are always loaded; a draft model only
         when ``draft`` is given (or the planner picks one for ``proposer="auto"``).
+
+        ``exact`` (the default) keeps every verify pass within the batch sizes whose
+        logits are bitwise those of the plain path, so greedy speculative output is the
+        plain output token for token; ``exact=False`` allows longer drafts whose verify
+        logits may differ in the last bits, which can flip a near-tie.
         """
         from . import registry
 
@@ -127,7 +137,8 @@ class Engine:
         n_batch = 512
         if proposer == "auto":
             from . import planner
-            plan = planner.plan_for(target, draft, ctx=n_ctx, n_threads=threads, budget=budget)
+            plan = planner.plan_for(target, draft, ctx=n_ctx, n_threads=threads, budget=budget,
+                                    kv_type="q8_0" if exact else None)
             proposer = plan.proposer
             draft = plan.draft if proposer == "draft" else None
             n_gpu_layers, draft_gpu_layers = plan.n_gpu_layers, plan.draft_gpu_layers
@@ -170,15 +181,23 @@ class Engine:
         if control_settings is None:
             from .control import ControlSettings
             length = draft_len if draft_len is not None else _default_draft_len(plan, proposer)
+            if exact and draft_len is None:
+                length = min(length, EXACT_MAX_DRAFT)
             control_settings = ControlSettings(
                 adaptive=adaptive, draft_length=length,
                 # with adaptive control a user's --draft-len is the longest draft allowed
                 **({"max_draft": draft_len} if draft_len is not None and adaptive else {}))
         control_settings = control_settings.validate()
+        if exact and not control_settings.adaptive and control_settings.draft_length > EXACT_MAX_DRAFT:
+            tmodel.close()
+            raise UnsupportedError(
+                f"--draft-len {control_settings.draft_length} with --no-adaptive cannot be verified "
+                f"exactly (at most {EXACT_MAX_DRAFT} drafts a pass keep llama.cpp's logits equal to "
+                "the plain path's); lower it, or add --no-exact to accept near-tie differences")
         cal = _calibration(tmodel, threads) if control_settings.adaptive else None
         eng = cls(tmodel, ctx, target_name=str(target), proposers=proposers,
                   default_proposer=proposer, control=control_settings, calibration=cal,
-                  draft_name=draft_name, sinks=sinks)
+                  draft_name=draft_name, sinks=sinks, exact=exact)
         eng.plan = plan
         return eng
 
@@ -246,7 +265,7 @@ class Engine:
         the engine's defaults for this request only, so a benchmark can compare the plain
         path, fixed draft lengths and adaptive control on one loaded model.
         """
-        control = (control or self.control).validate()
+        control = self._within_exact((control or self.control).validate())
         params = (params or GenerationParams()).validate()
         name = proposer or self.default_proposer
         if name != PLAIN and name not in self.proposers:
@@ -260,6 +279,20 @@ class Engine:
                 f"the prompt is {len(prompt_tokens)} tokens but the context holds {self.ctx.n_ctx}; "
                 "raise --ctx (up to the model's trained context) or shorten the prompt")
         return self._run(prompt_tokens, params, name, control)
+
+    def _within_exact(self, control):
+        """Exact mode bounds the adaptive controller's drafts and refuses a longer fixed one."""
+        if not self.exact:
+            return control
+        if not control.adaptive and control.draft_length > EXACT_MAX_DRAFT:
+            raise UnsupportedError(
+                f"a fixed draft length of {control.draft_length} cannot be verified exactly: "
+                f"llama.cpp's logits match the plain path only for verify passes of up to "
+                f"{EXACT_MAX_DRAFT} drafts; use --draft-len {EXACT_MAX_DRAFT} or less, adaptive "
+                "control, or --no-exact (greedy output may then differ at near-ties)")
+        from dataclasses import replace
+        return replace(control, max_draft=min(control.max_draft, EXACT_MAX_DRAFT),
+                       min_draft=min(control.min_draft, EXACT_MAX_DRAFT))
 
     def add_proposer(self, name: str, proposer: Proposer) -> None:
         """Make another proposer (e.g. the same kind with other knobs) available to requests."""

@@ -103,3 +103,13 @@ def test_bad_arguments_exit_2(runner, args):
 def test_draft_proposer_without_draft_model(runner, model_path):
     r = _gen(runner, model_path("smollm2-135m"), "--proposer", "draft", "hi")
     assert r.exit_code == 1 and "--draft" in r.output
+
+
+def test_fixed_draft_longer_than_exact_mode_allows_is_refused(runner, model_path):
+    r = _gen(runner, model_path("smollm2-135m"), "--proposer", "ngram", "--no-adaptive",
+             "--draft-len", "5", "hi")
+    assert r.exit_code == 1
+    assert "--no-exact" in r.output and "Traceback" not in r.output
+    ok = _gen(runner, model_path("smollm2-135m"), "--proposer", "ngram", "--no-adaptive",
+              "--draft-len", "5", "--no-exact", "--max-tokens", "4", "hi")
+    assert ok.exit_code == 0, ok.output
