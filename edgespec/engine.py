@@ -248,9 +248,9 @@ class Engine:
         return self.target.tokenize(prompt, add_special=True, parse_special=False)
 
     def generate(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
-                 proposer: str | None = None, control=None) -> Result:
+                 proposer: str | None = None, control=None, exact: bool | None = None) -> Result:
         fin = None
-        for ev in self.stream(prompt, params, proposer=proposer, control=control):
+        for ev in self.stream(prompt, params, proposer=proposer, control=control, exact=exact):
             if isinstance(ev, Finished):
                 fin = ev
         assert fin is not None
@@ -258,14 +258,17 @@ class Engine:
                       stats=fin.stats, logprobs=tuple(fin.logprobs))
 
     def stream(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
-               proposer: str | None = None, control=None) -> Iterator[Event]:
+               proposer: str | None = None, control=None,
+               exact: bool | None = None) -> Iterator[Event]:
         """Run one request, yielding RequestStarted, PrefillDone, Step..., Control..., Finished.
 
         ``proposer`` and ``control`` (a :class:`edgespec.control.ControlSettings`) override
         the engine's defaults for this request only, so a benchmark can compare the plain
-        path, fixed draft lengths and adaptive control on one loaded model.
+        path, fixed draft lengths and adaptive control on one loaded model; so does
+        ``exact`` (see :meth:`load`).
         """
-        control = self._within_exact((control or self.control).validate())
+        exact = self.exact if exact is None else exact
+        control = self._within_exact((control or self.control).validate(), exact)
         params = (params or GenerationParams()).validate()
         name = proposer or self.default_proposer
         if name != PLAIN and name not in self.proposers:
@@ -280,9 +283,9 @@ class Engine:
                 "raise --ctx (up to the model's trained context) or shorten the prompt")
         return self._run(prompt_tokens, params, name, control)
 
-    def _within_exact(self, control):
+    def _within_exact(self, control, exact: bool):
         """Exact mode bounds the adaptive controller's drafts and refuses a longer fixed one."""
-        if not self.exact:
+        if not exact:
             return control
         if not control.adaptive and control.draft_length > EXACT_MAX_DRAFT:
             raise UnsupportedError(

@@ -34,7 +34,7 @@ from .prompts import (BenchPrompt, bucket_label, load_humanevalfix, load_jsonl_p
 # Knobs that configure the engine as a whole (Engine.load arguments), not one proposer.
 # Knobs of the speculation controller: per request (Engine.stream(control=...)), so fixed
 # draft lengths and adaptive control compare on one loaded model.
-CONTROL_KNOBS = ("draft_len", "adaptive")
+CONTROL_KNOBS = ("draft_len", "adaptive", "exact")
 
 # Not one of the measured prompts: a proposer that learns across requests (the suffix tree)
 # must not see the start of a measured answer before it is measured.
@@ -249,7 +249,11 @@ class Runner:
         t0 = time.perf_counter()
         fin = None
         ctl = self.control.get(cfg.label)
-        kw = {"control": control_settings(self.engine.control, ctl)} if ctl else {}
+        kw = {}
+        if ctl:
+            kw["control"] = control_settings(self.engine.control, ctl)
+            if "exact" in ctl:
+                kw["exact"] = bool(ctl["exact"])
         stream: Iterator = self.engine.stream(messages, self._params(max_tokens, seed),
                                               proposer=self.request_name[cfg.label], **kw)
         try:
