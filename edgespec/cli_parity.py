@@ -25,11 +25,16 @@ CONFIGS = ("draft", "ngram", "suffix")
               show_default=True)
 @click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True,
               help="Greedy generation length.")
-@click.option("--draft-len", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="Fixed draft length (adaptive control off, so every configuration drafts).")
+@click.option("--exact/--no-exact", default=True, show_default=True,
+              help="The engine's exact mode (verify passes short enough to be batch-invariant), "
+                   "or approximate mode (longer drafts, near-ties may flip).")
+@click.option("--draft-len", type=click.IntRange(1, 64), default=None,
+              help="Fixed draft length, adaptive control off so every configuration drafts "
+                   "(default: the most exact mode allows, else 4).")
 @click.option("--tolerance", type=click.FloatRange(0.0), default=None,
               help="Largest per-logit batch effect still called numerical drift "
-                   "(default 0.6, the measured maximum; 0 with --exact).")
+                   "(default 0 with --exact: any divergence is a defect; 0.6, the measured "
+                   "maximum, with --no-exact).")
 @click.option("--temperature", type=click.FloatRange(0.0, min_open=True), default=0.8, show_default=True)
 @click.option("--top-k", type=click.IntRange(0), default=0)
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0)
@@ -48,22 +53,27 @@ CONFIGS = ("draft", "ngram", "suffix")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the full report as JSON here.")
 @handle_errors
-def parity(target, draft, proposers, prompts_file, per_category, limit, mode, max_tokens, draft_len,
-           tolerance, temperature, top_k, top_p, min_p, seeds, positions, alpha, self_check, n_ctx,
+def parity(target, draft, proposers, prompts_file, per_category, limit, mode, max_tokens, exact,
+           draft_len, tolerance, temperature, top_k, top_p, min_p, seeds, positions, alpha, self_check, n_ctx,
            threads, json_path):
     """Run prompts through the plain path and each speculative configuration; report divergences."""
     from . import parity as P
-    from .engine import Engine
+    from .engine import EXACT_MAX_DRAFT, Engine
     from .params import SamplingParams
 
     configs = _configs(proposers, draft)
     prompts = P.load_prompts(prompts_file, per_category=per_category, limit=limit)
-    tol = P.DEFAULT_TOLERANCE if tolerance is None else tolerance
+    if tolerance is None:
+        tolerance = 0.0 if exact else P.DEFAULT_TOLERANCE
+    tol = tolerance
+    if draft_len is None:
+        draft_len = EXACT_MAX_DRAFT if exact else 4
     engine = Engine.load(target, draft=draft, proposer=configs[0], n_ctx=n_ctx, threads=threads,
-                         draft_len=draft_len, adaptive=False)
+                         draft_len=draft_len, adaptive=False, exact=exact)
     reports = {c: P.ConfigReport(c, alpha=alpha) for c in configs}
     try:
-        click.echo(f"parity: {len(prompts)} prompts x {len(configs)} configurations on {target}", err=True)
+        click.echo(f"parity: {len(prompts)} prompts x {len(configs)} configurations on {target}, "
+                   f"{'exact' if exact else 'approximate'} mode, draft length {draft_len}", err=True)
         if mode in ("greedy", "both"):
             for out in P.greedy_parity(engine, prompts, configs, max_tokens=max_tokens, tolerance=tol):
                 reports[out.config].greedy.append(out)
@@ -86,7 +96,8 @@ def parity(target, draft, proposers, prompts_file, per_category, limit, mode, ma
     click.echo(_table(reports.values(), tol))
     if json_path:
         with open(json_path, "w", encoding="utf-8") as f:
-            json.dump({"target": target, "draft": draft, "tolerance": tol, "draft_len": draft_len,
+            json.dump({"target": target, "draft": draft, "exact": exact, "tolerance": tol,
+                       "draft_len": draft_len,
                        "reports": [r.to_json() for r in reports.values()]}, f, indent=2)
 
 
