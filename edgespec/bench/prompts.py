@@ -44,12 +44,13 @@ class BenchPrompt:
 
 
 def default_data_dir() -> Path:
-    """Where the shipped prompt sets live: $EDGESPEC_BENCH_DATA, else the checkout's shared/data."""
+    """Where the shipped prompt sets live: $EDGESPEC_BENCH_DATA, else the repository's data/
+    (verbatim copies with their sources and licenses in data/SOURCES.md)."""
     env = os.environ.get("EDGESPEC_BENCH_DATA")
     if env:
         return Path(env)
     root = Path(__file__).resolve().parents[2]
-    for candidate in (root / "shared" / "data", root.parent / "shared" / "data"):
+    for candidate in (root / "data", root / "shared" / "data", root.parent / "shared" / "data"):
         if (candidate / SPEC_BENCH_FILE).is_file():
             return candidate
     return root.parent / "shared" / "data"
