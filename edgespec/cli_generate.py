@@ -59,12 +59,14 @@ def read_prompt(prompt: str | None) -> str:
 @click.option("--budget", default=None, help="Memory budget for --proposer auto, e.g. 4GiB.")
 @click.option("--logprobs", type=click.IntRange(0, 20), default=None,
               help="Report each token's log-probability and N alternatives (with --json).")
+@click.option("--grammar", "grammar_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="GBNF grammar file (refused for now: see docs/parity.md).")
 @click.option("--stats", "show_stats", is_flag=True, help="Print a stats summary to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record instead of streaming text.")
 @handle_errors
 def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_tokens, temperature, top_k,
              top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty, seed, stop, chat,
-             system, n_ctx, threads, budget, logprobs, show_stats, as_json):
+             system, n_ctx, threads, budget, logprobs, grammar_file, show_stats, as_json):
     """Generate a completion for PROMPT (or stdin)."""
     from .engine import Engine
     from .events import Control, Finished, Step
@@ -72,6 +74,7 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_to
     text = read_prompt(prompt)
     params = GenerationParams(
         max_tokens=max_tokens, stop=tuple(stop), chat=chat, system=system, logprobs=logprobs,
+        grammar=open(grammar_file, encoding="utf-8").read() if grammar_file else None,
         sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
                                 frequency_penalty=frequency_penalty, seed=seed),

@@ -267,6 +267,13 @@ class Engine:
         path, fixed draft lengths and adaptive control on one loaded model; so does
         ``exact`` (see :meth:`load`).
         """
+        if params.grammar is not None:
+            # Never silently unconstrained: until the grammar state is advanced over accepted
+            # tokens only (and drafts it forbids are cut), constrained decoding is refused.
+            raise UnsupportedError(
+                "grammar-constrained decoding (GBNF / JSON schema) is not supported by edgespec "
+                "yet, on the plain or the speculative path; run without --grammar, or use "
+                "llama.cpp's own grammar sampling")
         exact = self.exact if exact is None else exact
         control = self._within_exact((control or self.control).validate(), exact)
         params = (params or GenerationParams()).validate()

@@ -55,6 +55,7 @@ class GenerationParams:
     chat: bool = True  # apply the target's own GGUF chat template
     system: str | None = None
     logprobs: int | None = None  # None = off; N = report the top-N alternatives too
+    grammar: str | None = None  # GBNF text (or JSON schema converted to it): refused for now
 
     def validate(self) -> "GenerationParams":
         _guard(self.max_tokens >= 1, f"max_tokens must be >= 1 (got {self.max_tokens})")

@@ -113,3 +113,12 @@ def test_fixed_draft_longer_than_exact_mode_allows_is_refused(runner, model_path
     ok = _gen(runner, model_path("smollm2-135m"), "--proposer", "ngram", "--no-adaptive",
               "--draft-len", "5", "--no-exact", "--max-tokens", "4", "hi")
     assert ok.exit_code == 0, ok.output
+
+
+def test_grammar_is_refused_not_ignored(runner, model_path, tmp_path):
+    g = tmp_path / "yes.gbnf"
+    g.write_text('root ::= "yes" | "no"\n')
+    for p in ("none", "ngram"):
+        r = _gen(runner, model_path("smollm2-135m"), "--proposer", p, "--grammar", str(g), "hi")
+        assert r.exit_code == 1, r.output
+        assert "grammar" in r.output and "not supported" in r.output
