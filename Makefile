@@ -45,10 +45,11 @@ demo: models
 	@printf '$(DEMO_PROMPT)' | $(EDGESPEC) generate --target qwen-1.5b --proposer auto --max-tokens 160 --stats
 
 # The default suite: unit, native, CLI, TUI and fast real-model tests (small models).
+# The sanitizer and fuzz runs go first so that pytest's summary is the last line printed.
 test: install
 	$(EDGESPEC) models pull smollm2-135m gemma-270m qwen-0.5b qwen-1.5b
-	$(PY) -m pytest -q -m "not slow" tests
 	$(MAKE) native-sanitize fuzz-smoke
+	$(PY) -m pytest -q -m "not slow" tests
 
 test-slow: install
 	$(PY) -m pytest -q -m slow tests
