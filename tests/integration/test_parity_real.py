@@ -55,15 +55,15 @@ def engine(engine_factory):
     return engine_factory("smollm2-135m", proposer="none", adaptive=False, draft_len=2, n_ctx=1024)
 
 
-def _attach(engine, name: str, corrupt: bool) -> str:
-    engine.add_proposer(name, _script(engine, corrupt))
+def _attach(engine, name: str, corrupt: bool, chat: bool = True, prompts=PROMPTS) -> str:
+    engine.add_proposer(name, _script(engine, corrupt, chat, prompts))
     return name
 
 
-def _script(engine, corrupt: bool) -> ScriptProposer:
+def _script(engine, corrupt: bool, chat: bool, prompts) -> ScriptProposer:
     scripts = {}
-    for pr in PROMPTS:
-        params = GenerationParams(max_tokens=24)
+    for pr in prompts:
+        params = GenerationParams(max_tokens=24, chat=chat)
         res = engine.generate(pr.prompt, params, proposer="none")
         toks = list(res.tokens)
         if corrupt:  # every fourth token wrong; a period of 4 against 3-token passes moves the
@@ -97,22 +97,30 @@ def test_point_mass_sampling_reproduces_plain_tokens_for_the_same_seed(engine):
 
 
 def test_sampling_parity_passes(engine):
-    name = _attach(engine, "script-sampling", corrupt=False)
+    # raw prompts (no chat template) keep the 60 prefills short
+    name = _attach(engine, "script-sampling", corrupt=False, chat=False)
     report = P.ConfigReport(name, alpha=ALPHA)
-    report.sampling.extend(P.sampling_parity(engine, PROMPTS[:1], [name],
-                                             SamplingParams(temperature=0.8), n_seeds=30, positions=3))
+    report.sampling.extend(P.sampling_parity(engine, PROMPTS[:1], [name], SamplingParams(temperature=0.8),
+                                             n_seeds=30, positions=3, chat=False))
     assert report.n_tests == 4
     assert report.sampling_ok, report.to_json()
 
 
+# SmolLM2 continues this raw text with " Berlin" (p 0.96 at temperature 1), then "." (p 0.76):
+# the first verified position holds a drafted token with p near neither 0 nor 1, where a
+# verifier without the residual correction shifts the law most ((1 - p) p of mass).
+DETECT_PROMPT = P.ParityPrompt("germany", "test", "The capital of France is Paris. The capital of Germany is")
+
+
 @pytest.mark.slow
 def test_broken_acceptance_is_detected_on_a_real_model(engine):
-    name = _attach(engine, "script-broken", corrupt=False)
+    name = _attach(engine, "script-broken", corrupt=False, chat=False, prompts=[DETECT_PROMPT])
     sp = SamplingParams(temperature=1.0)
     good, bad = P.ConfigReport(name, alpha=ALPHA), P.ConfigReport("broken", alpha=ALPHA)
-    good.sampling.extend(P.sampling_parity(engine, PROMPTS[:1], [name], sp, n_seeds=150, positions=3))
+    good.sampling.extend(P.sampling_parity(engine, [DETECT_PROMPT], [name], sp, n_seeds=200, positions=3,
+                                           chat=False))
     with P.broken_acceptance():
-        bad.sampling.extend(P.sampling_parity(engine, PROMPTS[:1], [name], sp, n_seeds=150,
-                                              positions=3))
+        bad.sampling.extend(P.sampling_parity(engine, [DETECT_PROMPT], [name], sp, n_seeds=200,
+                                              positions=3, chat=False))
     assert good.sampling_ok, good.to_json()
     assert not bad.sampling_ok, bad.to_json()
