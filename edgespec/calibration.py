@@ -47,6 +47,13 @@ DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
 PRIOR_CPU_COSTS: dict[int, float] = {1: 1.0, 2: 1.50, 3: 1.78, 5: 2.06, 6: 2.36, 8: 2.86,
                                      10: 3.28, 16: 3.44}
 PRIOR_CPU_STEP_SECONDS = 0.086
+# weight bytes of the model that step was measured on (Qwen2.5-Coder-1.5B Q4_K_M)
+PRIOR_CPU_WEIGHT_BYTES = 1_111_370_240
+
+
+def prior_step_seconds(weight_bytes: float) -> float:
+    """The documented CPU step scaled to a model's size: decode is bandwidth-bound."""
+    return PRIOR_CPU_STEP_SECONDS * weight_bytes / PRIOR_CPU_WEIGHT_BYTES
 
 _FORMAT = 1
 

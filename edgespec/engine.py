@@ -502,13 +502,12 @@ def _calibration(model: backend.Model, threads: int | None):
     """The measured verify-cost curve, or the documented CPU prior when the measurement is
     not trustworthy (timed on an oversubscribed machine)."""
     from . import calibration
-    from .calibration import PRIOR_CPU_STEP_SECONDS, Calibration
+    from .calibration import Calibration, prior_step_seconds
     from .planner import calibration_trust
 
     cal = calibration.load_or_measure(model.path, n_threads=threads, model=model,
                                       n_gpu_layers=model.n_gpu_layers)
-    # decode is bandwidth-bound: scale the documented 1.5B step by weight size
-    expected = PRIOR_CPU_STEP_SECONDS * model.size_bytes / 1_111_370_240
+    expected = prior_step_seconds(model.size_bytes)
     if not calibration_trust(cal, expected)[0]:
         cal = Calibration.prior_cpu(step_seconds=expected)
     return cal

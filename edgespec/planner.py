@@ -334,13 +334,12 @@ def speed_model(dev: Device, target: ModelFacts, draft: ModelFacts | None, *,
                 n_gpu_layers: int, draft_gpu_layers: int,
                 target_cal=None, draft_cal=None) -> SpeedModel:
     """Pick the best available source for the cost curve and the draft's per-token cost."""
-    from .calibration import Calibration, PRIOR_CPU_STEP_SECONDS
+    from .calibration import Calibration, prior_step_seconds
 
     speed = dict(dev.speed or {})
     gpu_curve = Calibration.linear(0.02).cost
     cpu_prior = Calibration.prior_cpu()
-    # Scale the dev machine's 86 ms Qwen-1.5B step by weight bytes: decode is bandwidth-bound.
-    cpu_step = PRIOR_CPU_STEP_SECONDS * target.weight_bytes / 1_111_370_240
+    cpu_step = prior_step_seconds(target.weight_bytes)
     share = _cpu_time_share(target, n_gpu_layers)
     notes = []
     trusted_t, why_t = calibration_trust(target_cal, cpu_step)
