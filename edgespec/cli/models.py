@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from . import registry
-from .cli_common import handle_errors
-from .errors import ModelError
+from .. import registry
+from .common import handle_errors
+from ..errors import ModelError
 
 
 def _human(n: int) -> str:

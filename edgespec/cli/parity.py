@@ -5,8 +5,8 @@ import json
 
 import click
 
-from .cli_common import handle_errors
-from .errors import InvalidInputError
+from .common import handle_errors
+from ..errors import InvalidInputError
 
 CONFIGS = ("draft", "ngram", "suffix")
 
@@ -57,9 +57,9 @@ def parity(target, draft, proposers, prompts_file, per_category, limit, mode, ma
            draft_len, tolerance, temperature, top_k, top_p, min_p, seeds, positions, alpha, self_check, n_ctx,
            threads, json_path):
     """Run prompts through the plain path and each speculative configuration; report divergences."""
-    from . import parity as P
-    from .engine import EXACT_MAX_DRAFT, Engine
-    from .params import SamplingParams
+    from .. import parity as P
+    from ..engine import EXACT_MAX_DRAFT, Engine
+    from ..params import SamplingParams
 
     configs = _configs(proposers, draft)
     prompts = P.load_prompts(prompts_file, per_category=per_category, limit=limit)

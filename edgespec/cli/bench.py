@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from .cli_common import handle_errors
-from .errors import InvalidInputError
+from .common import handle_errors
+from ..errors import InvalidInputError
 
 DEFAULT_OUT = Path("bench-out")
 
@@ -62,8 +62,8 @@ class _Progress:
 
 def run_and_write(m, out_dir: Path, label: str):
     """Run the matrix with a progress bar; always write JSON + report (also after Ctrl-C)."""
-    from .bench.report import write_json, write_report
-    from .bench.runner import collect_prompts, run_bench, total_requests
+    from ..bench.report import write_json, write_report
+    from ..bench.runner import collect_prompts, run_bench, total_requests
 
     m = m.validate()
     prompts = collect_prompts(m)
@@ -84,7 +84,7 @@ def run_and_write(m, out_dir: Path, label: str):
 
 
 def _echo_overall(data) -> None:
-    from .bench.report import OVERALL, speedup_table
+    from ..bench.report import OVERALL, speedup_table
 
     table = speedup_table(data)
     for config, cell in table.get(OVERALL, {}).items():
@@ -134,10 +134,10 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
           per_category, max_turns, humanevalfix, jsonl, prompt_field, jsonl_n, buckets, max_tokens,
           temperature, seed, threads, n_ctx, warmup, out, report_from, dry_run):
     """Benchmark the plain path, proposers and llama-cpp-python's prompt lookup side by side."""
-    from .bench import matrix as mx
+    from ..bench import matrix as mx
 
     if report_from:
-        from .bench.report import load_run, write_report
+        from ..bench.report import load_run, write_report
 
         data = load_run(report_from)
         path = write_report(data, Path(out) if out else Path(report_from).parent)
@@ -169,7 +169,7 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
         m = replace(m, preset=f"{m.preset}, modified")
     m = m.with_baseline().validate()
     if dry_run:
-        from .bench.runner import collect_prompts, total_requests
+        from ..bench.runner import collect_prompts, total_requests
 
         prompts = collect_prompts(m)
         click.echo(f"target {m.target}, draft {m.draft or '-'}; configurations: {', '.join(m.labels)}")
@@ -206,10 +206,10 @@ def qualify(target, proposer, slices, per_slice, max_turns, max_tokens, threads,
 
     PROPOSER: ngram, suffix, draft, or draft:NAME / a draft model's name.
     """
-    from . import registry
-    from .bench import matrix as mx
-    from .bench.prompts import HUMANEVALFIX, SPEC_BENCH_CATEGORIES
-    from .bench.report import slice_results
+    from .. import registry
+    from ..bench import matrix as mx
+    from ..bench.prompts import HUMANEVALFIX, SPEC_BENCH_CATEGORIES
+    from ..bench.report import slice_results
 
     pair = registry.load_registry().pair(target, proposer)
     names = [s.strip() for s in slices.split(",") if s.strip()]

@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from .cli_common import handle_errors
-from .errors import InvalidInputError
-from .params import GenerationParams, SamplingParams
+from .common import handle_errors
+from ..errors import InvalidInputError
+from ..params import GenerationParams, SamplingParams
 
 PROPOSERS = ["auto", "none", "draft", "ngram", "suffix"]
 
@@ -68,8 +68,8 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_to
              top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty, seed, stop, chat,
              system, n_ctx, threads, budget, logprobs, grammar_file, show_stats, as_json):
     """Generate a completion for PROMPT (or stdin)."""
-    from .engine import Engine
-    from .events import Control, Finished, Step
+    from ..engine import Engine
+    from ..events import Control, Finished, Step
 
     text = read_prompt(prompt)
     params = GenerationParams(
@@ -83,7 +83,7 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_to
                          draft_len=draft_len, adaptive=adaptive, budget=budget, exact=exact)
     try:
         if engine.plan is not None and show_stats and not as_json:
-            from .planner import check_memory
+            from ..planner import check_memory
             click.echo(f"[plan] {_plan_line(engine.plan)}", err=True)
             click.echo(f"[plan] {check_memory(engine.plan, 'load').report()}", err=True)
         fin = None

@@ -5,7 +5,7 @@ import json
 
 import click
 
-from .cli_common import handle_errors
+from .common import handle_errors
 
 _DEVICE_HELP = ("JSON file describing another machine instead of probing this one: "
                 '{"ram_available": "16GiB", "gpus": [{"name": "RTX 4060", "free": "7.5GiB", '
@@ -38,8 +38,8 @@ _DEVICE_HELP = ("JSON file describing another machine instead of probing this on
 def plan_command(target, draft, budget, n_ctx, kv_type, device_json, calibrate, recalibrate,
                  verify_rss, as_json):
     """Plan proposer, draft length, GPU offload, context and KV cache for a target on this device."""
-    from . import device as devmod
-    from . import planner
+    from .. import device as devmod
+    from .. import planner
 
     dev = devmod.from_json(device_json) if device_json else None
     p = planner.plan_for(target, draft, device=dev, budget=budget, ctx=n_ctx, kv_type=kv_type,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from . import __version__
+from .. import __version__
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -14,22 +14,22 @@ def cli() -> None:
 
 # --- subcommands: each lives in its own module, registered here explicitly ---
 # (helpers: add one import + add_command line per command group below)
-from .cli_generate import generate  # noqa: E402
+from .generate import generate  # noqa: E402
 
 cli.add_command(generate)
-from .cli_models import models  # noqa: E402
+from .models import models  # noqa: E402
 
 cli.add_command(models)
-from .cli_tui import tui_command  # noqa: E402
+from .tui import tui_command  # noqa: E402
 
 cli.add_command(tui_command)
-from .cli_plan import plan_command  # noqa: E402
+from .plan import plan_command  # noqa: E402
 
 cli.add_command(plan_command)
-from .cli_parity import parity  # noqa: E402
+from .parity import parity  # noqa: E402
 
 cli.add_command(parity)
-from .cli_bench import bench, qualify  # noqa: E402
+from .bench import bench, qualify  # noqa: E402
 
 cli.add_command(bench)
 cli.add_command(qualify)

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .errors import Cancelled, EdgespecError
+from ..errors import Cancelled, EdgespecError
 
 
 def handle_errors(fn):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .cli_common import handle_errors
+from .common import handle_errors
 
 
 @click.command("tui")
