@@ -494,8 +494,8 @@ def _logprob(row: np.ndarray, tok: int, top_n: int) -> TokenLogprob:
 
 
 def _free_names() -> list[str]:
-    from .proposers import FREE_PROPOSERS
-    return list(FREE_PROPOSERS)
+    from .proposers import free_names
+    return free_names()
 
 
 def _calibration(model: backend.Model, threads: int | None):

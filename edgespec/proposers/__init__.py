@@ -1,30 +1,165 @@
-"""Proposer registry: the one place that maps a name to a proposer factory."""
+"""The proposer registry: the one place that knows which proposers exist.
+
+A :class:`ProposerSpec` says what a proposer is (its name, whether it costs a
+model, what it needs, its options and their types) and how to build it. The
+CLI, the planner, the TUI, the bench and the engine all read :data:`REGISTRY`;
+no other module lists proposer names. The plain path is :data:`PLAIN`.
+
+    spec("suffix").check_options({"factor": "3"})   # typed, validated, or InvalidInputError
+    p = spec("suffix").build(BuildContext(...), {"factor": 3.0})
+"""
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
+from ..config import AUTO, PLAIN
+from ..errors import InvalidInputError
 from .base import EMPTY_DRAFT, Draft, Proposer, ProposerSession
 
-__all__ = ["Draft", "EMPTY_DRAFT", "Proposer", "ProposerSession", "FREE_PROPOSERS", "free_proposer"]
+__all__ = ["AUTO", "BuildContext", "Draft", "EMPTY_DRAFT", "Option", "PLAIN", "Proposer",
+           "ProposerSession", "ProposerSpec", "REGISTRY", "free_names", "names", "needs_model",
+           "spec"]
 
 
-def _ngram(**kw) -> Proposer:
+@dataclass(frozen=True)
+class Option:
+    """One knob of a proposer: its type (int, float, bool or str), default and meaning."""
+
+    type: type
+    default: Any
+    help: str
+
+    def coerce(self, proposer: str, key: str, value: Any) -> Any:
+        if self.type is bool and isinstance(value, str):
+            low = value.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise InvalidInputError(f"{proposer} option {key}={value!r} is not a boolean "
+                                    "(use true or false)")
+        try:
+            if self.type is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return self.type(value)
+        except (TypeError, ValueError):
+            raise InvalidInputError(f"{proposer} option {key}={value!r} is not a "
+                                    f"{self.type.__name__} ({self.help})") from None
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a factory may use: the loaded target, the loaded draft model (if any), sizes."""
+
+    target: Any = None
+    draft_model: Any = None
+    n_ctx: int = 4096
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class ProposerSpec:
+    name: str
+    description: str
+    #: True when proposing costs real compute (a draft model): the controller weighs its time
+    costly: bool
+    #: what it needs besides the target: "draft_model" (a GGUF sharing the vocabulary),
+    #: "native" (the C library built by `make install`)
+    needs: tuple[str, ...]
+    options: Mapping[str, Option] = field(default_factory=dict)
+    factory: Callable[[BuildContext, dict], Proposer] | None = None
+
+    def check_options(self, raw: Mapping[str, Any]) -> dict:
+        """Typed options, or an error naming the unknown key and the known ones."""
+        out = {}
+        for key, value in raw.items():
+            opt = self.options.get(key)
+            if opt is None:
+                known = ", ".join(sorted(self.options)) or "none"
+                raise InvalidInputError(f"unknown {self.name} option {key!r}; known: {known}")
+            out[key] = opt.coerce(self.name, key, value)
+        return out
+
+    def build(self, ctx: BuildContext, options: Mapping[str, Any] | None = None) -> Proposer:
+        opts = self.check_options(options or {})
+        if "draft_model" in self.needs and ctx.draft_model is None:
+            raise InvalidInputError(f"the {self.name} proposer needs a draft model (--draft NAME|PATH)")
+        try:
+            return self.factory(ctx, opts)
+        except ImportError as e:
+            raise InvalidInputError(f"the {self.name} proposer needs the native library, which is "
+                                    f"not built ({e}); run `make install`") from None
+
+
+def _ngram(ctx: BuildContext, opts: dict) -> Proposer:
     from .ngram import NgramProposer
-    return NgramProposer(**kw)
+    return NgramProposer(**opts)
 
 
-def _suffix(**kw) -> Proposer:
+def _suffix(ctx: BuildContext, opts: dict) -> Proposer:
     from .suffix import SuffixProposer
-    return SuffixProposer(**kw)
+    return SuffixProposer(**opts)
 
 
-#: proposers that need no model: cheap enough for the engine to load them all
-FREE_PROPOSERS: dict[str, Callable[..., Proposer]] = {"ngram": _ngram, "suffix": _suffix}
+def _draft(ctx: BuildContext, opts: dict) -> Proposer:
+    from .draft import DraftModelProposer
+    return DraftModelProposer(ctx.draft_model, n_ctx=ctx.n_ctx, n_threads=ctx.threads, **opts)
+
+
+REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
+    ProposerSpec(
+        "ngram", "prompt lookup: what followed the latest earlier occurrence of the context's tail",
+        costly=False, needs=("native",), factory=_ngram, options={
+            "min_n": Option(int, 2, "shortest n-gram order tried"),
+            "max_n": Option(int, 5, "longest n-gram order tried"),
+            "max_draft": Option(int, 10, "most tokens per draft"),
+            "max_bytes": Option(int, 256 << 20, "memory cap per request, bytes"),
+        }),
+    ProposerSpec(
+        "suffix", "suffix decoding: the most frequent continuation in per-request and global "
+        "suffix trees", costly=False, needs=("native",), factory=_suffix, options={
+            "factor": Option(float, 1.0, "draft length per matched token"),
+            "offset": Option(float, 0.0, "draft length added to factor x match length"),
+            "min_token_prob": Option(float, 0.1, "stop before a token rarer than this"),
+            "max_draft": Option(int, 16, "most tokens per draft"),
+            "max_depth": Option(int, 64, "longest suffix indexed"),
+            "cache_bytes": Option(int, 64 << 20, "global tree memory cap, bytes"),
+            "use_global": Option(bool, True, "learn across requests"),
+        }),
+    ProposerSpec(
+        "draft", "a GGUF draft model sharing the target's vocabulary", costly=True,
+        needs=("draft_model",), factory=_draft, options={
+            "n_batch": Option(int, 512, "draft context batch size"),
+        }),
+)}
+
+
+def spec(name: str) -> ProposerSpec:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise InvalidInputError(f"unknown proposer {name!r}; choose one of "
+                                f"{', '.join([AUTO, PLAIN, *REGISTRY])}") from None
+
+
+def names(plain: bool = False, auto: bool = False) -> list[str]:
+    """Registered proposer names, optionally with the ``auto`` and ``none`` pseudo-names."""
+    return [*([AUTO] if auto else []), *([PLAIN] if plain else []), *REGISTRY]
+
+
+def free_names() -> list[str]:
+    """Proposers that need no model: cheap enough to load them all in every engine."""
+    return [n for n, s in REGISTRY.items() if not s.costly]
+
+
+def needs_model(name: str) -> bool:
+    return name in REGISTRY and "draft_model" in REGISTRY[name].needs
 
 
 def free_proposer(name: str, **options) -> Proposer:
-    try:
-        factory = FREE_PROPOSERS[name]
-    except KeyError:
-        raise KeyError(f"unknown proposer {name!r}") from None
-    return factory(**options)
+    """Build a model-free proposer by name with its options (validated by its spec)."""
+    s = spec(name)
+    if s.costly:
+        raise InvalidInputError(f"the {name} proposer needs a model; build it through the engine")
+    return s.build(BuildContext(), options)

@@ -1,0 +1,111 @@
+"""What an engine is built from: one validated object for the CLI, the API and the planner.
+
+    cfg = EngineConfig(target="qwen-1.5b", proposer="auto").validate()
+    plan = planner.plan_engine(cfg)          # fills what "auto" leaves open, with reasons
+    engine = Engine.from_config(plan.config) # loads exactly what the plan shows
+
+``edgespec plan`` and ``edgespec generate`` build the same object from the same flags,
+so the plan a user is shown is the plan that runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from .errors import InvalidInputError
+
+#: the plain path's proposer name; every module that needs it imports it from here
+PLAIN = "none"
+AUTO = "auto"
+
+KV_TYPES = ("f16", "q8_0", "q4_0")
+#: enum ggml_type values, for llama_context_params.type_k/type_v
+KV_GGML_TYPE = {"f16": 1, "q8_0": 8, "q4_0": 2}
+
+
+def _guard(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidInputError(message)
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """How llama.cpp computes: what decides speed, memory and batch invariance.
+
+    ``repack`` (llama.cpp's ``use_extra_bufts``) keeps a repacked copy of the weights
+    beside the mapped file: much cheaper verify passes on CPU, at the price of
+    resident memory. Flash attention with a Q8_0 KV cache keeps single-token decodes
+    on the same attention path as batches (docs/parity.md).
+    """
+
+    repack: bool = True
+    flash_attn: bool = True
+    kv_type: str = "q8_0"
+    n_batch: int = 512
+    use_mmap: bool = True
+
+    def validate(self) -> "KernelConfig":
+        _guard(self.kv_type in KV_TYPES,
+               f"unknown KV cache type {self.kv_type!r}; choose one of {', '.join(KV_TYPES)}")
+        _guard(self.n_batch >= 1, f"batch size must be >= 1 (got {self.n_batch})")
+        return self
+
+    @property
+    def kv_ggml_type(self) -> int:
+        return KV_GGML_TYPE[self.kv_type]
+
+    def key(self) -> str:
+        """A short stable label for caches keyed by kernel configuration."""
+        return (f"repack={int(self.repack)},fa={int(self.flash_attn)},kv={self.kv_type},"
+                f"mmap={int(self.use_mmap)}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything :meth:`edgespec.engine.Engine.from_config` needs, validated up front.
+
+    ``proposer`` is the default for requests: ``"auto"`` (the planner decides), ``"none"``
+    (the plain path) or a name from :mod:`edgespec.proposers`. ``draft`` names a draft
+    model when a model-based proposer is wanted. ``exact`` adds the bitwise promise
+    (greedy output equals the plain path's) on top of the lossless default.
+    """
+
+    target: str
+    draft: str | None = None
+    proposer: str = AUTO
+    proposer_options: Mapping[str, Mapping] = field(default_factory=dict)
+    kernel: KernelConfig = field(default_factory=KernelConfig)
+    exact: bool = False
+    n_ctx: int | None = None
+    threads: int | None = None
+    n_gpu_layers: int = 0
+    draft_gpu_layers: int = 0
+    control: object | None = None  # edgespec.control.ControlSettings; None = defaults
+    budget: str | int | None = None
+    pull: bool = True
+
+    def validate(self) -> "EngineConfig":
+        from . import proposers
+
+        _guard(bool(self.target), "a target model is required (a registry name or a .gguf path)")
+        if self.proposer not in (AUTO, PLAIN):
+            proposers.spec(self.proposer)  # raises with the list of known names
+        for name, opts in self.proposer_options.items():
+            proposers.spec(name).check_options(opts)
+        if self.proposer != AUTO and proposers.needs_model(self.proposer):
+            _guard(self.draft is not None,
+                   f"--proposer {self.proposer} needs --draft NAME|PATH (a model that shares the "
+                   "target's vocabulary, see `edgespec models list`)")
+        _guard(self.n_ctx is None or self.n_ctx >= 16,
+               f"--ctx must be at least 16 tokens (got {self.n_ctx})")
+        _guard(self.threads is None or self.threads >= 1,
+               f"--threads must be >= 1 (got {self.threads})")
+        _guard(self.n_gpu_layers >= -1 and self.draft_gpu_layers >= -1,
+               "GPU layer counts must be >= 0 (or -1 for all)")
+        self.kernel.validate()
+        if self.control is not None:
+            self.control.validate()
+        return self
+
+    def with_(self, **changes) -> "EngineConfig":
+        return replace(self, **changes)
