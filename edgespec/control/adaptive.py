@@ -1,0 +1,356 @@
+"""The adaptive controller: per step, the proposer and draft length with the highest
+expected goodput (tokens per second), or a plain step when no draft beats one.
+
+The economics. A draft of d tokens emits E(d) tokens on average
+(:func:`~edgespec.control.acceptance.expected_tokens`) and takes t(d + 1) + draft_time(d)
+seconds, against one token in t(1) for a plain step, where t(n) is the measured time of
+an n-token target pass (:mod:`edgespec.calibration`). Every d from ``min_draft`` to the
+candidate's length is tried on the curve as measured: the curve need not be monotone (on a
+2-core CPU with repacked weights a 4-token pass takes the 4-column gemm and costs less than
+a 3-token one), so no shape is assumed. A draft is taken only if it beats a plain step by
+``margin``. On that CPU t(2) = 1.5 t(1), so a 1-token draft must be accepted more than half
+the time to pay; on a GPU t(k) ≈ t(1) and long drafts pay at modest acceptance. Nothing is
+tuned per device except the measured curve.
+
+Free proposers (n-gram, suffix) hand in their drafts as candidates before the decision,
+all of them at every step; every candidate, used or not, is later scored against the
+tokens the target actually emitted (the target's greedy choice is what verification
+would have compared against; under sampling, a match happens with exactly the
+probability a point-mass draft is accepted), so the controller keeps learning while it
+takes plain steps, and a request that turns repetitive regains speculation. A costly
+proposer (a draft model) is chosen on its position-only estimates and its measured
+per-token time, and drafts only after the decision.
+
+Two safety nets on top of the estimates:
+
+* the *floor* (per request and proposer): when the verified acceptance over a
+  sliding window falls below it, that proposer stops drafting; it is tried again
+  when shadow scoring says its drafts match again, when its match gets long, or
+  after a probe interval that doubles after each failed probe;
+* the *goodput guard* (:class:`~edgespec.control.guard.GoodputGuard`, one per engine):
+  it compares the goodput of speculative steps with the time of plain steps over a
+  window and, when the lower confidence bound of the improvement falls below the
+  threshold, disables that proposer for that traffic slice; it re-enables on fresh
+  evidence from occasional probe steps.
+
+Every change of mode (fallback, probe, recover, guard_off, guard_on, guarded) is
+recorded as a :class:`~edgespec.control.settings.ControlRecord` for the engine to emit
+as :class:`edgespec.events.Control`.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..calibration import Calibration
+from ..proposers.base import Draft
+from .acceptance import AcceptanceModel, ControlMemory, Feature, expected_tokens, token_features
+from .guard import GoodputGuard
+from .settings import ControlRecord, ControlSettings, Decision, Outcome, StepView
+
+
+@dataclass
+class _Pending:
+    """A draft waiting for enough emitted tokens to be scored."""
+
+    proposer: str
+    tokens: tuple[int, ...]
+    features: list[Feature]
+    start: int  # index in the emitted stream of its first token
+    used: bool  # this draft (truncated) was verified: the floor already counted it
+    state: bool | None  # the proposer's previous first-token outcome when this was drafted
+    done: int = 0  # leading tokens already matched and counted
+
+
+@dataclass
+class _ProposerState:
+    costly: bool
+    model: AcceptanceModel
+    shared: AcceptanceModel | None  # the engine's memory for this proposer
+    floor_window: deque  # verified positions of real drafts: True accepted / False rejected
+    shadow_window: deque  # the same for shadow-scored drafts since the last fallback
+    token_seconds: float | None = None  # measured seconds per drafted token (costly ones)
+    fallback: bool = False
+    fallback_step: int = 0
+    probe_interval: int = 0
+    last_evidence: int = 0  # step of the last verified or scored draft
+    probing: bool = False
+    hit: bool | None = None  # did its latest draft get the first token right?
+
+
+class AdaptiveController:
+    """Chooses proposer and draft length per step to maximise expected tokens per second.
+
+    ``proposers`` maps each loaded proposer's name to whether it is costly
+    (:attr:`Proposer.costly`). ``token_seconds`` gives the per-token cost of
+    costly ones when known (the draft model's calibration step time); it is
+    refined from observed draft times. ``guard`` is the engine's
+    :class:`GoodputGuard` (None: no guard); ``slice_`` names this request's
+    traffic slice for it. ``memory`` is the engine's :class:`ControlMemory`
+    (None: every request starts from the priors).
+    """
+
+    def __init__(self, proposers: Mapping[str, bool], calibration: Calibration | None = None,
+                 settings: ControlSettings | None = None, guard: GoodputGuard | None = None,
+                 slice_: str = "default", token_seconds: Mapping[str, float] | None = None,
+                 memory: ControlMemory | None = None) -> None:
+        self.settings = s = (settings or ControlSettings()).validate()
+        self.cal = calibration or Calibration.prior_cpu()
+        self.guard = guard if s.guard else None
+        self.slice = slice_
+        self.floor = s.floor if s.floor is not None else min(0.6, self.cal.cost(2) - 1.0 + 0.1)
+        self._p: dict[str, _ProposerState] = {}
+        for name, costly in proposers.items():
+            self._p[name] = _ProposerState(
+                costly=bool(costly),
+                model=memory.seed(name, s.window) if memory else AcceptanceModel(s.window),
+                shared=memory.model(name) if memory else None,
+                floor_window=deque(maxlen=s.floor_window), shadow_window=deque(maxlen=s.floor_window),
+                token_seconds=(token_seconds or {}).get(name), probe_interval=s.probe_after)
+        self._scale = 1.0  # observed / calibrated pass time (load, context length)
+        self._step = 0
+        self._emitted: list[int] = []
+        self._pending: list[_Pending] = []
+        self._view: StepView | None = None
+        self._decision: Decision | None = None
+        self._events: list[ControlRecord] = []
+        self._guarded_told = False
+        self.decisions = 0
+        self.drafts = 0
+
+    # --- time model ------------------------------------------------------------
+    def pass_seconds(self, n: int) -> float:
+        """Forecast wall time of an n-token target pass."""
+        return self._scale * self.cal.seconds(n)
+
+    def _draft_seconds(self, name: str, d: int, has_candidate: bool) -> float:
+        st = self._p[name]
+        if has_candidate or not st.costly:
+            return 0.0  # already paid (candidate) or negligible (free proposers)
+        per = st.token_seconds if st.token_seconds is not None else 0.5 * self.pass_seconds(1)
+        return per * d
+
+    # --- decide ------------------------------------------------------------------
+    def decide(self, view: StepView) -> Decision:
+        self._step += 1
+        self.decisions += 1
+        self._view = view
+        d = self._decide(view)
+        self._decision = d
+        if not d.plain:
+            self.drafts += 1
+        return d
+
+    def _decide(self, view: StepView) -> Decision:
+        s = self.settings
+        cap = s.max_draft if view.remaining is None else min(s.max_draft, view.remaining - 1)
+        if cap < s.min_draft or not self._p:
+            return Decision(None, 0, "too few tokens left to draft" if self._p else "no proposer")
+        t1 = self.pass_seconds(1)
+        bar = (1 + s.margin) / t1  # the goodput a draft must beat
+        best: tuple[float, str, int, float, str] | None = None  # rate, name, d, E(d), note
+        blocked: list[str] = []
+        for name, st in self._p.items():
+            cand = view.candidates.get(name)
+            if cand is not None and len(cand) == 0:
+                continue  # the proposer has nothing worth drafting here
+            if cand is None and not st.costly and view.candidates:
+                continue  # a free proposer the engine did not consult this step
+            admit = self.guard.admits(self.slice, name) if self.guard else "on"
+            if admit == "off":
+                blocked.append(name)
+                continue
+            n_max = min(cap, len(cand)) if cand is not None else cap
+            if n_max < s.min_draft:
+                continue
+            feats = token_features(n_max, cand.confidence if cand else None,
+                                   cand.match_length if cand else 0)
+            e = expected_tokens(st.model.predict(feats, st.hit))
+
+            def rate(dd: int) -> float:
+                return e[dd] / (self.pass_seconds(dd + 1) + self._draft_seconds(name, dd, cand is not None))
+
+            dd = max(range(s.min_draft, n_max + 1), key=rate)
+            gate, why = self._gate(st, cand, rate(dd) > bar)
+            if gate is None:
+                continue
+            if gate == "probe":
+                if rate(dd) <= bar:
+                    dd = min(max(s.probe_draft, s.min_draft), n_max)  # short: just gather evidence
+                note = f"probe: {why}"
+            elif rate(dd) <= bar:
+                continue
+            else:
+                note = "guard probe" if admit == "probe" else ""
+            # evidence-gathering steps go first; otherwise the best goodput wins
+            if best is None or (note.startswith("probe"), rate(dd)) > (best[4].startswith("probe"), best[0]):
+                best = (rate(dd), name, dd, e[dd], note)
+        if best is None:
+            if blocked and not self._guarded_told:
+                self._guarded_told = True
+                self._events.append(ControlRecord(
+                    "guarded", f"speculation with {', '.join(blocked)} is disabled for this traffic "
+                    "by the goodput guard", proposer=blocked[0]))
+            return Decision(None, 0, "goodput guard" if blocked else "no draft beats a plain step")
+        r, name, dd, e, note = best
+        if not note:
+            self._p[name].probe_interval = self.settings.probe_after
+        if note.startswith("probe"):
+            st = self._p[name]
+            st.probing = True
+            if st.fallback:
+                st.fallback_step = self._step  # the next probe interval counts from here
+            else:
+                st.last_evidence = self._step
+            self._events.append(ControlRecord("probe", f"{name}: {note[7:]}", dd, name))
+        return Decision(name, dd, note or "best expected goodput", expected_tokens=e,
+                        expected_speedup=r * t1)
+
+    def _gate(self, st: _ProposerState, cand: Draft | None, worth: bool) -> tuple[str | None, str]:
+        """May this proposer draft now? (None | "ok" | "probe", why). Side-effect free."""
+        s = self.settings
+        if st.fallback:
+            if worth and cand is not None and cand.match_length >= s.probe_match:
+                return "probe", f"a {cand.match_length}-token match"
+            if self._step - st.fallback_step >= st.probe_interval:
+                return "probe", f"{self._step - st.fallback_step} steps since falling back"
+            return None, ""
+        if self._step - st.last_evidence >= st.probe_interval:
+            # benched with nothing to learn from (a costly proposer, or no shadow scoring):
+            # look again now and then
+            return "probe", f"no evidence for {self._step - st.last_evidence} steps"
+        return "ok", ""
+
+    # --- observe -----------------------------------------------------------------
+    def observe(self, outcome: Outcome) -> None:
+        view = self._view
+        self._view = self._decision = None
+        name = outcome.proposer if outcome.drafted > 0 else None
+        n_pass = outcome.drafted + 1 if name else 1
+        if outcome.verify_seconds > 0:
+            ratio = outcome.verify_seconds / self.cal.seconds(n_pass)
+            self._scale += 0.1 * (min(max(ratio, 0.2), 5.0) - self._scale)
+        for st in self._p.values():  # evidence fades per step, whoever drafted
+            st.model.tick()
+            if st.shared is not None:
+                st.shared.tick()
+        if name in self._p:
+            self._observe_draft(name, outcome, view)
+        if self.guard is not None:
+            if name:
+                rec = self.guard.observe_spec(self.slice, name, outcome.accepted + 1,
+                                              outcome.draft_seconds + outcome.verify_seconds)
+                if rec is not None:
+                    self._events.append(rec)
+            elif outcome.verify_seconds > 0:
+                self.guard.observe_plain(self.slice, outcome.verify_seconds)
+        self._score_shadows(outcome, view)
+
+    def _observe_draft(self, name: str, o: Outcome, view: StepView | None) -> None:
+        st = self._p[name]
+        st.last_evidence = self._step
+        if st.costly and o.draft_seconds > 0:
+            per = o.draft_seconds / o.drafted
+            if st.token_seconds is None:
+                st.token_seconds = per
+            else:  # a catch-up prefill after a long pause is not the per-token price
+                st.token_seconds += 0.2 * (min(per, 3 * st.token_seconds) - st.token_seconds)
+        verified = min(o.accepted + 1, o.drafted)
+        st.floor_window.extend([True] * o.accepted + [False] * (verified - o.accepted))
+        cand = view.candidates.get(name) if view is not None else None
+        if not o.tokens or cand is None:
+            # no candidate to score later: count the verification itself
+            feats = token_features(o.drafted, o.confidence, o.match_length)
+            for i in range(verified):
+                for m in (st.model, st.shared):
+                    if m is not None:
+                        m.add(i, feats[i], i < o.accepted, st.hit)
+            st.hit = o.accepted > 0
+        if st.probing:
+            st.probing = False
+            rate = o.accepted / verified if verified else 0.0
+            if st.fallback and rate >= self.floor and o.accepted > 0:
+                self._recover(name, st, f"probe accepted {o.accepted} of {o.drafted}")
+            else:
+                # failed, or a benched proposer merely re-checked: look less often; being
+                # chosen on its merits (below) resets the interval
+                st.probe_interval = min(st.probe_interval * 2, self.settings.probe_after_max)
+            return
+        w = st.floor_window
+        if not st.fallback and len(w) >= self.settings.floor_min and sum(w) / len(w) < self.floor:
+            st.fallback = True
+            st.fallback_step = self._step
+            st.shadow_window.clear()
+            self._events.append(ControlRecord(
+                "fallback", f"{name}: acceptance {sum(w) / len(w):.0%} over the last {len(w)} "
+                f"verified draft tokens is below the floor {self.floor:.0%}", 0, name))
+            w.clear()
+
+    def _recover(self, name: str, st: _ProposerState, why: str) -> None:
+        st.fallback = False
+        st.floor_window.clear()
+        st.shadow_window.clear()
+        st.probe_interval = self.settings.probe_after
+        self._events.append(ControlRecord("recover", f"{name}: {why}", None, name))
+
+    def _score_shadows(self, o: Outcome, view: StepView | None) -> None:
+        if not o.tokens:
+            return
+        start = len(self._emitted)
+        if view is not None:
+            for name, cand in view.candidates.items():
+                st = self._p.get(name)
+                if st is None:
+                    continue
+                st.last_evidence = self._step  # consulted and scored: no probe needed
+                if len(cand) == 0:
+                    continue
+                n = min(len(cand), self.settings.max_draft)
+                used = o.drafted > 0 and o.proposer == name
+                self._pending.append(_Pending(name, tuple(cand.tokens[:n]),
+                                              token_features(n, cand.confidence, cand.match_length),
+                                              start, used, st.hit))
+                st.hit = cand.tokens[0] == o.tokens[0]
+        self._emitted.extend(o.tokens)
+        keep = []
+        for pd in self._pending:
+            st = self._p[pd.proposer]
+            seen = self._emitted[pd.start:pd.start + len(pd.tokens)]
+            j = pd.done
+            while j < len(seen) and seen[j] == pd.tokens[j]:
+                j += 1
+            rejected = j < len(seen)
+            # count what became known this step: matches, then the first mismatch
+            for i in range(pd.done, j + rejected):
+                for m in (st.model, st.shared):
+                    if m is not None:
+                        m.add(i, pd.features[i], i < j, pd.state)
+            pd.done = j
+            st.last_evidence = self._step
+            if rejected or j == len(pd.tokens):
+                if not pd.used:
+                    verified = min(j + 1, len(pd.tokens))
+                    w = st.shadow_window
+                    w.extend([True] * j + [False] * (verified - j))
+                    if st.fallback and len(w) >= self.settings.floor_min \
+                            and sum(w) / len(w) >= self.floor + 0.05:
+                        self._recover(pd.proposer, st, f"its last {len(w)} unused draft tokens "
+                                      f"matched {sum(w) / len(w):.0%} of the time")
+            else:
+                keep.append(pd)
+        self._pending = keep
+        lo = min((pd.start for pd in keep), default=len(self._emitted))
+        if lo > 4096:  # keep the emitted stream short on long generations
+            self._emitted = self._emitted[lo:]
+            for pd in keep:
+                pd.start -= lo
+
+    # --- events --------------------------------------------------------------------
+    def drain_events(self) -> list[ControlRecord]:
+        out, self._events = self._events, []
+        return out
+
+    def in_fallback(self, name: str) -> bool:
+        return self._p[name].fallback
+

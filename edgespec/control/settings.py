@@ -1,0 +1,174 @@
+"""The controller protocol's vocabulary: what a user sets, what the engine shows before a
+step, what the controller decides, and what the engine reports after it.
+
+One protocol, driven the same way by the engine and by :func:`edgespec.simulate.replay`:
+
+    view = StepView(generated=n, remaining=max_tokens - n,
+                    candidates={name: session.propose(settings.max_draft)   # every FREE
+                                for name, session in free_sessions.items()})  # proposer
+    d = controller.decide(view)        # Decision(proposer, k, reason, ...)
+    draft = view.candidates[d.proposer].tokens[:d.k]   # or a costly proposer's propose(d.k)
+    ...                                # one target pass, verification
+    controller.observe(Outcome(d.proposer, drafted, accepted, draft_s, verify_s,
+                               tokens=appended, confidence=..., match_length=...))
+    for rec in controller.drain_events(): ...   # ControlRecord -> events.Control
+
+``observe`` comes right after the step that ``decide`` chose; ``Outcome.tokens`` are the
+tokens that step appended (accepted drafts, then the target's own), which is what the
+controller scores the unused candidates against.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Mapping, NamedTuple, Protocol
+
+from ..errors import InvalidInputError
+from ..proposers.base import Draft
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    """What a user can set (``--draft-len``, ``--no-adapt``, ``--floor``, ...)."""
+
+    adaptive: bool = True
+    proposer: str | None = None  # fixed mode: the proposer to use (None = plain path)
+    draft_length: int = 4  # fixed mode: drafts per step
+    min_draft: int = 1  # adaptive: never draft fewer (a shorter best choice means a plain step)
+    max_draft: int = 15  # adaptive: never draft more (15 drafts = a 16-token verify pass)
+    floor: float | None = None  # min verified acceptance; None = min(0.6, break-even + 0.1)
+    floor_window: int = 32  # verified positions the floor looks at
+    floor_min: int = 16  # positions needed before the floor judges
+    window: int = 16  # about this many recent drafts (used or shadow-scored) drive the estimates
+    margin: float = 0.08  # a draft must beat a plain step's goodput by this fraction
+    probe_match: int = 6  # in fallback, a match this long earns a probe
+    probe_after: int = 32  # steps without evidence before a blind probe (doubles per failure)
+    probe_after_max: int = 512
+    probe_draft: int = 2  # drafts in a blind probe
+    guard: bool = True
+    guard_threshold: float = 1.0  # disable when the lower bound of speedup falls below this
+    guard_z: float = 1.645  # one-sided 95%
+    guard_window: int = 128  # speculative steps per slice the guard remembers
+    guard_min_steps: int = 64  # speculative steps before the guard judges (per-step goodput is noisy)
+    guard_probe_every: int = 8  # while disabled, admit one speculative step per this many asks
+
+    def validate(self) -> "ControlSettings":
+        _guard(self.draft_length >= 1, f"draft length must be >= 1 (got {self.draft_length})")
+        _guard(self.min_draft >= 1, f"min draft length must be >= 1 (got {self.min_draft})")
+        _guard(self.max_draft >= self.min_draft,
+               f"max draft length ({self.max_draft}) must be >= min draft length ({self.min_draft})")
+        _guard(self.floor is None or 0.0 <= self.floor < 1.0,
+               f"the acceptance floor must be in [0, 1) (got {self.floor})")
+        _guard(self.floor_window >= self.floor_min >= 1,
+               "floor window must be >= floor_min >= 1")
+        _guard(self.window >= 1, f"window must be >= 1 (got {self.window})")
+        _guard(self.margin >= 0.0, f"margin must be >= 0 (got {self.margin})")
+        _guard(self.guard_threshold > 0.0,
+               f"guard threshold is a speedup ratio and must be > 0 (got {self.guard_threshold})")
+        _guard(self.guard_window >= self.guard_min_steps >= 2,
+               "guard window must be >= guard_min_steps >= 2")
+        _guard(self.guard_probe_every >= 1, "guard_probe_every must be >= 1")
+        _guard(self.probe_after >= 1 and self.probe_after_max >= self.probe_after,
+               "probe_after must be >= 1 and <= probe_after_max")
+        _guard(self.probe_draft >= 1, "probe_draft must be >= 1")
+        return self
+
+
+def _guard(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidInputError(message)
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What the engine knows before a step.
+
+    ``candidates`` holds a draft from every *free* proposer's session, proposed at
+    ``max_draft`` (an empty draft: nothing worth drafting here). Costly proposers (a
+    draft model) are absent: they propose only once chosen, at the decided length.
+    """
+
+    generated: int = 0  # tokens emitted so far in this request
+    remaining: int | None = None  # tokens still allowed (max_tokens - generated); None = no limit
+    candidates: Mapping[str, Draft] = field(default_factory=dict)
+
+    def draft_for(self, decision: "Decision") -> Draft | None:
+        """The chosen candidate cut to ``decision.k`` tokens; None for a plain step or a
+        proposer without a candidate (a costly one: ask its session for ``k`` tokens)."""
+        if decision.plain:
+            return None
+        cand = self.candidates.get(decision.proposer)
+        return None if cand is None else truncate(cand, decision.k)
+
+
+def truncate(draft: Draft, k: int) -> Draft:
+    """The first ``k`` tokens of a draft, with their distributions and confidences."""
+    if len(draft) <= k:
+        return draft
+    return replace(draft, tokens=draft.tokens[:k],
+                   probs=draft.probs[:k] if draft.probs is not None else None,
+                   confidence=draft.confidence[:k] if draft.confidence is not None else None)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The controller's answer; for a free proposer the engine cuts its candidate to ``k``,
+    a costly one is asked to ``propose(k)``."""
+
+    proposer: str | None  # None = plain step
+    k: int  # draft tokens to propose / keep (0 for a plain step)
+    reason: str
+    expected_tokens: float = 1.0  # E(k), the model's forecast of tokens this step emits
+    expected_speedup: float = 1.0  # forecast goodput relative to a plain step
+
+    @property
+    def plain(self) -> bool:
+        return self.proposer is None or self.k <= 0
+
+
+#: the plain step (no proposer drafts)
+PLAIN_STEP = Decision(None, 0, "plain path")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a step did, for :meth:`Controller.observe`."""
+
+    proposer: str | None
+    drafted: int
+    accepted: int
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0  # the target pass (plain or verify)
+    # every token the step appended (accepted drafts then the target's own): lets the
+    # controller score drafts it did not use; () turns shadow scoring off
+    tokens: tuple[int, ...] = ()
+    confidence: tuple[float, ...] | None = None  # the draft's per-token confidence, if any
+    match_length: int = 0
+
+    @classmethod
+    def of(cls, step, draft: Draft | None = None) -> "Outcome":
+        """From an :class:`edgespec.events.Step` and the draft that was verified."""
+        return cls(proposer=step.proposer, drafted=step.drafted, accepted=step.accepted,
+                   draft_seconds=step.draft_seconds, verify_seconds=step.verify_seconds,
+                   tokens=tuple(step.tokens),
+                   confidence=draft.confidence if draft is not None else None,
+                   match_length=draft.match_length if draft is not None else 0)
+
+
+class ControlRecord(NamedTuple):
+    """A mode change, field order matching ``events.Control`` after its request_id."""
+
+    kind: str  # fallback | probe | recover | guard_off | guard_on | guarded
+    reason: str
+    draft_length: int | None = None
+    proposer: str | None = None
+
+
+class Controller(Protocol):
+    """Asked before every step, told right after it (see the module docstring)."""
+
+    def decide(self, view: StepView) -> Decision: ...
+
+    def observe(self, outcome: Outcome) -> None: ...
+
+    def drain_events(self) -> list[ControlRecord]: ...
+
