@@ -80,7 +80,9 @@ class EngineConfig:
     threads: int | None = None
     n_gpu_layers: int = 0
     draft_gpu_layers: int = 0
-    control: object | None = None  # edgespec.control.ControlSettings; None = defaults
+    adaptive: bool = True  # --adaptive/--no-adaptive
+    draft_len: int | None = None  # --draft-len: fixed length, or with adaptive control the cap
+    control: object | None = None  # a full edgespec.control.ControlSettings; wins over the two above
     budget: str | int | None = None
     pull: bool = True
 
@@ -89,13 +91,16 @@ class EngineConfig:
 
         _guard(bool(self.target), "a target model is required (a registry name or a .gguf path)")
         if self.proposer not in (AUTO, PLAIN):
-            proposers.spec(self.proposer)  # raises with the list of known names
+            for name in self.proposer.split("+"):
+                proposers.spec(name)  # raises with the list of known names
         for name, opts in self.proposer_options.items():
             proposers.spec(name).check_options(opts)
-        if self.proposer != AUTO and proposers.needs_model(self.proposer):
+        if any(proposers.needs_model(n) for n in self.proposer.split("+")):
             _guard(self.draft is not None,
                    f"--proposer {self.proposer} needs --draft NAME|PATH (a model that shares the "
                    "target's vocabulary, see `edgespec models list`)")
+        _guard(self.draft_len is None or self.draft_len >= 1,
+               f"--draft-len must be >= 1 (got {self.draft_len})")
         _guard(self.n_ctx is None or self.n_ctx >= 16,
                f"--ctx must be at least 16 tokens (got {self.n_ctx})")
         _guard(self.threads is None or self.threads >= 1,

@@ -41,6 +41,8 @@ def engine_factory(model_path):
             # Fixed-length drafting by default so parity tests really exercise verification;
             # adaptive control has its own tests.
             kw.setdefault("adaptive", False)
+            # The parity tests assert bitwise equality with the plain path: exact mode.
+            kw.setdefault("exact", True)
             kw.setdefault("threads", int(os.environ.get("EDGESPEC_TEST_THREADS", "2")))
             _ENGINES[key] = Engine.load(t, draft=d, **kw)
         return _ENGINES[key]

@@ -7,10 +7,10 @@ import sys
 import click
 
 from .common import handle_errors
+from .options import engine_config, engine_options
 from ..errors import InvalidInputError
 from ..params import GenerationParams, SamplingParams
 
-PROPOSERS = ["auto", "none", "draft", "ngram", "suffix"]
 
 
 def read_prompt(prompt: str | None) -> str:
@@ -29,17 +29,7 @@ def read_prompt(prompt: str | None) -> str:
 
 @click.command()
 @click.argument("prompt", required=False)
-@click.option("--target", default="qwen-1.5b", show_default=True, help="Registry name or .gguf path.")
-@click.option("--draft", default=None, help="Draft model (registry name or .gguf path) for --proposer draft.")
-@click.option("--proposer", type=click.Choice(PROPOSERS), default="auto", show_default=True,
-              help="auto asks the planner; none is the plain path.")
-@click.option("--draft-len", type=click.IntRange(1, 64), default=None,
-              help="Draft length (the maximum when adaptive control is on).")
-@click.option("--adaptive/--no-adaptive", default=True, show_default=True,
-              help="Adaptive draft length, fallback and goodput guard.")
-@click.option("--exact/--no-exact", default=True, show_default=True,
-              help="Keep verify passes short enough that greedy output equals the plain path "
-                   "bit for bit; --no-exact allows longer drafts (near-ties may flip).")
+@engine_options
 @click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--temperature", type=click.FloatRange(0.0), default=0.0, show_default=True,
               help="0 = greedy.")
@@ -54,13 +44,10 @@ def read_prompt(prompt: str | None) -> str:
 @click.option("--chat/--raw", default=True, show_default=True,
               help="Apply the model's own GGUF chat template, or send the prompt as raw text.")
 @click.option("--system", default=None, help="System message (with --chat).")
-@click.option("--ctx", "n_ctx", type=click.IntRange(64), default=None, help="Context size in tokens.")
-@click.option("--threads", type=click.IntRange(1), default=None)
-@click.option("--budget", default=None, help="Memory budget for --proposer auto, e.g. 4GiB.")
 @click.option("--logprobs", type=click.IntRange(0, 20), default=None,
               help="Report each token's log-probability and N alternatives (with --json).")
 @click.option("--grammar", "grammar_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="GBNF grammar file (refused for now: see docs/parity.md).")
+              help="GBNF grammar file (refused for now, before any model loads: see docs/parity.md).")
 @click.option("--stats", "show_stats", is_flag=True, help="Print a stats summary to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record instead of streaming text.")
 @handle_errors
@@ -79,8 +66,9 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_to
                                 repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
                                 frequency_penalty=frequency_penalty, seed=seed),
     ).validate()
-    engine = Engine.load(target, draft=draft, proposer=proposer, n_ctx=n_ctx, threads=threads,
-                         draft_len=draft_len, adaptive=adaptive, budget=budget, exact=exact)
+    config = engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads,
+                           budget)
+    engine = Engine.from_config(config)
     try:
         if engine.plan is not None and show_stats and not as_json:
             from ..planner import check_memory

@@ -1,0 +1,63 @@
+"""The engine flags every command that builds an engine shares (generate, plan, ...): one
+definition, so `edgespec plan` shows the configuration `edgespec generate` runs."""
+from __future__ import annotations
+
+import click
+
+from ..errors import InvalidInputError
+
+
+def proposer_option(fn):
+    """--proposer, validated against the proposer registry (several may be joined by '+')."""
+    from ..proposers import names
+
+    def check(ctx, param, value):
+        from ..config import AUTO, PLAIN
+        from ..proposers import spec
+        if value in (AUTO, PLAIN):
+            return value
+        try:
+            for part in value.split("+"):
+                spec(part)
+        except InvalidInputError as e:
+            raise click.BadParameter(str(e)) from None
+        return value
+
+    return click.option(
+        "--proposer", default="auto", show_default=True, callback=check,
+        help=f"One of {', '.join(names(plain=True, auto=True))}, or several joined by '+' "
+             "(the controller verifies the better draft each step). auto asks the planner; "
+             "none is the plain path.")(fn)
+
+
+def engine_options(fn):
+    """The flags that build an EngineConfig, shared by generate and plan."""
+    for opt in reversed([
+        click.option("--target", default="qwen-1.5b", show_default=True,
+                     help="Registry name or .gguf path."),
+        click.option("--draft", default=None,
+                     help="Draft model (registry name or .gguf path) for --proposer draft."),
+        proposer_option,
+        click.option("--draft-len", type=click.IntRange(1, 64), default=None,
+                     help="Draft length (the maximum when adaptive control is on)."),
+        click.option("--adaptive/--no-adaptive", default=True, show_default=True,
+                     help="Adaptive draft length, fallback and goodput guard."),
+        click.option("--exact/--no-exact", default=False, show_default=True,
+                     help="Also promise greedy output bitwise equal to the plain path: verify "
+                          "passes stay within the batch size this device computes bitwise like "
+                          "single-token decoding (probed). The default is lossless: every token "
+                          "is the target's own choice in the pass that verifies it."),
+        click.option("--ctx", "n_ctx", type=click.IntRange(64), default=None,
+                     help="Context size in tokens."),
+        click.option("--threads", type=click.IntRange(1), default=None),
+        click.option("--budget", default=None, help="Memory budget for --proposer auto, e.g. 4GiB."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget):
+    from ..config import EngineConfig
+    return EngineConfig(target=target, draft=draft, proposer=proposer, draft_len=draft_len,
+                        adaptive=adaptive, exact=exact, n_ctx=n_ctx, threads=threads,
+                        budget=budget).validate()
