@@ -4,15 +4,17 @@ Under greedy decoding the target's output does not depend on how it was
 speculated, and neither does what a deterministic proposer drafts at a given
 position (it only sees the sequence so far). So one recorded generation (prompt
 tokens + the target's output) plus a proposer function is enough to replay any
-controller: at each step the simulator shows it the candidates, verifies the
-chosen draft against the recorded output (greedy prefix match), and charges
-``cal.seconds(d + 1)`` (plus draft-model time) per step. That makes it cheap to
+controller through the engine's own protocol (:mod:`edgespec.control`): at each
+step the simulator shows it every free proposer's candidate, cuts the chosen one
+to the decided length, verifies it against the recorded output (greedy prefix
+match), reports the outcome, and charges ``cal.seconds(d + 1)`` (plus draft-model
+time) per step. The free proposers are the shipped ones (:func:`native_proposers`). That makes it cheap to
 compare fixed draft lengths with adaptive control on a measured curve without
 running a model.
 
     traces = load_traces("traces.jsonl")          # {"name", "category", "prompt", "output"}
     cal = Calibration.prior_cpu()
-    table = compare(traces, cal, {"ngram": prompt_lookup()}, standard_configs(cal, ["ngram"]))
+    table = compare(traces, cal, native_proposers(["ngram"]), standard_configs(cal, ["ngram"]))
 
 ``python -m edgespec.simulate traces.jsonl`` prints that table. Drafts recorded
 from a model (a draft model's greedy continuation at each position) can ride
@@ -30,8 +32,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .calibration import Calibration
-from .control import (AdaptiveController, ControlMemory, ControlRecord, ControlSettings, Controller, Decision,
-                      FixedController, GoodputGuard, Outcome, StepView)
+from .control import (AdaptiveController, ControlMemory, ControlRecord, ControlSettings, Controller,
+                      Decision, FixedController, GoodputGuard, Outcome, StepView, truncate)
 from .proposers.base import EMPTY_DRAFT, Draft
 
 ProposeFn = Callable[[Sequence[int], int], Draft]
@@ -70,29 +72,7 @@ def save_traces(traces: Iterable[Trace], path: str | Path) -> None:
             f.write(json.dumps(rec) + "\n")
 
 
-# --- reference proposers ---------------------------------------------------------
-def prompt_lookup(min_match: int = 1, max_match: int = 8) -> ProposeFn:
-    """Prompt lookup in plain Python (a stand-in for the native n-gram proposer).
-
-    Finds the longest suffix of the history (``max_match`` down to ``min_match``
-    tokens) that occurred earlier, and drafts what followed its most recent
-    earlier occurrence; ``match_length`` is that suffix's length.
-    """
-    def propose(history: Sequence[int], k: int) -> Draft:
-        h = list(history)
-        n = len(h)
-        for m in range(min(max_match, n - 1), min_match - 1, -1):
-            tail = h[n - m:]
-            for start in range(n - m - 1, -1, -1):
-                if h[start:start + m] == tail:
-                    cont = h[start + m:start + m + k]
-                    if cont:
-                        return Draft(tokens=tuple(cont), source="lookup", match_length=m)
-                    break
-        return EMPTY_DRAFT
-    return propose
-
-
+# --- proposers ---------------------------------------------------------------------
 def from_proposer(proposer, trace: Trace, sampling=None) -> ProposeFn:
     """Wraps a real (free) proposer: one session over the trace's prompt, fed what was emitted.
 
@@ -154,13 +134,15 @@ class ReplayResult:
 def replay(trace: Trace, controller: Controller, cal: Calibration,
            proposers: Mapping[str, ProposeFn], *, costly: Mapping[str, float] | None = None,
            candidate_length: int = 15, charge: Calibration | None = None) -> ReplayResult:
-    """Run ``controller`` over one recorded generation.
+    """Run ``controller`` over one recorded generation, through the engine's protocol.
 
-    ``proposers`` are free (their drafts are offered as candidates, proposed at
-    ``candidate_length``) unless listed in ``costly`` with their seconds per
-    drafted token; those are asked for exactly the k the controller chose.
-    Steps are charged by ``cal``, or by ``charge`` when the device really
-    behaves otherwise than the controller was told (a stale calibration).
+    Each step: a :class:`StepView` with a candidate from every free proposer (proposed
+    at ``candidate_length``), ``decide``, the chosen candidate cut to ``k`` (a costly
+    proposer, listed in ``costly`` with its seconds per drafted token, is asked for
+    exactly ``k`` after the decision), greedy verification against the recorded output,
+    then ``observe`` with the tokens the step appended. Steps are charged by ``cal``, or
+    by ``charge`` when the device really behaves otherwise than the controller was told
+    (a stale calibration).
     """
     costly = dict(costly or {})
     charge = charge or cal
@@ -170,37 +152,37 @@ def replay(trace: Trace, controller: Controller, cal: Calibration,
     pos = 0
     while pos < len(out):
         remaining = len(out) - pos
-        cands = {name: fn(history, candidate_length) for name, fn in proposers.items()
-                 if name not in costly}
-        d = controller.decide(StepView(generated=pos, remaining=remaining, candidates=cands))
+        view = StepView(generated=pos, remaining=remaining,
+                        candidates={name: fn(history, candidate_length)
+                                    for name, fn in proposers.items() if name not in costly})
+        d = controller.decide(view)
         res.decisions.append((pos, d))
-        draft_s = 0.0
-        draft: tuple[int, ...] = ()
-        if not d.plain:
-            if d.proposer in costly:
-                draft = proposers[d.proposer](history, d.k).tokens[:d.k]
-                draft_s = costly[d.proposer] * len(draft)
-            else:
-                draft = cands[d.proposer].tokens[:d.k]
+        draft, draft_s = view.draft_for(d), 0.0
+        if draft is None and not d.plain:
+            if d.proposer not in costly:
+                raise ValueError(f"the controller chose {d.proposer!r}, which is neither a "
+                                 "candidate nor a costly proposer of this replay")
+            draft = truncate(proposers[d.proposer](history, d.k), d.k)
+            draft_s = costly[d.proposer] * len(draft)
+        drafted = draft.tokens if draft is not None else ()
         a = 0
-        while a < len(draft) and pos + a < len(out) and draft[a] == out[pos + a]:
+        while a < len(drafted) and pos + a < len(out) and drafted[a] == out[pos + a]:
             a += 1
         emitted = tuple(out[pos:pos + min(a + 1, remaining)])
-        verify_s = charge.seconds(len(draft) + 1)
+        verify_s = charge.seconds(len(drafted) + 1)
         res.steps += 1
         res.seconds += draft_s + verify_s
-        if draft:
-            res.drafted += len(draft)
+        if drafted:
+            res.drafted += len(drafted)
             res.accepted += a
             res.by_proposer[d.proposer] = res.by_proposer.get(d.proposer, 0) + 1
         else:
             res.plain_steps += 1
-        src = cands.get(d.proposer) if d.proposer else None
         controller.observe(Outcome(
-            proposer=d.proposer if draft else None, drafted=len(draft), accepted=a,
+            proposer=d.proposer if drafted else None, drafted=len(drafted), accepted=a,
             draft_seconds=draft_s, verify_seconds=verify_s, tokens=emitted,
-            confidence=src.confidence[:len(draft)] if src is not None and src.confidence else None,
-            match_length=src.match_length if src is not None else 0))
+            confidence=draft.confidence if drafted else None,
+            match_length=draft.match_length if drafted else 0))
         res.events.extend(controller.drain_events())
         history.extend(emitted)
         pos += len(emitted)
@@ -287,16 +269,13 @@ def record_traces(engine, prompts, params, progress: Callable[[str], None] | Non
 
 
 def native_proposers(names: Sequence[str], options: Mapping[str, dict] | None = None):
-    """A per-trace proposer factory for :func:`compare`: "lookup" (pure Python) or registry names."""
+    """A per-trace proposer factory for :func:`compare`: the shipped free proposers
+    (``ngram``, ``suffix``), each with a fresh session per trace."""
+    from .proposers import free_proposer
+
     def make(trace: Trace) -> dict[str, ProposeFn]:
-        out = {}
-        for name in names:
-            if name == "lookup":
-                out[name] = prompt_lookup()
-            else:
-                from .proposers import free_proposer
-                out[name] = from_proposer(free_proposer(name, **(options or {}).get(name, {})), trace)
-        return out
+        return {name: from_proposer(free_proposer(name, **(options or {}).get(name, {})), trace)
+                for name in names}
     return make
 
 
@@ -308,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--calibration", help="a calibration JSON (default: the 2-core CPU prior)")
     ap.add_argument("--linear", type=float, help="use cost(n) = 1 + X (n - 1) instead")
     ap.add_argument("--proposers", default="suffix",
-                    help="comma-separated: lookup (pure Python), ngram, suffix (native)")
+                    help="comma-separated free proposers: ngram, suffix")
     args = ap.parse_args(argv)
     traces = load_traces(args.traces)
     if args.linear is not None:

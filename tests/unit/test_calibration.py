@@ -1,4 +1,5 @@
-"""Calibration: the cost curve, its interpolation, the cache, and measuring a fake backend."""
+"""Calibration: the cost curve, its interpolation, the exactness probe, the cache, and
+measuring a fake backend."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 
 from edgespec import calibration as calmod
-from edgespec.calibration import DEFAULT_KS, Calibration
+from edgespec.calibration import DEFAULT_KS, Calibration, CalibrationWarning
+from edgespec.config import KernelConfig
 from edgespec.errors import EdgespecError
 
 
@@ -21,25 +23,44 @@ class FakeClock:
 
 
 class FakeContext:
-    def __init__(self, model: "FakeModel", n_ctx: int, n_batch: int) -> None:
+    """A KV cache of (position, token, written-exactly) cells and logits that are a pure
+    function of them, except where the model's kernels are made batch dependent."""
+
+    def __init__(self, model: "FakeModel", n_ctx: int, n_batch: int, switches: dict) -> None:
         self.model, self.n_ctx, self.n_batch = model, n_ctx, n_batch
-        self.kv = 0
+        self.switches = switches
+        self.kv: list[bool] = []  # per cached position: written by an odd (batch-dependent) kernel
         self.closed = False
         self.calls: list[tuple[int, int, str]] = []
 
     def decode(self, tokens, pos0, seq_id=0, logits="last"):
-        assert pos0 == self.kv, "decoded at a position the cache does not end at"
+        assert pos0 == len(self.kv), "decoded at a position the cache does not end at"
+        assert len(tokens) <= self.n_ctx - pos0
         assert len(tokens) <= self.n_batch or logits != "all"
         assert all(0 <= t < self.model.n_vocab for t in tokens)
         self.calls.append((len(tokens), pos0, logits))
-        self.model.clock.t += self.model.seconds(len(tokens))
-        self.kv = pos0 + len(tokens)
-        rows = len(tokens) if logits == "all" else 1
-        return np.zeros((rows, self.model.n_vocab), dtype=np.float32)
+        m = self.model
+        m.clock.t += m.seconds(len(tokens))
+        n = len(tokens)
+        # a batch from `inexact_from` tokens on takes another kernel; a single token past
+        # `long_single_from` cached cells takes another attention path (F16 split-KV)
+        odd = (m.inexact_from is not None and n >= m.inexact_from) or \
+            (n == 1 and m.long_single_from is not None and pos0 >= m.long_single_from)
+        # what the cells cached before this pass hold: the same prefix gives the same sum
+        written = sum(self.kv)
+        self.kv += [odd] * n
+        if logits == "none":
+            return np.zeros((0, 8), dtype=np.float32)
+        shift = np.float32(1e-3 * odd + 1e-4 * written)  # last-bits differences, scaled up
+        out = np.stack([m.row(pos0 + i, t) + shift for i, t in enumerate(tokens)])
+        return out if logits == "all" else out[-1:]
 
     def trim(self, seq_id, from_pos):
-        assert from_pos <= self.kv
-        self.kv = from_pos
+        assert from_pos <= len(self.kv)
+        del self.kv[from_pos:]
+
+    def clear(self):
+        self.kv = []
 
     def close(self):
         self.closed = True
@@ -48,14 +69,21 @@ class FakeContext:
 class FakeModel:
     n_vocab = 5000
 
-    def __init__(self, seconds, clock: FakeClock) -> None:
+    def __init__(self, seconds, clock: FakeClock, inexact_from: int | None = None,
+                 long_single_from: int | None = None, repacked: bool = True) -> None:
         self.seconds = seconds  # n tokens -> seconds
         self.clock = clock
+        self.inexact_from = inexact_from
+        self.long_single_from = long_single_from
+        self.use_extra_bufts = repacked
         self.contexts: list[FakeContext] = []
         self.closed = False
 
-    def new_context(self, n_ctx, n_batch=512, n_threads=None):
-        ctx = FakeContext(self, n_ctx, n_batch)
+    def row(self, pos: int, tok: int) -> np.ndarray:
+        return np.random.default_rng(pos * 100_003 + tok).standard_normal(8).astype(np.float32)
+
+    def new_context(self, n_ctx, n_batch=512, n_threads=None, **switches):
+        ctx = FakeContext(self, n_ctx, n_batch, switches)
         self.contexts.append(ctx)
         return ctx
 
@@ -80,10 +108,20 @@ def test_cost_is_one_at_one_token_and_interpolates_linearly():
     assert cal.verify_cost(3) == cal.cost(4)  # 3 drafts + the last token = a 4-token pass
 
 
-def test_noisy_points_are_made_monotone_and_one_is_pinned():
-    cal = Calibration.from_costs({1: 1.07, 2: 1.6, 3: 1.4, 4: 2.0}, step_seconds=0.1)
-    assert cal.points == ((1, 1.0), (2, 1.6), (3, 1.6), (4, 2.0))
-    assert all(cal.cost(n + 1) >= cal.cost(n) for n in range(1, 20))
+def test_the_curve_is_kept_as_measured_with_one_pinned():
+    # repacked weights on a 2-core CPU: a 3-token pass takes gemv, a 4-token one the
+    # 4-column gemm, which is cheaper (docs/parity.md)
+    cal = Calibration.from_costs({1: 1.07, 2: 1.5, 3: 2.0, 4: 1.7, 8: 3.0, 16: 3.4},
+                                 step_seconds=0.1)
+    assert cal.points == ((1, 1.0), (2, 1.5), (3, 2.0), (4, 1.7), (8, 3.0), (16, 3.4))
+    assert cal.cost(4) < cal.cost(3)
+    assert cal.verify_cost(3) == pytest.approx(1.7)
+    assert cal.cost(3.5) == pytest.approx(1.85)  # linear between the measured points
+    assert cal.cost(6) == pytest.approx(2.35)
+    # noise below a 1-token pass is clipped there; a falling last segment never extrapolates
+    # to cheaper passes
+    odd = Calibration.from_costs({2: 0.97, 8: 3.0, 12: 2.9}, step_seconds=0.1)
+    assert odd.cost(2) == 1.0 and odd.cost(20) == pytest.approx(2.9)
 
 
 def test_missing_one_token_point_is_added():
@@ -161,10 +199,11 @@ def model_file(tmp_path):
 def test_load_or_measure_caches_per_device_and_model(tmp_path, model_file, monkeypatch):
     home = tmp_path / "home"
     loads = []
+    monkeypatch.setattr(calmod, "machine_busy", lambda: 0.0)
 
-    def loader(path, n_gpu_layers=0):
+    def loader(path, n_gpu_layers=0, use_extra_bufts=True):
         loads.append(path)
-        return FakeModel(cpu_like, FakeClock())
+        return FakeModel(cpu_like, FakeClock(), repacked=use_extra_bufts)
 
     real_measure = calmod.measure
     monkeypatch.setattr(calmod, "measure", lambda model, **kw: real_measure(model, clock=model.clock, **kw))
@@ -182,9 +221,17 @@ def test_load_or_measure_caches_per_device_and_model(tmp_path, model_file, monke
     assert get() == first and len(loads) == 1  # from the cache, not measured
     other = get(n_threads=1)
     assert len(loads) == 2 and other.key != first.key  # other threads, other curve
-    assert get(build="other-build").key != first.key and len(loads) == 3
-    forced = get(force=True)
-    assert len(loads) == 4 and forced.key == first.key
+    # another llama.cpp build: the file is found, reported stale and measured again
+    with pytest.warns(CalibrationWarning, match="another llama.cpp build.*measuring it again"):
+        rebuilt = get(build="other-build")
+    assert len(loads) == 3 and rebuilt.device["build"] == "other-build"
+    assert get(build="other-build") == rebuilt and len(loads) == 3
+    # another kernel configuration: another curve and another exactness limit
+    plain_kv = get(build="other-build", kernel=KernelConfig(repack=False, kv_type="f16"))
+    assert len(loads) == 4 and plain_kv.key != rebuilt.key
+    assert plain_kv.device["kernel"] == "repack=0,fa=1,kv=f16,mmap=1"
+    forced = get(force=True, build="other-build")
+    assert len(loads) == 5 and forced.key == first.key
 
 
 def test_an_already_loaded_model_is_measured_not_reloaded(tmp_path, model_file):
@@ -231,9 +278,124 @@ def test_corrupt_cache_file_means_measure_again(tmp_path):
     path = calmod.cache_path("abc", home)
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
-    assert calmod.load_cached("abc", home) is None
-    path.write_text(json.dumps({"format": 1, "points": "bad"}))
-    assert calmod.load_cached("abc", home) is None
+    with pytest.warns(CalibrationWarning, match="is corrupt.*measuring it again"):
+        assert calmod.load_cached("abc", home) is None
+    path.write_text(json.dumps({"format": 2, "points": "bad"}))
+    with pytest.warns(CalibrationWarning, match="is corrupt"):
+        assert calmod.load_cached("abc", home) is None
+    path.write_text(json.dumps({"format": 1, "step_seconds": 0.1, "points": [[1, 1.0]]}))
+    with pytest.warns(CalibrationWarning, match="format 1 by another edgespec version"):
+        assert calmod.load_cached("abc", home) is None
+    assert calmod.load_cached("missing", home) is None  # nothing cached: no warning
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"format": 2, "step_seconds": -1}',
+                                     '{"format": 1, "step_seconds": 0.1, "points": [[1, 1.0]]}'])
+def test_a_stale_or_corrupt_cache_file_is_measured_again_and_replaced(tmp_path, model_file,
+                                                                      monkeypatch, content):
+    monkeypatch.setattr(calmod, "machine_busy", lambda: 0.0)
+    loads = []
+
+    def loader(path, n_gpu_layers=0, use_extra_bufts=True):
+        loads.append(path)
+        return FakeModel(cpu_like, FakeClock(), inexact_from=4)
+
+    def get():
+        return calmod.load_or_measure(model_file, n_threads=2, home=tmp_path, build="b",
+                                      loader=loader, repeats=1)
+
+    first = get()
+    path = calmod.cache_path(first.key, tmp_path)
+    path.write_text(content)
+    with pytest.warns(CalibrationWarning, match="measuring it again"):
+        again = get()
+    assert len(loads) == 2 and again.exact_max_tokens == 3
+    assert calmod.load_cached(first.key, tmp_path, "b") == again  # the file was rewritten
+
+
+# --- the exactness probe -------------------------------------------------------------
+def probe(model, **kw):
+    return calmod.probe_exactness(model, n_threads=2, kernel=KernelConfig(), **kw)
+
+
+def test_probe_finds_every_size_exact_when_no_kernel_depends_on_the_batch():
+    model = FakeModel(cpu_like, FakeClock())
+    assert probe(model) == 16
+    ctx = model.contexts[0]
+    assert ctx.closed
+    # the context runs the kernel configuration's attention and KV type
+    assert ctx.switches == {"flash_attn": 1, "type_k": 8, "type_v": 8}
+    # both context lengths were probed: ~32 and ~600 cached tokens
+    assert {c[1] for c in ctx.calls if c[0] > 16} == {0}
+    assert {c[0] for c in ctx.calls if c[1] == 0} == {32, 600}
+
+
+def test_probe_stops_at_the_first_size_a_batch_kernel_changes():
+    # repacked weights: gemv below 4 columns, gemm from 4 (the 4-token pass differs)
+    model = FakeModel(cpu_like, FakeClock(), inexact_from=4)
+    assert probe(model) == 3
+    # cheap: the search stopped at 4 tokens and decoded few single tokens to compare with
+    ctx = model.contexts[0]
+    assert max(c[0] for c in ctx.calls if c[2] == "all") == 4
+    assert sum(1 for c in ctx.calls if c[0] == 1) <= 2 * 7  # 5 to compare with, 2 follow-ups
+    assert probe(FakeModel(cpu_like, FakeClock(), inexact_from=8)) == 7
+    assert probe(FakeModel(cpu_like, FakeClock(), inexact_from=2)) == 1
+
+
+def test_probe_at_long_context_catches_a_single_token_attention_path():
+    # an F16 KV cache: past ~512 cached cells single-token decodes take split-KV attention,
+    # which no batch takes; at short context every size looks exact
+    model = FakeModel(cpu_like, FakeClock(), long_single_from=512)
+    assert probe(model, contexts=(32,)) == 16
+    assert probe(model) == 1
+
+
+def test_probe_checks_the_kv_a_pass_writes_not_only_its_logits():
+    class KvOnly(FakeModel):
+        # the pass's own rows match, but the cells it wrote differ: the next plain step shows it
+        def new_context(self, n_ctx, n_batch=512, n_threads=None, **switches):
+            ctx = super().new_context(n_ctx, n_batch, n_threads, **switches)
+            real = ctx.decode
+
+            def decode(tokens, pos0, seq_id=0, logits="last"):
+                out = real(tokens, pos0, seq_id, logits)
+                if len(tokens) >= 6:
+                    out = out - np.float32(1e-3)  # undo the row difference, keep the dirty KV
+                return out
+            ctx.decode = decode
+            return ctx
+
+    assert probe(KvOnly(cpu_like, FakeClock(), inexact_from=6)) == 5
+
+
+def test_probe_refuses_a_model_loaded_with_another_kernel_configuration():
+    model = FakeModel(cpu_like, FakeClock(), repacked=False)
+    with pytest.raises(EdgespecError, match="repack"):
+        probe(model)
+    assert calmod.probe_exactness(model, kernel=KernelConfig(repack=False)) == 16
+
+
+def test_exact_cap_is_measured_once_then_read_from_the_cache(tmp_path, model_file, monkeypatch):
+    monkeypatch.setattr(calmod, "machine_busy", lambda: 0.0)
+    monkeypatch.setattr(calmod, "_llama_build", lambda: "b")
+    model = FakeModel(cpu_like, FakeClock(), inexact_from=4)
+    model.path = model_file
+    model.n_gpu_layers = 0
+    kernel = KernelConfig()
+    assert calmod.exact_cap(model, kernel, 2, home=tmp_path) == 2  # 3-token passes: 2 drafts
+    made = len(model.contexts)
+    assert made == 2  # the curve's context and the probe's
+    assert calmod.exact_cap(model, kernel, 2, home=tmp_path) == 2
+    assert len(model.contexts) == made  # cheap when cached: no decode at all
+    cal = calmod.cached(model_file, n_threads=2, kernel=kernel, home=tmp_path)
+    assert cal is not None and cal.exact_max_tokens == 3 and cal.exact_max_drafts == 2
+    # threads are part of the key: 1 thread is probed anew
+    assert calmod.exact_cap(model, kernel, 1, home=tmp_path) == 2
+    assert len(model.contexts) == made + 2
+    # a configuration where nothing beyond one token is exact: exact mode cannot draft
+    single = FakeModel(cpu_like, FakeClock(), long_single_from=512)
+    single.path, single.n_gpu_layers = model_file, 0
+    assert calmod.exact_cap(single, KernelConfig(kv_type="f16"), 2, home=tmp_path) == 0
 
 
 def test_missing_model_file_is_a_user_error(tmp_path):
@@ -249,9 +411,9 @@ def test_summary_line():
 def test_a_busy_measurement_is_redone_once_the_machine_is_quiet(tmp_path, model_file, monkeypatch):
     loads = []
 
-    def loader(path, n_gpu_layers=0):
+    def loader(path, n_gpu_layers=0, use_extra_bufts=True):
         loads.append(path)
-        return FakeModel(cpu_like, FakeClock())
+        return FakeModel(cpu_like, FakeClock(), repacked=use_extra_bufts)
 
     real_measure = calmod.measure
     monkeypatch.setattr(calmod, "measure", lambda model, **kw: real_measure(model, clock=model.clock, **kw))
