@@ -3,7 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, UnsupportedError
+
+
+GRAMMAR_UNSUPPORTED = (
+    "grammar-constrained decoding (GBNF / JSON schema) is not supported by edgespec yet, on the "
+    "plain or the speculative path; run without --grammar, or use llama.cpp's own grammar sampling")
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,11 @@ class GenerationParams:
         _guard(self.max_tokens >= 1, f"max_tokens must be >= 1 (got {self.max_tokens})")
         _guard(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty")
         self.sampling.validate()
+        if self.grammar is not None:
+            # Never silently unconstrained: until the grammar state is advanced over accepted
+            # tokens only (and drafts it forbids are cut), constrained decoding is refused,
+            # here, so every entry point refuses before any model loads.
+            raise UnsupportedError(GRAMMAR_UNSUPPORTED)
         return self
 
 

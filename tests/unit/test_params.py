@@ -1,0 +1,45 @@
+"""Request parameters are refused at the edge, before any model loads."""
+from __future__ import annotations
+
+import pytest
+
+from edgespec.errors import EdgespecError, InvalidInputError, UnsupportedError
+from edgespec.params import GenerationParams, SamplingParams
+
+
+def test_defaults_validate_and_return_themselves():
+    p = GenerationParams()
+    assert p.validate() is p
+    assert p.sampling.greedy
+
+
+def test_a_grammar_is_refused_by_validation_not_ignored():
+    p = GenerationParams(grammar='root ::= "yes" | "no"')
+    with pytest.raises(UnsupportedError) as e:
+        p.validate()
+    msg = str(e.value)
+    # the message names the feature and says what to do instead
+    assert "grammar-constrained decoding" in msg and "not supported" in msg
+    assert "run without --grammar" in msg
+    assert isinstance(e.value, EdgespecError)
+
+
+def test_an_empty_grammar_is_still_a_grammar():
+    # "" is a request for a (degenerate) grammar, not "no grammar": refuse it too
+    with pytest.raises(UnsupportedError):
+        GenerationParams(grammar="").validate()
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"stop": ("",)}, "stop strings"),
+    ({"sampling": SamplingParams(temperature=-0.1)}, "temperature"),
+    ({"sampling": SamplingParams(top_p=0.0)}, "top_p"),
+    ({"sampling": SamplingParams(min_p=1.0)}, "min_p"),
+    ({"sampling": SamplingParams(top_k=-1)}, "top_k"),
+    ({"sampling": SamplingParams(repeat_penalty=0.0)}, "repeat_penalty"),
+    ({"sampling": SamplingParams(repeat_last_n=-1)}, "repeat_last_n"),
+])
+def test_out_of_range_values_name_the_field(kw, needle):
+    with pytest.raises(InvalidInputError, match=needle):
+        GenerationParams(**kw).validate()
