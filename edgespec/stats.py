@@ -34,7 +34,7 @@ class RequestStats:
     verify_seconds: float = 0.0
     plain_seconds: float = 0.0
     total_seconds: float = 0.0
-    ttft_seconds: float | None = None
+    ttft_seconds: float | None = None  # request start to the first emitted token (prefill included)
     token_times: list[float] = field(default_factory=list)  # emission time of each token since start
     stop_reason: str = ""
     proposer: str = "none"
@@ -97,14 +97,28 @@ class RequestStats:
         return [a / d if d else 0.0 for a, d in zip(self.position_accepted, self.position_drafted)]
 
     @property
+    def decode_tokens(self) -> int:
+        """Tokens after the first: the first comes out of the prefill pass and counts in TTFT."""
+        return max(self.generated_tokens - 1, 0)
+
+    @property
     def decode_seconds(self) -> float:
-        return max(self.total_seconds - self.prefill_seconds, 0.0)
+        """Seconds from the first token to the end of the request.
+
+        Everything before the first token (the target's prefill, a draft model's or
+        a proposer's setup over the prompt) is TTFT, reported apart, so a decode rate
+        compares decoding with decoding whatever the prompt cost. The plain path's
+        rate is defined the same way, so the two divide into a speedup.
+        """
+        if self.ttft_seconds is None:
+            return 0.0
+        return max(self.total_seconds - self.ttft_seconds, 0.0)
 
     @property
     def decode_tokens_per_second(self) -> float:
-        # The first token comes out of the prefill pass; decode rate counts the rest.
-        n = self.generated_tokens - 1
-        return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else 0.0
+        """decode_tokens / decode_seconds: the one decode rate the CLI, bench and TUI show."""
+        n, t = self.decode_tokens, self.decode_seconds
+        return n / t if n > 0 and t > 0 else 0.0
 
     @property
     def inter_token_latencies(self) -> list[float]:
@@ -150,6 +164,7 @@ class RequestStats:
             "other_seconds": self.other_seconds,
             "total_seconds": self.total_seconds,
             "ttft_seconds": self.ttft_seconds,
+            "decode_seconds": self.decode_seconds,
             "decode_tokens_per_second": self.decode_tokens_per_second,
             "itl_p50": _pct(itl, 50),
             "itl_p95": _pct(itl, 95),
