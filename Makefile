@@ -7,31 +7,36 @@ PIP := $(VENV)/bin/pip
 EDGESPEC := $(VENV)/bin/edgespec
 LLAMA_CPP_VERSION := 0.3.36
 
-# This VM's CPU reports AMX but faults on it, so the default build names the ISA
-# explicitly instead of -march=native. Your own CMAKE_ARGS (CUDA, Metal, Vulkan)
-# win: `CMAKE_ARGS="-DGGML_CUDA=on" make install`.
-DEFAULT_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-  -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
-  -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON
+# llama.cpp is built for the ISA extensions this CPU reports, never AMX (some VMs report it
+# and fault on it): tools/llama_cmake_args.sh. Your own CMAKE_ARGS (CUDA, Metal, Vulkan) win:
+# `CMAKE_ARGS="-DGGML_CUDA=on" make install`.
+DEFAULT_CMAKE_ARGS := $(shell sh tools/llama_cmake_args.sh)
 LLAMA_CMAKE_ARGS := $(if $(CMAKE_ARGS),$(CMAKE_ARGS),$(DEFAULT_CMAKE_ARGS))
-# pip caches a source build's wheel without its CMAKE_ARGS; a custom build must not reuse ours.
-LLAMA_PIP_FLAGS := $(if $(CMAKE_ARGS),--no-cache-dir --force-reinstall --no-deps,)
+# pip's wheel cache keys a source build by the sdist alone, not by its CMAKE_ARGS, so a wheel
+# built for another CPU or backend would be reused. We keep our own wheels, keyed by the flags
+# and the Python version: the first build takes ~5 minutes, later installs are instant.
+EDGESPEC_CACHE := $(or $(EDGESPEC_HOME),$(HOME)/.cache/edgespec)
+LLAMA_WHEEL_KEY = $(shell printf '%s %s %s' '$(LLAMA_CPP_VERSION)' '$(LLAMA_CMAKE_ARGS)' "$$($(PY) -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-16)
+LLAMA_WHEEL_DIR = $(EDGESPEC_CACHE)/wheels/llama-cpp-python-$(LLAMA_WHEEL_KEY)
 
 DEMO_PROMPT ?= Here is a Python function with a bug. Fix the bug and return the whole corrected function.\n\ndef mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / (len(xs) - 1)\n
 
-.PHONY: install models demo test test-fast test-slow native native-test native-sanitize fuzz-smoke bench-quick clean
+.PHONY: install models demo test test-fast test-slow native native-test native-sanitize fuzz-smoke bench-quick anchors clean
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
 # Rebuilt when the package metadata or the native sources change.
-$(VENV)/.installed: $(VENV)/bin/activate pyproject.toml setup.py $(wildcard native/*.c native/*.h)
-	@if ! $(PY) -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$(LLAMA_CPP_VERSION)')" 2>/dev/null \
-	   || [ -n "$(CMAKE_ARGS)" ]; then \
+$(VENV)/.installed: $(VENV)/bin/activate pyproject.toml setup.py tools/llama_cmake_args.sh $(wildcard native/*.c native/*.h)
+	@if ! ls $(LLAMA_WHEEL_DIR)/llama_cpp_python-*.whl >/dev/null 2>&1; then \
 	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) (CMAKE_ARGS=$(LLAMA_CMAKE_ARGS)); first build takes ~5 min"; \
-	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install $(LLAMA_PIP_FLAGS) llama-cpp-python==$(LLAMA_CPP_VERSION); \
+	  mkdir -p $(LLAMA_WHEEL_DIR).tmp && \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) wheel -q --no-deps --no-cache-dir --no-binary llama-cpp-python \
+	    -w $(LLAMA_WHEEL_DIR).tmp llama-cpp-python==$(LLAMA_CPP_VERSION) && \
+	  rm -rf $(LLAMA_WHEEL_DIR) && mv $(LLAMA_WHEEL_DIR).tmp $(LLAMA_WHEEL_DIR); \
 	fi
+	$(PIP) install -q --force-reinstall --no-deps $(LLAMA_WHEEL_DIR)/llama_cpp_python-*.whl
 	$(PIP) install -q -e ".[test,fuzz]"
 	$(PY) setup.py -q build_ext --inplace
 	@touch $@
@@ -71,8 +76,15 @@ fuzz-smoke:
 	mkdir -p native/build/fuzz-corpus
 	clang -g -O1 -std=c11 -ffp-contract=off -fsanitize=fuzzer,address,undefined \
 	  -fno-sanitize-recover=all -Inative native/fuzz/fuzz_native.c native/es_util.c \
-	  native/es_ngram.c native/es_stree.c -lm -o native/build/fuzz_native
+	  native/es_ngram.c native/es_ngstat.c native/es_stree.c -lm -o native/build/fuzz_native
 	native/build/fuzz_native -max_total_time=$(FUZZ_SECONDS) -max_len=4096 native/build/fuzz-corpus
+
+# llama.cpp's own llama-completion, llama-lookup and llama-speculative-simple, built from the
+# llama.cpp that the installed llama-cpp-python vendors with the same flags, for
+# `edgespec bench --anchor ...` (into $EDGESPEC_HOME/anchors/<version>/bin or $EDGESPEC_ANCHORS;
+# about 6 min on 2 cores; a second run with the same flags does nothing).
+anchors: install
+	nice $(PY) -m edgespec.bench.anchors_build --cmake-args "$(LLAMA_CMAKE_ARGS)"
 
 clean:
 	rm -rf build native/build edgespec/*.so $(VENV)
