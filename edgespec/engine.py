@@ -28,9 +28,6 @@ from .stats import RequestStats, StatsSink
 from .textstream import TextAssembler
 
 DEFAULT_CTX = 4096
-#: Exact mode's cap when no probe has run (the measured value for repacked CPU weights:
-#: bitwise-invariant verify passes of up to 3 tokens, docs/parity.md).
-FALLBACK_EXACT_MAX_DRAFT = 2
 
 
 @dataclass
@@ -181,9 +178,8 @@ class Engine:
         batch size of this device and kernel configuration, minus the pending token."""
         if self._exact_cap is None:
             from . import calibration
-            probe = getattr(calibration, "exact_cap", None)
-            self._exact_cap = (FALLBACK_EXACT_MAX_DRAFT if probe is None else
-                               int(probe(self.target, self.config.kernel, self.ctx.n_threads)))
+            self._exact_cap = int(calibration.exact_cap(self.target, self.config.kernel,
+                                                        self.ctx.n_threads))
         return self._exact_cap
 
     def check_exact(self, control, exact: bool, label: str | None = None):
@@ -410,7 +406,7 @@ def _calibration(model: backend.Model, threads: int | None, kernel: KernelConfig
     from .planner import calibration_trust
 
     cal = calibration.load_or_measure(model.path, n_threads=threads, model=model,
-                                      n_gpu_layers=model.n_gpu_layers)
+                                      n_gpu_layers=model.n_gpu_layers, kernel=kernel)
     expected = prior_step_seconds(model.size_bytes)
     if not calibration_trust(cal, expected)[0]:
         cal = Calibration.prior_cpu(step_seconds=expected)
