@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .. import registry
+from .. import paths, registry
 from .common import handle_errors
 from ..errors import ModelError
 
@@ -47,7 +47,7 @@ def list_models(as_json: bool) -> None:
         slices = registry.qualification(p.target, p.key)
         pairs.append({"target": p.target, "proposer": p.key, "qualified_slices": sorted(slices)})
     if as_json:
-        click.echo(json.dumps({"home": str(registry.edgespec_home()), "registry": str(reg.path),
+        click.echo(json.dumps({"home": str(paths.edgespec_home()), "registry": str(reg.path),
                                "default_target": reg.default_target,
                                "default_draft": reg.default_draft,
                                "models": rows, "pairs": pairs}, indent=2))
@@ -59,7 +59,7 @@ def list_models(as_json: bool) -> None:
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-    click.echo(f"\nmodels in {registry.models_dir()}  (default target {reg.default_target}, "
+    click.echo(f"\nmodels in {paths.models_dir()}  (default target {reg.default_target}, "
                f"draft {reg.default_draft or '-'})")
     click.echo("\nPAIRS")
     pw = max((len(p["target"]) for p in pairs), default=0)

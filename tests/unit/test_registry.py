@@ -352,6 +352,24 @@ def test_edgespec_home_default_and_override(monkeypatch, tmp_path):
     assert registry.edgespec_home().name == "edgespec"
 
 
+def test_one_home_for_models_and_calibrations(monkeypatch, tmp_path):
+    """Defect: registry.py (platformdirs) and calibration.py (~/.cache) had two homes, which
+    disagree on macOS, Windows and with XDG_CACHE_HOME. Both now ask edgespec.paths."""
+    import sys
+
+    from edgespec import calibration, paths
+
+    monkeypatch.delenv("EDGESPEC_HOME", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    home = paths.edgespec_home()
+    if sys.platform.startswith("linux"):
+        assert home == tmp_path / "xdg" / "edgespec"
+    assert registry.edgespec_home() == home and registry.models_dir() == home / "models"
+    assert calibration.cache_path("k").parent == paths.calibration_dir() == home / "calibration"
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "h"))
+    assert registry.models_dir().parent == calibration.cache_path("k").parent.parent == tmp_path / "h"
+
+
 # --------------------------------------------------------------------------- qualification
 
 
@@ -393,7 +411,7 @@ def test_concurrent_pulls_assemble_once(world):
 
     code = ("import sys; from edgespec import registry; "
             "print(registry.pull('tiny-parts', progress=lambda m: print(m, file=sys.stderr)))")
-    env = {**os.environ, "PYTHONPATH": str(Path(registry.__file__).parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(registry.__file__).parents[2])}
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]

@@ -1,0 +1,31 @@
+"""The model registry: models.toml -> model and pair specs; pulling, digests, GGUF checks.
+
+Every model is a GGUF file assembled from exact PyPI package versions and pinned by size
+and sha256. Anywhere a model name is accepted, a path to a local ``.gguf`` file is too.
+
+    spec.py           models.toml -> ModelSpec / PairSpec / Registry, validated
+    store.py          pulled files, digest stamps, verify, model_status, locks
+    pull.py           resolve a name or path; pull, assemble and check a model
+    qualification.py  per-machine qualification results of target-proposer pairs
+
+File locations come from :mod:`edgespec.paths` (``$EDGESPEC_HOME``, default the platform's
+user cache dir); ``edgespec_home``/``models_dir`` are re-exported here for callers that
+know them as registry functions.
+"""
+from __future__ import annotations
+
+from ..paths import edgespec_home, models_dir
+from .pull import pull, resolve
+from .qualification import qualification, qualification_paths, record_qualification
+from .spec import (PROPOSER_KINDS, ROLES, SCHEMA, SOURCE_KINDS, ModelSpec, PairSpec, Registry,
+                   Source, load_registry, registry_path)
+from .store import (Verification, check_gguf, is_path_like, model_path, model_status, sha256_file,
+                    verify)
+
+__all__ = [
+    "PROPOSER_KINDS", "ROLES", "SCHEMA", "SOURCE_KINDS",
+    "ModelSpec", "PairSpec", "Registry", "Source", "Verification", "check_gguf", "edgespec_home",
+    "is_path_like", "load_registry", "model_path", "model_status", "models_dir", "pull",
+    "qualification", "qualification_paths", "record_qualification", "registry_path", "resolve",
+    "sha256_file", "verify",
+]

@@ -1,0 +1,304 @@
+"""models.toml -> model and pair specs, validated with messages that name the bad entry.
+
+Every model is a GGUF file assembled from exact PyPI package versions and pinned by
+size and sha256 (see the comment at the top of models.toml for the assembly recipes);
+pairs name a target and the proposer that drafts for it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Mapping
+
+from ..errors import ModelError
+
+ROLES = ("target", "draft", "test")
+SOURCE_KINDS = ("whole-file", "concat-parts", "package-assemble")
+PROPOSER_KINDS = ("draft", "ngram", "suffix")
+SCHEMA = 1
+
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_PIN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+# --------------------------------------------------------------------------- specs
+
+
+@dataclass(frozen=True)
+class Source:
+    """How to build the file from packages (see models.toml for the kinds)."""
+
+    kind: str
+    packages: tuple[str, ...]  # "name==version", in assembly order
+    file: str | None = None  # whole-file: path relative to the install root
+    part_glob: str | None = None  # concat-parts: glob inside each package's files
+    module: str | None = None  # package-assemble
+    function: str | None = None  # package-assemble
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    role: str
+    size: int
+    sha256: str
+    tokenizer: str
+    chat_template: bool
+    context: int
+    source: Source
+    description: str = ""
+    quant: str = ""
+    license: str = ""
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """A target and the proposer that drafts for it (a draft model or a model-free one)."""
+
+    target: str
+    proposer: str
+    draft: str | None = None
+    note: str = ""
+
+    @property
+    def key(self) -> str:
+        """The proposer as qualification records name it: "ngram", "draft:qwen-0.5b"."""
+        return f"draft:{self.draft}" if self.proposer == "draft" else self.proposer
+
+
+# --------------------------------------------------------------------------- validation
+
+
+class _Check:
+    """Collects the location of a value for error messages ("models.qwen-1.5b.sha256")."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, where: str, message: str) -> ModelError:
+        return ModelError(f"{self.path}: {where}: {message}; fix the entry in models.toml")
+
+    def table(self, value, where: str, required: set[str], optional: set[str]) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(where, f"expected a table, got {type(value).__name__}")
+        missing = sorted(required - value.keys())
+        if missing:
+            raise self.fail(where, f"missing {', '.join(missing)}")
+        unknown = sorted(value.keys() - required - optional)
+        if unknown:
+            raise self.fail(where, f"unknown key {', '.join(unknown)} "
+                                   f"(known: {', '.join(sorted(required | optional))})")
+        return value
+
+    def typed(self, table: dict, key: str, where: str, kind: type, default=None):
+        if key not in table:
+            return default
+        value = table[key]
+        # bool is an int in Python; a size of `true` is still wrong
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.fail(f"{where}.{key}",
+                            f"expected {kind.__name__}, got {type(value).__name__} {value!r}")
+        return value
+
+    def choice(self, value: str, where: str, choices: tuple[str, ...]) -> str:
+        if value not in choices:
+            raise self.fail(where, f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+
+def _parse_source(c: _Check, raw, where: str) -> Source:
+    t = c.table(raw, where, {"kind", "packages"}, {"file", "part_glob", "module", "function"})
+    kind = c.choice(c.typed(t, "kind", where, str), f"{where}.kind", SOURCE_KINDS)
+    packages = c.typed(t, "packages", where, list)
+    if not packages:
+        raise c.fail(f"{where}.packages", "needs at least one package")
+    for pkg in packages:
+        if not isinstance(pkg, str) or not _PIN_RE.match(pkg):
+            raise c.fail(f"{where}.packages", f"{pkg!r} must pin an exact version: 'name==version'")
+    needs = {"whole-file": {"file"}, "concat-parts": {"part_glob"},
+             "package-assemble": {"module", "function"}}[kind]
+    extra = {"file", "part_glob", "module", "function"} - needs
+    for key in sorted(needs):
+        if not isinstance(t.get(key), str) or not t[key]:
+            raise c.fail(f"{where}.{key}", f"kind {kind!r} needs a non-empty string")
+    for key in sorted(extra & t.keys()):
+        raise c.fail(f"{where}.{key}", f"not used by kind {kind!r}")
+    if kind == "whole-file" and (PurePosixPath(t["file"]).is_absolute() or ".." in t["file"].split("/")):
+        raise c.fail(f"{where}.file", "must be relative to the install root, without '..'")
+    if kind == "package-assemble":
+        for key in ("module", "function"):
+            if not _IDENT_RE.match(t[key]):
+                raise c.fail(f"{where}.{key}", f"{t[key]!r} is not a Python identifier")
+    return Source(kind=kind, packages=tuple(packages), file=t.get("file"),
+                  part_glob=t.get("part_glob"), module=t.get("module"), function=t.get("function"))
+
+
+def _parse_model(c: _Check, name: str, raw) -> ModelSpec:
+    where = f"models.{name}"
+    if not _NAME_RE.match(name) or name.endswith(".gguf"):
+        raise c.fail(where, "a model name is lowercase letters, digits and . _ - "
+                            "and does not end in .gguf (so it never looks like a path)")
+    t = c.table(raw, where, {"role", "size", "sha256", "tokenizer", "chat_template", "context",
+                             "source"}, {"description", "quant", "license"})
+    size = c.typed(t, "size", where, int)
+    if size <= 0:
+        raise c.fail(f"{where}.size", f"must be positive (got {size})")
+    sha = c.typed(t, "sha256", where, str)
+    if not _SHA256_RE.match(sha):
+        raise c.fail(f"{where}.sha256", f"expected 64 lowercase hex digits, got {sha!r}")
+    context = c.typed(t, "context", where, int)
+    if context <= 0:
+        raise c.fail(f"{where}.context", f"must be positive (got {context})")
+    return ModelSpec(
+        name=name,
+        role=c.choice(c.typed(t, "role", where, str), f"{where}.role", ROLES),
+        size=size, sha256=sha,
+        tokenizer=c.typed(t, "tokenizer", where, str),
+        chat_template=c.typed(t, "chat_template", where, bool),
+        context=context,
+        source=_parse_source(c, t["source"], f"{where}.source"),
+        description=c.typed(t, "description", where, str, ""),
+        quant=c.typed(t, "quant", where, str, ""),
+        license=c.typed(t, "license", where, str, ""),
+    )
+
+
+def _parse_pair(c: _Check, i: int, raw, models: Mapping[str, ModelSpec]) -> PairSpec:
+    where = f"pairs[{i}]"
+    t = c.table(raw, where, {"target", "proposer"}, {"draft", "note"})
+    target = c.typed(t, "target", where, str)
+    if target not in models:
+        raise c.fail(f"{where}.target", f"unknown model {target!r} (known: {', '.join(models)})")
+    proposer = c.choice(c.typed(t, "proposer", where, str), f"{where}.proposer", PROPOSER_KINDS)
+    draft = c.typed(t, "draft", where, str)
+    if proposer == "draft":
+        if draft is None:
+            raise c.fail(where, "proposer 'draft' needs draft = <model name>")
+        if draft not in models:
+            raise c.fail(f"{where}.draft", f"unknown model {draft!r} (known: {', '.join(models)})")
+        if models[draft].tokenizer != models[target].tokenizer:
+            raise c.fail(where, f"draft {draft!r} ({models[draft].tokenizer}) does not share the "
+                                f"tokenizer of target {target!r} ({models[target].tokenizer})")
+    elif draft is not None:
+        raise c.fail(f"{where}.draft", f"only proposer 'draft' takes a draft model, not {proposer!r}")
+    return PairSpec(target=target, proposer=proposer, draft=draft,
+                    note=c.typed(t, "note", where, str, ""))
+
+
+@dataclass(frozen=True)
+class Registry:
+    path: Path
+    models: Mapping[str, ModelSpec]
+    pairs: tuple[PairSpec, ...]
+    default_target: str
+    default_draft: str | None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Registry":
+        path = Path(path)
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except FileNotFoundError:
+            raise ModelError(f"model registry {path} not found; set EDGESPEC_MODELS_TOML to "
+                             "the models.toml of your edgespec checkout") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ModelError(f"{path}: not valid TOML ({e}); fix the syntax in models.toml") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ModelError(f"cannot read the model registry {path}: {e}") from None
+        return cls.from_dict(raw, path)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping, path: Path) -> "Registry":
+        c = _Check(path)
+        top = c.table(dict(raw), "top level", {"schema", "models"}, {"defaults", "pairs"})
+        if top["schema"] != SCHEMA:
+            raise c.fail("schema", f"this edgespec reads schema {SCHEMA}, the file says "
+                                   f"{top['schema']!r}")
+        models_raw = c.typed(top, "models", "top level", dict)
+        if not models_raw:
+            raise c.fail("models", "no models defined")
+        models = {name: _parse_model(c, name, spec) for name, spec in models_raw.items()}
+        pairs_raw = c.typed(top, "pairs", "top level", list, [])
+        pairs = tuple(_parse_pair(c, i, p, models) for i, p in enumerate(pairs_raw))
+        seen = set()
+        for p in pairs:
+            if (p.target, p.key) in seen:
+                raise c.fail("pairs", f"pair {p.target} + {p.key} is listed twice")
+            seen.add((p.target, p.key))
+        defaults = c.table(top.get("defaults", {}), "defaults", set(), {"target", "draft"})
+        target = c.typed(defaults, "target", "defaults", str) or next(
+            (m.name for m in models.values() if m.role == "target"), next(iter(models)))
+        draft = c.typed(defaults, "draft", "defaults", str)
+        for key, value in (("target", target), ("draft", draft)):
+            if value is not None and value not in models:
+                raise c.fail(f"defaults.{key}", f"unknown model {value!r}")
+        return cls(path=path, models=models, pairs=pairs, default_target=target,
+                   default_draft=draft)
+
+    # -- lookups
+
+    def get(self, name: str) -> ModelSpec:
+        try:
+            return self.models[name]
+        except KeyError:
+            raise ModelError(f"unknown model {name!r}; known models: {', '.join(self.models)} "
+                             "(or pass the path of a local .gguf file)") from None
+
+    def pairs_for(self, target: str) -> tuple[PairSpec, ...]:
+        return tuple(p for p in self.pairs if p.target == target)
+
+    def pair(self, target: str, proposer: str) -> PairSpec:
+        """The pair of `target` with `proposer`: "ngram", "draft:qwen-0.5b", a draft model's
+        name, or "draft" when the target has exactly one draft pair."""
+        self.get(target)
+        candidates = self.pairs_for(target)
+        matches = [p for p in candidates if proposer in (p.key, p.draft)]
+        if not matches and proposer == "draft":
+            matches = [p for p in candidates if p.proposer == "draft"]
+            if len(matches) > 1:
+                raise ModelError(f"{target} has several draft pairs "
+                                 f"({', '.join(p.key for p in matches)}); name one")
+        if not matches:
+            known = ", ".join(p.key for p in candidates) or "none"
+            raise ModelError(f"no registered pair {target} + {proposer}; pairs of {target}: {known} "
+                             "(add a [[pairs]] entry to models.toml)")
+        return matches[0]
+
+
+def registry_path() -> Path:
+    """$EDGESPEC_MODELS_TOML, else models.toml of the checkout this package runs from, else a
+    copy shipped inside the package."""
+    env = os.environ.get("EDGESPEC_MODELS_TOML")
+    if env:
+        return Path(env).expanduser()
+    package = Path(__file__).resolve().parents[1]  # edgespec/
+    checkout = package.parent / "models.toml"
+    if checkout.is_file():
+        return checkout
+    return package / "models.toml"
+
+
+_cache: dict[tuple, Registry] = {}
+
+
+def load_registry(path: str | os.PathLike | None = None) -> Registry:
+    """The registry at `path` (default: registry_path()), cached until the file changes."""
+    p = Path(path) if path is not None else registry_path()
+    try:
+        st = p.stat()
+        key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = None
+    if key is not None and key in _cache:
+        return _cache[key]
+    reg = Registry.load(p)
+    if key is not None:
+        _cache.clear()
+        _cache[key] = reg
+    return reg

@@ -1,0 +1,233 @@
+"""Pulled models on disk: where they live, their digest stamps, verification, locks.
+
+    $EDGESPEC_HOME/models/<name>.gguf            the verified model (see edgespec.paths)
+    $EDGESPEC_HOME/models/<name>.gguf.verified   JSON stamp: digest + size/mtime/inode it was computed for
+    $EDGESPEC_HOME/models/.<name>.lock           serialises pulls of one model across processes
+
+The stamp lets ``resolve`` skip re-hashing a file that has not changed since it was
+verified; ``verify`` always re-hashes. A local ``.gguf`` path gets the header check
+(``check_gguf``) but no digest check.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ..errors import ModelError
+from ..gguf_header import GGUFInfo, read_gguf_header
+from ..paths import models_dir
+from .spec import ModelSpec, load_registry
+
+_HASH_BLOCK = 4 << 20
+
+Progress = Callable[[str], None]
+
+
+def model_path(name: str) -> Path:
+    """Where registry model `name` lives once pulled (whether or not it is there yet)."""
+    load_registry().get(name)
+    return models_dir() / f"{name}.gguf"
+
+
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def is_path_like(name_or_path: str | os.PathLike) -> bool:
+    if isinstance(name_or_path, os.PathLike):
+        return True
+    s = str(name_or_path)
+    return (s.lower().endswith(".gguf") or "/" in s or os.sep in s
+            or bool(os.altsep and os.altsep in s) or s.startswith("~"))
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_gguf(path: str | os.PathLike) -> GGUFInfo:
+    """Fast header validation (no hashing): raises ModelError saying what is wrong and what to do.
+
+    See edgespec.gguf_header.read_gguf_header for what is checked.
+    """
+    return read_gguf_header(path)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _file_identity(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
+
+
+def _write_stamp(path: Path, sha256: str) -> None:
+    stamp = {"sha256": sha256, **_file_identity(path), "verified_at": time.time()}
+    with contextlib.suppress(OSError):  # a read-only cache still works, it just re-hashes
+        _atomic_write_text(_stamp_path(path), json.dumps(stamp))
+
+
+def _stamp_valid(path: Path, spec: ModelSpec) -> bool:
+    try:
+        stamp = json.loads(_stamp_path(path).read_text())
+        ident = _file_identity(path)
+    except (OSError, ValueError):
+        return False
+    return (isinstance(stamp, dict) and stamp.get("sha256") == spec.sha256
+            and ident["size"] == spec.size
+            and all(stamp.get(k) == v for k, v in ident.items()))
+
+
+@dataclass(frozen=True)
+class Verification:
+    path: Path
+    ok: bool
+    actual_sha256: str
+    actual_size: int
+    name: str | None = None  # the registry model it is (or matches, for a local path)
+    expected_sha256: str | None = None
+    expected_size: int | None = None
+    message: str = ""
+
+
+def _digest_mismatch(spec: ModelSpec, path: Path, sha: str, size: int) -> str:
+    if size != spec.size:
+        return (f"{spec.name}: {path} has {size} bytes, expected {spec.size} "
+                f"(sha256 {sha}, expected {spec.sha256})")
+    return f"{spec.name}: {path} has sha256 {sha}, expected {spec.sha256}"
+
+
+def verify(name_or_path: str | os.PathLike, progress: Progress | None = None) -> Verification:
+    """Re-hash a pulled registry model (or a local .gguf) and compare with the pinned digest.
+
+    A registry model that is not pulled raises ModelError; a mismatch is returned
+    (ok=False), not raised, so a caller can report every model. A local path is
+    ok when its header checks out; `name` is set if its digest is a registry model's.
+    """
+    reg = load_registry()
+    say = progress or _say
+    if not is_path_like(name_or_path) and str(name_or_path) in reg.models:
+        spec = reg.get(str(name_or_path))
+        path = models_dir() / f"{spec.name}.gguf"
+        if not path.is_file():
+            raise ModelError(f"{spec.name} is not pulled; run `edgespec models pull {spec.name}`")
+        say(f"hashing {spec.name} ({_human(path.stat().st_size)})")
+        sha, size = sha256_file(path), path.stat().st_size
+        ok = sha == spec.sha256 and size == spec.size
+        if ok:
+            _write_stamp(path, sha)
+            msg = "ok"
+        else:
+            with contextlib.suppress(OSError):
+                _stamp_path(path).unlink()
+            msg = (_digest_mismatch(spec, path, sha, size)
+                   + f"; re-pull it with `edgespec models pull {spec.name} --force`")
+        return Verification(path=path, ok=ok, actual_sha256=sha, actual_size=size, name=spec.name,
+                            expected_sha256=spec.sha256, expected_size=spec.size, message=msg)
+    if not is_path_like(name_or_path) and not Path(name_or_path).exists():
+        reg.get(str(name_or_path))  # raises the unknown-name error
+    path = Path(name_or_path).expanduser()
+    check_gguf(path)
+    sha, size = sha256_file(path), path.stat().st_size
+    match = next((m.name for m in reg.models.values() if m.sha256 == sha), None)
+    return Verification(path=path, ok=True, actual_sha256=sha, actual_size=size, name=match,
+                        message=f"same file as registry model {match}" if match
+                        else "a valid GGUF header; not a registry model, so no pinned digest")
+
+
+def model_status(name: str) -> str:
+    """Cheap status for listings (no hashing): "verified", "unverified" (present, digest not
+    checked since it last changed), "wrong size", or "missing"."""
+    spec = load_registry().get(name)
+    path = models_dir() / f"{name}.gguf"
+    if not path.is_file():
+        return "missing"
+    if path.stat().st_size != spec.size:
+        return "wrong size"
+    return "verified" if _stamp_valid(path, spec) else "unverified"
+
+
+def _verify_existing(spec: ModelSpec, path: Path, say: Progress) -> Path:
+    size = path.stat().st_size
+    if size != spec.size:
+        raise ModelError(f"{spec.name}: {path} has {size} bytes, expected {spec.size}; re-pull it "
+                         f"with `edgespec models pull {spec.name} --force`")
+    say(f"checking the sha256 of {spec.name} ({_human(size)}), once")
+    sha = sha256_file(path)
+    if sha != spec.sha256:
+        raise ModelError(_digest_mismatch(spec, path, sha, size)
+                         + f"; re-pull it with `edgespec models pull {spec.name} --force`")
+    _write_stamp(path, sha)
+    return path
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def _model_lock(name: str, say: Progress) -> Iterator[None]:
+    """An exclusive advisory lock per model, so concurrent pulls (several test runs, users
+    sharing a cache) assemble the file once."""
+    lock_path = models_dir() / f".{name}.lock"
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ModelError(f"cannot write to {lock_path.parent} ({e.strerror or e}); set "
+                         "EDGESPEC_HOME to a writable directory") from None
+    try:
+        try:
+            import fcntl
+        except ImportError:  # Windows: no advisory locks; concurrent pulls are the user's call
+            fcntl = None
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                say(f"waiting for another process pulling or verifying {name}")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with contextlib.suppress(AttributeError, OSError):
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide stamps from others sharing the cache
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def _say(message: str) -> None:
+    print(f"edgespec: {message}", file=sys.stderr, flush=True)
+
