@@ -133,7 +133,8 @@ class ReplayResult:
 
 def replay(trace: Trace, controller: Controller, cal: Calibration,
            proposers: Mapping[str, ProposeFn], *, costly: Mapping[str, float] | None = None,
-           candidate_length: int = 15, charge: Calibration | None = None) -> ReplayResult:
+           candidate_length: int = 15, charge: Calibration | None = None,
+           report_tokens: bool = True) -> ReplayResult:
     """Run ``controller`` over one recorded generation, through the engine's protocol.
 
     Each step: a :class:`StepView` with a candidate from every free proposer (proposed
@@ -142,7 +143,8 @@ def replay(trace: Trace, controller: Controller, cal: Calibration,
     exactly ``k`` after the decision), greedy verification against the recorded output,
     then ``observe`` with the tokens the step appended. Steps are charged by ``cal``, or
     by ``charge`` when the device really behaves otherwise than the controller was told
-    (a stale calibration).
+    (a stale calibration). ``report_tokens=False`` leaves ``Outcome.tokens`` empty, so
+    the controller learns from verified drafts alone (no shadow scoring).
     """
     costly = dict(costly or {})
     charge = charge or cal
@@ -180,7 +182,8 @@ def replay(trace: Trace, controller: Controller, cal: Calibration,
             res.plain_steps += 1
         controller.observe(Outcome(
             proposer=d.proposer if drafted else None, drafted=len(drafted), accepted=a,
-            draft_seconds=draft_s, verify_seconds=verify_s, tokens=emitted,
+            draft_seconds=draft_s, verify_seconds=verify_s,
+            tokens=emitted if report_tokens else (),
             confidence=draft.confidence if drafted else None,
             match_length=draft.match_length if drafted else 0))
         res.events.extend(controller.drain_events())

@@ -31,7 +31,6 @@ from .fixed import FixedController
 from .guard import GoodputGuard, GuardEstimate
 from .settings import (PLAIN_STEP, ControlRecord, ControlSettings, Controller, Decision, Outcome,
                        StepView, truncate)
-from .engine_adapter import EngineAdapter, engine_controller_factory  # until engine.py switches
 
 
 def make_controller(settings: ControlSettings, proposers: Mapping[str, bool],
@@ -59,5 +58,5 @@ __all__ = [
     "AcceptanceModel", "AdaptiveController", "ControlMemory", "ControlRecord", "ControlSettings",
     "Controller", "Decision", "Feature", "FixedController", "GoodputGuard", "GuardEstimate",
     "Outcome", "PLAIN_STEP", "StepView", "expected_tokens", "make_controller", "token_features",
-    "truncate", "EngineAdapter", "engine_controller_factory",
+    "truncate",
 ]
