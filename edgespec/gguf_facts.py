@@ -26,7 +26,7 @@ from pathlib import Path
 import gguf
 
 from .errors import ModelError
-from .gguf_header import ArrayInfo, read_gguf_header
+from .gguf_header import ArrayInfo, TensorInfo, read_gguf_header
 
 # Sliding-window layer pattern per architecture when the file does not carry one:
 # every n-th layer is global, the others use the window (llama.cpp's defaults).
@@ -65,6 +65,10 @@ class ModelFacts:
     other_bytes: int                        # norms and anything not in a block
     n_tensors: int
     metadata: dict = field(default_factory=dict, repr=False, compare=False)
+    # every tensor (name, shape, type, offset from data_offset, bytes): which weights a CPU
+    # kernel repacks and which file pages stay mapped (edgespec.planner.repack)
+    tensors: tuple[TensorInfo, ...] = field(default=(), repr=False, compare=False)
+    data_offset: int = 0
 
     @property
     def n_head_kv(self) -> int:
@@ -190,4 +194,5 @@ def read_facts(path: str | os.PathLike) -> ModelFacts:
         layer_bytes=tuple(layer_bytes), token_embd_bytes=token_embd, output_bytes=output,
         other_bytes=other, n_tensors=len(info.tensors),
         metadata={k: v for k, v in meta.items() if not isinstance(v, ArrayInfo)},
+        tensors=info.tensors, data_offset=info.data_offset,
     )

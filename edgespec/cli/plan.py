@@ -1,11 +1,16 @@
-"""`edgespec plan`: what would run, where, and why, without generating anything."""
+"""`edgespec plan`: what `edgespec generate` would run, where, and why, without generating.
+
+It takes generate's engine flags and builds the same EngineConfig, so the plan shown is
+the plan that runs (the same kernel configuration, KV type included)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import click
 
 from .common import handle_errors
+from .options import engine_config, engine_options
 
 _DEVICE_HELP = ("JSON file describing another machine instead of probing this one: "
                 '{"ram_available": "16GiB", "gpus": [{"name": "RTX 4060", "free": "7.5GiB", '
@@ -14,41 +19,40 @@ _DEVICE_HELP = ("JSON file describing another machine instead of probing this on
 
 
 @click.command("plan")
-@click.option("--target", default="qwen-1.5b", show_default=True, help="Registry name or .gguf path.")
-@click.option("--draft", default=None,
-              help="Draft model to weigh against the free proposers (default: the target's "
-                   "registered draft, if it is already pulled).")
-@click.option("--budget", default=None,
-              help="Host memory budget, e.g. 4GiB or 512MiB (default: available RAM minus a margin).")
-@click.option("--ctx", "n_ctx", type=click.IntRange(64), default=None,
-              help="Context size to plan for (default: 4096, reduced if it does not fit).")
+@engine_options
 @click.option("--kv-type", type=click.Choice(["f16", "q8_0", "q4_0"]), default=None,
-              help="Force the KV cache type (default: f16 unless it does not fit).")
+              help="Force the KV cache type (default: the engine's q8_0; quantized further "
+                   "only if it does not fit, never in --exact mode).")
 @click.option("--device-json", type=click.Path(exists=True, dir_okay=False), default=None,
               help=_DEVICE_HELP)
 @click.option("--calibrate", is_flag=True,
-              help="Measure the verify-cost curve (and the draft's step) if not cached yet: "
-                   "tens of seconds on a small CPU. Without it, cached results or priors are used.")
+              help="Measure the verify-cost curve and the exactness cap (and the draft's step) "
+                   "if not cached yet: seconds to a minute on a small CPU. Without it, cached "
+                   "results or priors are used.")
 @click.option("--recalibrate", is_flag=True,
               help="Measure them again even if cached (do it on a quiet machine).")
 @click.option("--verify", "verify_rss", is_flag=True,
               help="Then load the plan in a fresh process and compare planned memory with measured RSS.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @handle_errors
-def plan_command(target, draft, budget, n_ctx, kv_type, device_json, calibrate, recalibrate,
-                 verify_rss, as_json):
-    """Plan proposer, draft length, GPU offload, context and KV cache for a target on this device."""
+def plan_command(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget,
+                 kv_type, device_json, calibrate, recalibrate, verify_rss, as_json):
+    """Plan proposer, draft length, GPU offload, context and kernel configuration (KV cache,
+    repacked weights, mmap) for a target on this device, and what --exact would verify."""
     from .. import device as devmod
     from .. import planner
 
+    cfg = engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget)
+    if kv_type is not None:
+        cfg = replace(cfg, kernel=replace(cfg.kernel, kv_type=kv_type))
     dev = devmod.from_json(device_json) if device_json else None
-    p = planner.plan_for(target, draft, device=dev, budget=budget, ctx=n_ctx, kv_type=kv_type,
-                         calibrate=calibrate, recalibrate=recalibrate)
+    p = planner.plan_engine(cfg, device=dev, calibrate=calibrate, recalibrate=recalibrate,
+                            kv_type=kv_type)
     checks = []
     if verify_rss:
         if p.device.synthetic:
             raise click.UsageError("--verify measures this machine; it cannot check a --device-json plan")
-        checks = planner.measure_plan(p)
+        checks = planner.measure_plan(p, n_threads=threads)
     if as_json:
         d = p.to_dict()
         if checks:

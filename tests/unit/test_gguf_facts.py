@@ -39,6 +39,9 @@ def test_real_headers(model_path, name):
     assert 0.9 * f.file_bytes < f.weight_bytes < f.file_bytes
     assert all(b > 0 for b in f.layer_bytes)
     assert f.kv_elems_per_token() == layers * kv * 2 * hd
+    # the tensor list the memory model reads (repacked matrices, the mapped range)
+    assert len(f.tensors) == f.n_tensors and sum(t.nbytes for t in f.tensors) == f.weight_bytes
+    assert f.data_offset > 0 and f.data_offset + max(t.offset + t.nbytes for t in f.tensors) <= f.file_bytes
 
 
 def test_gemma_window_pattern_matches_llama_cpp(model_path):

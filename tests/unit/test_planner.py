@@ -10,6 +10,7 @@ import pytest
 from edgespec import device as devmod
 from edgespec import planner
 from edgespec.calibration import Calibration
+from edgespec.config import EngineConfig, KernelConfig
 from edgespec.device import Device, parse_size
 from edgespec.errors import InvalidInputError
 from edgespec.gguf_facts import ModelFacts
@@ -59,7 +60,9 @@ def test_big_ram_cpu_prefers_a_free_proposer_over_the_draft():
     p = planner.plan(QWEN_15, QWEN_05, device=cpu())
     assert p.proposer in ("suffix", "ngram")
     assert p.draft is None and p.n_gpu_layers == 0 and p.draft_gpu_layers == 0
-    assert (p.n_ctx, p.kv_type, p.n_batch) == (4096, "f16", 512)
+    # the engine's kernel configuration (Q8_0 KV, flash attention, repacked weights), not F16
+    assert (p.n_ctx, p.kv_type, p.n_batch) == (4096, "q8_0", 512)
+    assert p.kernel == KernelConfig() and p.config.kernel == p.kernel
     by = {c.proposer: c for c in p.candidates}
     assert by["draft"].fits and by["draft"].speedup < 1.0 < p.predicted_speedup
     why = "\n".join(p.reasons)
@@ -149,7 +152,7 @@ def test_measured_acceptance_can_make_the_draft_win_on_a_cpu(monkeypatch):
         return {"draft": Acceptance(0.95, 1.0, "qualification (3 slices)")}.get(
             kind, planner.DEFAULT_ACCEPTANCE[kind])
 
-    monkeypatch.setattr(planner, "acceptance_for", fake)
+    monkeypatch.setattr(planner.search, "acceptance_for", fake)
     p = planner.plan(QWEN_15, QWEN_05, device=cpu())
     assert p.proposer == "draft"
     assert any("qualification (3 slices)" in r for r in p.reasons)
@@ -358,3 +361,128 @@ def test_calibration_far_from_the_size_estimate():
     assert planner.calibration_trust(_cal(2.0, costs), 0.086)[0] is False      # 23x: refused
     ok, why = planner.calibration_trust(_cal(0.5, costs), 0.086)                # 5.8x: remarked
     assert ok and "size suggests" in why
+
+
+# --- the kernel configuration that runs: repacked copies, mmap, KV type (issue 11) ------------
+from dataclasses import replace as _replace  # noqa: E402
+
+from edgespec.gguf_header import TensorInfo  # noqa: E402
+from edgespec.planner import repack  # noqa: E402
+
+F32, Q4_0, Q4_K, Q6_K = 0, 2, 12, 14
+
+
+def _tensor_facts(tied=False, embd_type=Q6_K, rows=1536):
+    """A two-block model with a real tensor list, laid out as llama.cpp writes files:
+    token_embd first, then the blocks, then output_norm and output."""
+    sizes = {F32: (1, 4), Q4_0: (32, 18), Q4_K: (256, 144), Q6_K: (256, 210)}
+    specs = [("token_embd.weight", (1536, 1000), embd_type)]
+    for il in range(2):
+        specs += [(f"blk.{il}.attn_norm.weight", (1536,), F32),
+                  (f"blk.{il}.attn_q.weight", (1536, rows), Q4_K),
+                  (f"blk.{il}.ffn_down.weight", (1536, 1536), Q6_K)]
+    specs.append(("output_norm.weight", (1536,), F32))
+    if not tied:
+        specs.append(("output.weight", (1536, 1000), Q6_K))
+    tensors, off = [], 0
+    for name, shape, t in specs:
+        block, size = sizes[t]
+        n = 1
+        for d in shape:
+            n *= d
+        nb = n // block * size
+        tensors.append(TensorInfo(name, shape, t, off, nb))
+        off += -(-nb // 32) * 32
+    base = facts("tensors", layers=2, layer_bytes=sum(x.nbytes for x in tensors if x.name.startswith("blk.0")),
+                 embd_bytes=tensors[0].nbytes, out_bytes=0 if tied else tensors[-1].nbytes)
+    return _replace(base, tensors=tuple(tensors), data_offset=4096,
+                    bytes_by_type={"Q4_K": 1, "Q6_K": 1}), {t.name: t for t in tensors}
+
+
+def test_repack_rules_follow_llama_cpp():
+    assert repack.repacks("Q4_K", 1536, ("avx2",)) and not repack.repacks("Q4_K", 1540, ("avx2",))
+    assert not repack.repacks("Q6_K", 1536, ("avx2", "avx512f"))       # no x86 Q6_K kernel
+    assert repack.repacks("Q6_K", 1536, ("asimd", "asimddp"))          # ARM has one
+    assert repack.repacks("Q2_K", 1536, ("avx2", "avx512f")) and not repack.repacks("Q2_K", 1536, ("avx2",))
+    assert not repack.repacks("Q4_K", 1536, ())                        # no ISA flags: no kernel
+
+
+def test_repacked_matrices_are_resident_twice_with_mmap_once_without():
+    f, t = _tensor_facts()
+    q4k = t["blk.0.attn_q.weight"].nbytes + t["blk.1.attn_q.weight"].nbytes
+    mapped, anon, copies = repack.split_weights(f, ("avx2",), repack=True, use_mmap=True,
+                                                gpu_start=f.n_layers + 1)
+    # the mapping spans token_embd .. output: the repacked matrices' pages stay inside it
+    assert copies == q4k and anon == 0
+    assert mapped == t["output.weight"].offset + t["output.weight"].nbytes
+    assert mapped == pytest.approx(f.weight_bytes, rel=0.001)
+    mapped, anon, copies = repack.split_weights(f, ("avx2",), repack=True, use_mmap=False,
+                                                gpu_start=f.n_layers + 1)
+    assert (mapped, copies) == (0, q4k) and anon + copies == f.weight_bytes
+    mapped, anon, copies = repack.split_weights(f, ("avx2",), repack=False, use_mmap=True,
+                                                gpu_start=f.n_layers + 1)
+    assert copies == 0 and mapped == pytest.approx(f.weight_bytes, rel=0.001)
+
+
+def test_tied_output_gets_its_own_repacked_copy():
+    f, t = _tensor_facts(tied=True, embd_type=Q4_0)
+    _, _, copies = repack.split_weights(f, ("avx2",), True, True, f.n_layers + 1)
+    q4k = t["blk.0.attn_q.weight"].nbytes * 2
+    assert copies == q4k + t["token_embd.weight"].nbytes
+
+
+def test_memory_estimate_describes_the_engine_configuration():
+    """Defect: the estimate described plain mapped weights (1.2 GiB for Qwen 1.5B) while the
+    engine runs repacked ones, whose copy sits beside the mapped pages (1.79 GiB measured)."""
+    f, t = _tensor_facts()
+    q4k = t["blk.0.attn_q.weight"].nbytes * 2
+    engine = planner.estimate_memory(f, n_ctx=4096, isa=("avx2",))
+    items = {i.name: i for i in engine.items}
+    assert items["target repacked"].host == q4k
+    assert items["target KV cache"].note.startswith("q8_0")          # the engine's KV type
+    plain = planner.estimate_memory(f, n_ctx=4096, isa=("avx2",), kernel=KernelConfig(repack=False))
+    assert engine.host - plain.host == q4k and "target repacked" not in {i.name for i in plain.items}
+    ram = planner.estimate_memory(f, n_ctx=4096, isa=("avx2",), kernel=KernelConfig(use_mmap=False))
+    assert ram.host == plain.host  # read into RAM: each matrix once, repacked or not
+    nofa = planner.estimate_memory(f, n_ctx=4096, isa=("avx2",), kernel=KernelConfig(flash_attn=False))
+    assert nofa.host > engine.host  # the KQ scores of a batch against the whole context
+
+
+def test_plan_reads_weights_into_ram_when_the_repacked_copy_does_not_fit():
+    dev = cpu()
+    mapped = planner.estimate_memory(QWEN_15, n_ctx=4096, isa=dev.isa)
+    ram = planner.estimate_memory(QWEN_15, n_ctx=4096, isa=dev.isa, kernel=KernelConfig(use_mmap=False))
+    assert mapped.host - ram.host > 500 * MiB   # Q4_K matrices: the repacked copy
+    p = planner.plan(QWEN_15, device=dev, budget=(mapped.host + ram.host) // 2, proposer="none")
+    assert p.kernel.repack and not p.kernel.use_mmap and p.n_ctx == 4096
+    assert p.config.kernel == p.kernel
+    assert any("read into RAM instead of mapped" in r for r in p.reasons)
+    roomy = planner.plan(QWEN_15, device=dev, budget=mapped.host + 100 * MiB, proposer="none")
+    assert roomy.kernel == KernelConfig()
+
+
+def test_plan_config_is_the_engine_config_with_auto_resolved():
+    base = EngineConfig(target="qwen-1.5b", draft="qwen-0.5b", threads=2)
+    p = planner.plan(QWEN_15, QWEN_05, device=cpu(), base=base, draft_name="qwen-0.5b")
+    c = p.config.validate()
+    assert c.proposer != "auto" and set(c.proposer.split("+")) >= {p.proposer}
+    assert c.draft is None  # the free proposers won: no draft model to load
+    assert (c.n_ctx, c.kernel, c.n_gpu_layers, c.threads) == (p.n_ctx, p.kernel, 0, 2)
+    g = planner.plan(QWEN_15, QWEN_05, device=gpu(7 * GiB, speed=FAST_GPU), base=base,
+                     draft_name="qwen-0.5b")
+    assert g.config.proposer.endswith("draft") and g.config.draft == "qwen-0.5b"
+    assert (g.config.n_gpu_layers, g.config.draft_gpu_layers) == (29, 25)
+    fixed = planner.plan(QWEN_15, device=cpu(), proposer="ngram")
+    assert fixed.proposer == "ngram" and fixed.config.proposer == "ngram"
+
+
+def test_exact_mode_caps_drafts_and_never_quantizes_the_kv_cache_further():
+    p = planner.plan(QWEN_15, device=cpu(), exact=True, exact_cap=2)
+    assert p.draft_len[1] <= 2 and p.config.exact and p.kv_type == "q8_0"
+    q8 = planner.estimate_memory(QWEN_15, n_ctx=32768, kernel=KernelConfig(use_mmap=False), isa=("avx2",))
+    q4 = planner.estimate_memory(QWEN_15, n_ctx=32768, kv_type="q4_0", isa=("avx2",),
+                                 kernel=KernelConfig(use_mmap=False))
+    budget = (q8.host + q4.host) // 2
+    assert planner.plan(QWEN_15, device=cpu(), ctx=32768, budget=budget).kv_type == "q4_0"
+    with pytest.raises(BudgetError, match="q8_0 KV cache"):
+        planner.plan(QWEN_15, device=cpu(), ctx=32768, budget=budget, exact=True, exact_cap=2)

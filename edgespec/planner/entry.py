@@ -1,0 +1,114 @@
+"""Entry points: an EngineConfig (or names and paths) in, a :class:`Plan` out.
+
+``plan_engine`` is what ``Engine.from_config`` and ``edgespec plan`` call with the same
+EngineConfig, so the plan shown is the plan that runs: ``Plan.config`` is that config
+with every "auto" resolved (proposer, draft, offload, context, kernel with KV type and
+batch).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .. import device as devmod
+from ..config import AUTO, EngineConfig, KernelConfig
+from ..device import Device
+from ..gguf_facts import read_facts
+from .lookup import cached_calibration, registered_draft, resolve_model
+from .result import Exactness, KernelOption, Plan
+from .search import plan
+
+#: exact mode's cap before a probe has run (the engine's fallback: 3-token passes with
+#: repacked CPU weights, docs/parity.md)
+UNPROBED_EXACT_CAP = 2
+
+
+def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate: bool = False,
+                recalibrate: bool = False, kv_type: str | None = None) -> Plan:
+    """Resolve what ``config`` leaves open for this device, and say why.
+
+    Uses cached calibrations when present and trustworthy (``calibrate=True`` measures
+    missing ones first, ``recalibrate=True`` re-measures: tens of seconds on a small CPU)
+    and priors otherwise. A registered target's own draft is weighed for ``proposer="auto"``
+    when it is already pulled. ``n_gpu_layers == 0`` means "as many as fit"; ``kv_type``
+    forces the KV cache type (no quantizing further to fit).
+    """
+    cfg = config.validate()
+    tpath, tname, tsha = resolve_model(cfg.target, pull=cfg.pull)
+    tfacts = read_facts(tpath)
+    draft_arg = cfg.draft
+    if draft_arg is None and cfg.proposer == AUTO and tname is not None:
+        draft_arg = registered_draft(tname)
+    dfacts = dname = dpath = dsha = None
+    if draft_arg is not None:
+        dpath, dname, dsha = resolve_model(draft_arg, pull=cfg.pull)
+        dfacts = read_facts(dpath)
+        dname = dname or str(draft_arg)
+    dev = device or devmod.probe()
+
+    def calib(path, sha, kernel: KernelConfig, measure: bool):
+        if dev.synthetic or path is None:
+            return None  # a described machine cannot be measured here
+        return cached_calibration(path, sha, cfg.threads, measure, recalibrate and measure, kernel)
+
+    measure = calibrate or recalibrate
+    draft_cal = calib(dpath, dsha, KernelConfig(), measure)
+    base = replace(cfg, draft=dname if dname else cfg.draft)
+
+    def plan_with(kernel: KernelConfig, exact: bool, cap: int | None, cal) -> Plan:
+        cals = {k: v for k, v in (("target", cal), ("draft", draft_cal)) if v is not None}
+        return plan(tfacts, dfacts, device=dev, budget=cfg.budget, ctx=cfg.n_ctx, kernel=kernel,
+                    kv_type=kv_type, exact=exact, exact_cap=cap, proposer=cfg.proposer,
+                    n_gpu_layers=cfg.n_gpu_layers or None, target_name=tname, draft_name=dname,
+                    calibrations=cals, base=base)
+
+    # Exact mode under each weight layout (the asked one first): its probed cap, and the
+    # plan it would give. The other layout is measured only when exact mode may pick it.
+    layouts = []
+    for repack in (cfg.kernel.repack, not cfg.kernel.repack):
+        kernel = replace(cfg.kernel, repack=repack)
+        cal = calib(tpath, tsha, kernel, measure and (repack == cfg.kernel.repack or cfg.exact))
+        layouts.append((kernel, cal, getattr(cal, "exact_max_drafts", None)))
+    exact_plans = {k.repack: plan_with(k, True, cap, cal) for k, cal, cap in layouts if cap is not None}
+    asked_cal = layouts[0][1]
+    if not cfg.exact:
+        chosen = plan_with(cfg.kernel, False, None, asked_cal)
+    elif exact_plans:
+        # the faster layout; on a tie the repacked one (cheaper passes beyond the cap)
+        chosen = max(exact_plans.values(), key=lambda p: (round(p.predicted_speedup, 3), p.kernel.repack))
+    else:
+        chosen = plan_with(cfg.kernel, True, UNPROBED_EXACT_CAP, asked_cal)
+    return replace(chosen, exactness=_exactness(layouts, exact_plans, chosen, cfg.exact))
+
+
+def _exactness(layouts, exact_plans: dict, chosen: Plan, exact: bool) -> Exactness:
+    runs = chosen.kernel.repack if exact else max(
+        exact_plans, key=lambda r: (round(exact_plans[r].predicted_speedup, 3), r), default=None)
+    rows = []
+    for kernel, _cal, cap in layouts:
+        p = exact_plans.get(kernel.repack)
+        rows.append(KernelOption(kernel=kernel, cap=cap,
+                                 speedup=p.predicted_speedup if p else None,
+                                 tokens_per_second=p.predicted_tokens_per_second if p else None,
+                                 chosen=p is not None and kernel.repack == runs))
+    if exact_plans:
+        src = ("probed at calibration: the longest verify pass whose logits are bitwise those of "
+               "single-token decoding; * marks the layout " + ("that runs" if exact else "--exact would run"))
+        if len(exact_plans) < len(layouts):
+            src += "; `edgespec plan --exact --calibrate` probes the other layout too"
+    else:
+        src = ("cap not measured on this device yet (exact mode assumes "
+               f"{UNPROBED_EXACT_CAP} drafts a pass until it is): `edgespec plan --calibrate` "
+               "measures it (a few seconds), or the first --exact run does")
+    return Exactness(options=tuple(rows), source=src)
+
+
+def plan_for(target_path, draft_path=None, device: Device | None = None, budget=None, ctx=None,
+             *, kv_type: str | None = None, calibrate: bool = False, recalibrate: bool = False,
+             n_threads: int | None = None, exact: bool = False) -> Plan:
+    """Registry names or paths in, a :class:`Plan` out (a thin wrapper over :func:`plan_engine`).
+
+    ``kv_type`` forces the KV cache type of the engine's kernel configuration."""
+    cfg = EngineConfig(target=str(target_path), draft=None if draft_path is None else str(draft_path),
+                       exact=exact, n_ctx=ctx, threads=n_threads, budget=budget)
+    return plan_engine(cfg, device=device, calibrate=calibrate, recalibrate=recalibrate,
+                       kv_type=kv_type)

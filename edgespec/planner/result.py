@@ -1,0 +1,165 @@
+"""What the search returns: each proposer evaluated (:class:`Candidate`) and the :class:`Plan`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from ..config import PLAIN, EngineConfig, KernelConfig
+from ..device import Device
+from .acceptance import Acceptance
+from .memory import MemoryEstimate, kernel_note
+from .speed import SpeedModel
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One proposer, evaluated: does it fit, and what is it predicted to do?
+
+    ``config`` holds where it fits: n_ctx, kernel, n_gpu_layers, draft_gpu_layers, speed."""
+    proposer: str
+    fits: bool
+    speedup: float = 1.0
+    best_k: int = 0
+    draft_len: tuple[int, int] = (0, 0)
+    acceptance: Acceptance | None = None
+    memory: MemoryEstimate | None = None
+    config: Mapping = field(default_factory=dict)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class KernelOption:
+    """Exact mode under one kernel configuration: its probed cap and predicted speed."""
+    kernel: KernelConfig
+    cap: int | None              # most drafts per pass that stay bitwise; None: not probed
+    speedup: float | None = None
+    tokens_per_second: float | None = None
+    chosen: bool = False
+
+
+@dataclass(frozen=True)
+class Exactness:
+    """What `--exact` would run here, read from the cached calibration's probe."""
+    options: tuple[KernelOption, ...] = ()
+    source: str = ""             # where the caps came from, or how to measure them
+
+    @property
+    def measured(self) -> bool:
+        return any(o.cap is not None for o in self.options)
+
+    def lines(self) -> list[str]:
+        if not self.measured:
+            return [f"  exact      {self.source}"]
+        out = []
+        for o in self.options:
+            mark = "*" if o.chosen else " "
+            cap = ("not probed" if o.cap is None else
+                   f"cap {o.cap} draft{'s' if o.cap != 1 else ''} a pass ({o.cap + 1}-token verify)")
+            speed = ""
+            if o.speedup is not None:
+                speed = f", predicted {o.speedup:.2f}x"
+                if o.tokens_per_second:
+                    speed += f" (~{o.tokens_per_second:.1f} tokens/s)"
+            out.append(f"  exact {mark}   {'repacked' if o.kernel.repack else 'plain'} weights: {cap}{speed}")
+        out.append(f"             ({self.source})")
+        return out
+
+
+_MODES = {True: "exact: greedy output bitwise the plain path's",
+          False: "lossless: every token is the target's own choice in the pass that verifies it"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the engine should load and run. ``config`` is that, as an EngineConfig with
+    nothing left "auto"; ``reasons`` explain every choice."""
+    target: str
+    draft: str | None            # the draft model to load (None unless a model proposer is chosen)
+    proposer: str                # the best single proposer, or "none"
+    draft_len: tuple[int, int]   # (min, max) draft length worth trying (for "none": the free
+                                 # proposers' range, for requests that pick one themselves)
+    n_gpu_layers: int
+    draft_gpu_layers: int
+    n_ctx: int
+    kernel: KernelConfig
+    predicted_speedup: float
+    memory: MemoryEstimate
+    budget_host: int
+    budget_device: int
+    device: Device
+    candidates: tuple[Candidate, ...]
+    speed: SpeedModel
+    reasons: tuple[str, ...]
+    config: EngineConfig
+    exactness: Exactness | None = None
+
+    @property
+    def kv_type(self) -> str:
+        return self.kernel.kv_type
+
+    @property
+    def n_batch(self) -> int:
+        return self.kernel.n_batch
+
+    @property
+    def kv_ggml_type(self) -> int:
+        return self.kernel.kv_ggml_type
+
+    @property
+    def predicted_tokens_per_second(self) -> float | None:
+        if not self.speed.step_seconds:
+            return None
+        return self.predicted_speedup / self.speed.step_seconds
+
+    def explain(self) -> str:
+        runs = self.config.proposer
+        lines = [f"plan for {Path(self.target).name}"
+                 + (f" with draft {Path(self.draft).name}" if self.draft else ""),
+                 f"  proposer   {runs}"
+                 + (f" (best alone: {self.proposer})" if runs not in (self.proposer, PLAIN) else "")
+                 + (f", draft length {self.draft_len[0]}-{self.draft_len[1]}"
+                    if self.proposer != PLAIN else ""),
+                 f"  predicted  {self.predicted_speedup:.2f}x plain decoding"
+                 + (f" (~{self.predicted_tokens_per_second:.1f} tokens/s)"
+                    if self.predicted_tokens_per_second else ""),
+                 f"  mode       {_MODES[self.config.exact]}",
+                 f"  context    {self.n_ctx} tokens, KV cache {self.kv_type}, batch {self.n_batch}",
+                 f"  kernel     {kernel_note(self.kernel)}",
+                 f"  offload    target {self.n_gpu_layers} layers, draft {self.draft_gpu_layers} layers"]
+        if self.exactness is not None:
+            lines += self.exactness.lines()
+        lines += ["", "memory (host RSS" + (", GPU" if self.budget_device else "") + "):",
+                  self.memory.table(with_device=bool(self.budget_device)),
+                  "", "why:"]
+        lines += [f"  - {r}" for r in self.reasons]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        k = self.kernel
+        d = {
+            "target": self.target, "draft": self.draft, "proposer": self.proposer,
+            "runs": self.config.proposer, "exact": self.config.exact,
+            "draft_len": list(self.draft_len), "n_gpu_layers": self.n_gpu_layers,
+            "draft_gpu_layers": self.draft_gpu_layers, "n_ctx": self.n_ctx,
+            "kv_type": self.kv_type, "n_batch": self.n_batch,
+            "kernel": {"repack": k.repack, "flash_attn": k.flash_attn, "kv_type": k.kv_type,
+                       "n_batch": k.n_batch, "use_mmap": k.use_mmap},
+            "predicted_speedup": round(self.predicted_speedup, 4),
+            "memory": {"host": self.memory.host, "device": self.memory.device,
+                       "host_at_load": self.memory.host_at_load,
+                       "items": [{"name": i.name, "host": i.host, "device": i.device, "note": i.note}
+                                 for i in self.memory.items]},
+            "budget": {"host": self.budget_host, "device": self.budget_device},
+            "candidates": [{"proposer": c.proposer, "fits": c.fits, "speedup": round(c.speedup, 4),
+                            "best_k": c.best_k, "draft_len": list(c.draft_len), "note": c.note}
+                           for c in self.candidates],
+            "speed_source": self.speed.source, "reasons": list(self.reasons),
+        }
+        if self.exactness is not None:
+            d["exactness"] = {
+                "source": self.exactness.source,
+                "options": [{"repack": o.kernel.repack, "cap": o.cap, "chosen": o.chosen,
+                             "predicted_speedup": None if o.speedup is None else round(o.speedup, 4)}
+                            for o in self.exactness.options]}
+        return d

@@ -1,0 +1,306 @@
+"""The search: for each proposer, the first configuration in preference order that fits the
+memory budget, its offload and its predicted speed; the fastest proposer wins.
+
+Preference order (what to give up first to fit): the batch (512 -> 256 -> 128, prompt
+speed only), then mmap (read the weights into RAM instead, so repacked matrices are not
+resident twice), then context (halving down to 512, unless --ctx was given), then KV
+precision (q4_0, never in exact mode or when the KV type was forced).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from .. import device as devmod
+from ..config import AUTO, PLAIN, EngineConfig, KernelConfig
+from ..device import Device, fmt_size
+from ..errors import EdgespecError, InvalidInputError
+from ..gguf_facts import ModelFacts
+from .acceptance import Acceptance, acceptance_for
+from .memory import (KV_TYPES, SUFFIX_CACHE_CAP, MemoryEstimate, default_budgets,
+                     estimate_memory)
+from .reasons import explain_choice
+from .result import Candidate, Plan
+from .speed import K_MAX, SpeedModel, best_draft_len, speed_model
+
+MIN_CTX = 512
+DEFAULT_CTX = 4096
+BATCH_CHOICES = (512, 256, 128)
+
+
+class BudgetError(EdgespecError):
+    """Even the target alone does not fit the memory budget; the message says what would."""
+
+
+def _ctx_ladder(n_ctx: int, explicit: bool) -> list[int]:
+    if explicit:
+        return [n_ctx]
+    out, c = [], n_ctx
+    while c >= MIN_CTX:
+        out.append(c)
+        c //= 2
+    return out or [n_ctx]
+
+
+def _kernel_ladder(kernel: KernelConfig) -> list[KernelConfig]:
+    """The asked kernel, then (if it maps a repacking load) the same reading weights into RAM."""
+    out = [kernel]
+    if kernel.use_mmap and kernel.repack:
+        out.append(replace(kernel, use_mmap=False))
+    return out
+
+
+def _configs(n_ctx: int, explicit_ctx: bool, kernel: KernelConfig,
+             may_quantize: bool) -> list[tuple[int, KernelConfig]]:
+    """(ctx, kernel) in order of preference; the batch varies inside each (see the docstring)."""
+    first = [kernel.kv_type] + (["q8_0"] if may_quantize and kernel.kv_type == "f16" else [])
+    last = ["q4_0"] if may_quantize and kernel.kv_type != "q4_0" else []
+    out = []
+    for kvs in (first, last):
+        for c in _ctx_ladder(n_ctx, explicit_ctx):
+            for kv in kvs:
+                out += [(c, k) for k in _kernel_ladder(replace(kernel, kv_type=kv))]
+    return out
+
+
+def _max_offload(facts: ModelFacts, fits: Callable[[int], bool]) -> int:
+    """The most layers (0..n_layers+1) for which ``fits(n_gpu_layers)`` holds (monotone)."""
+    lo, hi = 0, facts.n_layers + 1
+    if fits(hi):
+        return hi
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class _Search:
+    """One plan's fixed inputs, so the steps below take only what varies."""
+
+    def __init__(self, target: ModelFacts, draft: ModelFacts | None, dev: Device,
+                 budgets: tuple[int, int], suffix_cap: int, gpu_cap: int | None,
+                 speed_for: Callable[[int, int], SpeedModel], k_max: int) -> None:
+        self.target, self.draft, self.dev = target, draft, dev
+        self.budgets, self.suffix_cap, self.gpu_cap = budgets, suffix_cap, gpu_cap
+        self.speed_for, self.k_max = speed_for, k_max
+
+    def memory(self, ctx: int, kernel: KernelConfig, g_t: int, draft: ModelFacts | None, g_d: int,
+               rows: int) -> MemoryEstimate:
+        return estimate_memory(self.target, n_ctx=ctx, kernel=kernel, n_gpu_layers=g_t, draft=draft,
+                               draft_gpu_layers=g_d, verify_rows=rows, suffix_cap=self.suffix_cap,
+                               isa=self.dev.isa)
+
+    def place(self, ctx: int, kernel: KernelConfig, draft: ModelFacts | None,
+              rows: int) -> tuple[int, int]:
+        """GPU layers for target then draft: the target gets the accelerator first."""
+        vram = self.budgets[1]
+        if vram <= 0 or self.gpu_cap == 0:
+            return 0, 0
+
+        def dev_mem(g_t: int, g_d: int) -> int:
+            return self.memory(ctx, kernel, g_t, draft, g_d, rows).device
+
+        g_t = _max_offload(self.target, lambda g: dev_mem(g, 0) <= vram)
+        if self.gpu_cap is not None and self.gpu_cap > 0:
+            g_t = min(g_t, self.gpu_cap)
+        g_d = 0
+        if draft is not None and g_t == self.target.n_layers + 1:
+            g_d = _max_offload(draft, lambda g: dev_mem(g_t, g) <= vram)
+        return g_t, g_d
+
+    def evaluate(self, kind: str, costly: bool, configs: Sequence[tuple[int, KernelConfig]],
+                 acc: Acceptance | None) -> Candidate:
+        """The first (ctx, kernel) in preference order where ``kind`` fits, and its speed.
+
+        Among the batch sizes that fit there, the one that offloads the most layers wins
+        (offload is worth far more than a larger prompt batch), then the larger batch.
+        """
+        host_budget, vram = self.budgets
+        use_draft = self.draft if costly else None
+        rows = self.k_max + 1 if kind != PLAIN else 1
+        for ctx, kernel in configs:
+            fitting = []
+            for nb in BATCH_CHOICES:
+                k = replace(kernel, n_batch=nb)
+                g_t, g_d = self.place(ctx, k, use_draft, rows)
+                mem = self.memory(ctx, k, g_t, use_draft, g_d, rows)
+                if mem.host <= host_budget and mem.device <= vram:
+                    fitting.append((g_t, g_d, nb, mem, k))
+            if not fitting:
+                continue
+            g_t, g_d, nb, mem, k = max(fitting, key=lambda f: (f[0], f[1], f[2]))
+            sm = self.speed_for(g_t, g_d)
+            if kind == PLAIN:
+                best, s, rng = 0, 1.0, (0, 0)
+            else:
+                best, s, rng = best_draft_len(kind, acc, sm.cost, sm.draft_ratio or 0.0, self.k_max)
+            return Candidate(kind, True, s, best, rng, acc, mem,
+                             {"n_ctx": ctx, "kernel": k, "n_gpu_layers": g_t,
+                              "draft_gpu_layers": g_d, "speed": sm})
+        ctx, kernel = configs[-1]
+        least = self.memory(ctx, replace(kernel, n_batch=BATCH_CHOICES[-1]), 0, use_draft, 0, rows)
+        what = f"the draft's weights are {fmt_size(use_draft.weight_bytes)}; " if use_draft else ""
+        return Candidate(kind, False, acceptance=acc,
+                         note=f"does not fit: {what}needs at least {fmt_size(least.host)} host "
+                              f"(ctx {ctx}, KV {kernel.kv_type}) against a budget of {fmt_size(host_budget)}")
+
+    def smallest_fit_message(self, n_ctx: int, explicit_ctx: bool, kernel: KernelConfig,
+                             may_quantize: bool) -> str:
+        host_budget = self.budgets[0]
+        kv = "q4_0" if may_quantize else kernel.kv_type
+        small = replace(kernel, kv_type=kv, n_batch=BATCH_CHOICES[-1], use_mmap=False)
+        floor_ctx = n_ctx if explicit_ctx else MIN_CTX
+
+        def need(c: int) -> int:
+            return self.memory(c, small, 0, None, 0, 1).host
+
+        name = Path(self.target.path).name
+        msg = (f"{name} does not fit: even with context {floor_ctx}, a {kv} KV cache, batch "
+               f"{BATCH_CHOICES[-1]} and the weights read into RAM it needs "
+               f"{fmt_size(need(floor_ctx))} of host memory (weights "
+               f"{fmt_size(self.target.weight_bytes)}), but the budget is {fmt_size(host_budget)}.")
+        fixes = [f"raise --budget to at least {fmt_size(need(floor_ctx))} (or free "
+                 f"{fmt_size(need(floor_ctx) - host_budget)} of RAM)"]
+        if explicit_ctx and n_ctx > MIN_CTX and need(MIN_CTX) <= host_budget:
+            c = n_ctx
+            while c > MIN_CTX and need(c) > host_budget:
+                c //= 2
+            fixes.insert(0, f"lower --ctx to {max(c, MIN_CTX)}")
+        if self.dev.gpu is None:
+            fixes.append("use a smaller quantization of the model (fewer bits per weight)")
+        else:
+            fixes.append(f"free memory on {self.dev.gpu.name} so more layers can be offloaded")
+        return msg + " Smallest change that fits: " + "; or ".join(fixes) + "."
+
+
+def _draft_incompatibility(target: ModelFacts, draft: ModelFacts) -> str:
+    if target.n_vocab != draft.n_vocab:
+        return (f"vocabulary differs ({draft.n_vocab} vs the target's {target.n_vocab} tokens): "
+                "not a draft for this target")
+    return ""
+
+
+def _kinds(proposer: str, has_draft: bool) -> list[tuple[str, bool]]:
+    """(proposer, costs a model) to evaluate: every registered one for "auto", else those asked."""
+    from .. import proposers
+    if proposer == AUTO:
+        names = [PLAIN] + proposers.names()
+    elif proposer == PLAIN:
+        names = [PLAIN]
+    else:
+        names = proposer.split("+")
+    out = []
+    for n in names:
+        costly = n != PLAIN and proposers.needs_model(n)
+        if costly and not has_draft:
+            continue
+        out.append((n, costly))
+    return out
+
+
+def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device | None = None,
+         budget: int | str | None = None, ctx: int | None = None, kv_type: str | None = None,
+         kernel: KernelConfig | None = None, exact: bool = False, exact_cap: int | None = None,
+         proposer: str = AUTO, n_gpu_layers: int | None = None,
+         target_name: str | None = None, draft_name: str | None = None,
+         calibrations: Mapping[str, object] | None = None,
+         suffix_cap: int = SUFFIX_CACHE_CAP, base: EngineConfig | None = None) -> Plan:
+    """Choose proposer, draft length, offload, context and kernel for ``target`` on ``device``.
+
+    ``kernel`` is the configuration the engine would run (default: the engine's
+    :class:`KernelConfig`); the plan departs from it only to fit the budget, and says so.
+    ``kv_type`` forces the KV cache type. With ``exact`` verify passes hold at most
+    ``exact_cap`` drafts (the calibration's probe). ``proposer`` is "auto" (weigh every
+    registered proposer) or the label asked for. ``calibrations`` may hold measured
+    :class:`edgespec.calibration.Calibration` objects under "target" and "draft" (valid for
+    this device, CPU-only layout). ``base`` is the EngineConfig the plan resolves
+    (``Plan.config``). Raises :class:`BudgetError` when even the target alone cannot fit.
+    """
+    dev = device or devmod.probe()
+    budgets = default_budgets(dev, budget)
+    kernel = (kernel or (base.kernel if base is not None else KernelConfig())).validate()
+    if kv_type is not None:
+        if kv_type not in KV_TYPES:
+            raise InvalidInputError(f"unknown KV cache type {kv_type!r}; choose one of {', '.join(KV_TYPES)}")
+        kernel = replace(kernel, kv_type=kv_type)
+    explicit_ctx = ctx is not None
+    if ctx is None:
+        ctx = min(DEFAULT_CTX, target.n_ctx_train)
+    if ctx <= 0:
+        raise InvalidInputError(f"context size must be positive (got {ctx})")
+    if ctx > target.n_ctx_train:
+        raise InvalidInputError(f"--ctx {ctx} exceeds what {Path(target.path).name} was trained for "
+                                f"({target.n_ctx_train})")
+    may_quantize = not exact and kv_type is None
+    configs = _configs(ctx, explicit_ctx, kernel, may_quantize)
+    cals = dict(calibrations or {})
+    k_max = K_MAX if not exact else max(exact_cap if exact_cap is not None else 2, 1)
+
+    def speed_for(g_t: int, g_d: int) -> SpeedModel:
+        # a measured calibration holds for the CPU layout it was measured with
+        tc = cals.get("target") if g_t == 0 and not dev.synthetic else None
+        dc = cals.get("draft") if g_d == 0 and not dev.synthetic else None
+        return speed_model(dev, target, draft, n_gpu_layers=g_t, draft_gpu_layers=g_d,
+                           target_cal=tc, draft_cal=dc)
+
+    search = _Search(target, draft, dev, budgets, suffix_cap, n_gpu_layers, speed_for, k_max)
+    cands: list[Candidate] = []
+    for kind, costly in _kinds(proposer, draft is not None):
+        acc = acceptance_for(kind, target_name, draft_name) if kind != PLAIN else None
+        bad = _draft_incompatibility(target, draft) if costly else ""
+        cands.append(Candidate(kind, False, acceptance=acc, note=bad) if bad else
+                     search.evaluate(kind, costly, configs, acc))
+    fitting = [c for c in cands if c.fits]
+    if not fitting:
+        raise BudgetError(search.smallest_fit_message(ctx, explicit_ctx, kernel, may_quantize))
+    # Highest predicted speedup wins; on a tie the cheaper one (plain, free, then costly).
+    order = {c.proposer: i for i, c in enumerate(cands)}
+    best = max(fitting, key=lambda c: (round(c.speedup, 3), -order[c.proposer]))
+    cfg = best.config
+    draft_len = best.draft_len
+    free = [c for c in fitting if c.proposer != PLAIN and not _costly(c.proposer)]
+    if best.proposer == PLAIN and free:
+        # Requests may still name a free proposer (the engine loads them all): give them the
+        # range their own prediction prefers rather than a draft length of zero.
+        draft_len = max(free, key=lambda c: c.speedup).draft_len
+    chosen_draft = draft if _costly(best.proposer) else None
+    label = _label(proposer, best, free)
+    base = base or EngineConfig(target=target.path, draft=draft.path if draft else None)
+    config = replace(
+        base, proposer=label,
+        draft=(draft_name or (draft.path if draft else None)) if chosen_draft is not None else
+        (base.draft if proposer != AUTO else None),
+        n_gpu_layers=cfg["n_gpu_layers"], draft_gpu_layers=cfg["draft_gpu_layers"],
+        n_ctx=cfg["n_ctx"], kernel=cfg["kernel"], exact=exact)
+    reasons = explain_choice(best, cands, dev, budgets, target, draft, ctx, explicit_ctx,
+                             budget is not None, kernel, label)
+    return Plan(
+        target=target.path, draft=draft.path if chosen_draft is not None else None,
+        proposer=best.proposer, draft_len=draft_len, n_gpu_layers=cfg["n_gpu_layers"],
+        draft_gpu_layers=cfg["draft_gpu_layers"], n_ctx=cfg["n_ctx"], kernel=cfg["kernel"],
+        predicted_speedup=best.speedup, memory=best.memory, budget_host=budgets[0],
+        budget_device=budgets[1], device=dev, candidates=tuple(cands), speed=cfg["speed"],
+        reasons=tuple(reasons), config=config)
+
+
+def _costly(name: str) -> bool:
+    from .. import proposers
+    return name != PLAIN and proposers.needs_model(name)
+
+
+def _label(asked: str, best: Candidate, free: Sequence[Candidate]) -> str:
+    """The proposer label the engine runs: what was asked, or for "auto" every free proposer
+    that fits (the engine consults each per step and verifies the better draft) plus the
+    draft model when it won; the plain path when nothing is predicted to pay."""
+    if asked != AUTO:
+        return asked
+    if best.proposer == PLAIN:
+        return PLAIN
+    names = [c.proposer for c in free]
+    if _costly(best.proposer):
+        names.append(best.proposer)
+    return "+".join(names) or best.proposer

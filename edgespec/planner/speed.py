@@ -1,0 +1,172 @@
+"""The speed model: predicted goodput of each proposer relative to plain decoding.
+
+A verify pass over n tokens costs ``cost(n)`` plain steps (calibration). With per-token
+acceptance ``a`` a draft of k tokens yields E(a, k) = (1 - a^(k+1)) / (1 - a) tokens
+(accepted prefix plus the target's own). A draft model proposes every step and pays
+``r`` target-steps per drafted token:
+    speedup = E(a, k) / (cost(k + 1) + r k)
+A free proposer (n-gram, suffix) costs nothing to ask but only has a draft on a
+fraction ``c`` (coverage) of steps; the others are plain steps:
+    speedup = (c E(a, k) + 1 - c) / (c cost(k + 1) + 1 - c)
+The plan takes the proposer with the highest predicted speedup at its best k, and
+reports the range of k within a few percent of that best.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+from ..config import PLAIN
+from ..device import Device
+from ..gguf_facts import ModelFacts
+from .acceptance import Acceptance
+from .memory import weight_bytes
+from .trust import calibration_trust
+
+K_MAX = 16
+DRAFT_LEN_SLACK = 0.03                # a k within 3% of the best predicted speedup is in the range
+CPU_GPU_BANDWIDTH_RATIO = 8.0         # how much slower a CPU-resident layer is than an offloaded one
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens one verify pass yields: the accepted draft prefix plus the target's own token."""
+    if k <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def predicted_speedup(kind: str, k: int, acc: Acceptance, cost: Callable[[float], float],
+                      draft_ratio: float = 0.0) -> float:
+    """Goodput relative to plain decoding (see the module docstring)."""
+    from ..proposers import needs_model
+    if kind == PLAIN or k <= 0:
+        return 1.0
+    e = expected_tokens(acc.alpha, k)
+    if needs_model(kind):
+        return e / (cost(k + 1) + draft_ratio * k)
+    c = acc.coverage
+    return (c * e + 1.0 - c) / (c * cost(k + 1) + 1.0 - c)
+
+
+def best_draft_len(kind: str, acc: Acceptance, cost: Callable[[float], float],
+                   draft_ratio: float = 0.0, k_max: int = K_MAX) -> tuple[int, float, tuple[int, int]]:
+    """(best k, its speedup, (k_min, k_max) within DRAFT_LEN_SLACK of it); k_max >= 1."""
+    scores = {k: predicted_speedup(kind, k, acc, cost, draft_ratio) for k in range(1, max(k_max, 1) + 1)}
+    k_best = max(scores, key=lambda k: (scores[k], -k))
+    s = scores[k_best]
+    near = [k for k, v in scores.items() if v >= s * (1 - DRAFT_LEN_SLACK)]
+    return k_best, s, (min(near), max(near))
+
+
+def break_even_alpha(target_speedup: float, cost: Callable[[float], float], draft_ratio: float,
+                     k_max: int = K_MAX, kind: str = "draft") -> float | None:
+    """Smallest per-token acceptance at which a draft model would reach ``target_speedup``."""
+    def best(a: float) -> float:
+        return best_draft_len(kind, Acceptance(a, 1.0), cost, draft_ratio, k_max)[1]
+
+    if best(0.999) < target_speedup:
+        return None
+    lo, hi = 0.0, 0.999
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if best(mid) >= target_speedup:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+@dataclass(frozen=True)
+class SpeedModel:
+    """The target's verify-cost curve on this device and a draft token's cost, with their origin."""
+    cost: Callable[[float], float]
+    step_seconds: float | None
+    draft_ratio: float | None
+    source: str
+    draft_source: str = ""
+
+    def describe(self, ns: Iterable[int] = (2, 4, 8, 16)) -> str:
+        pts = ", ".join(f"{n} tokens {self.cost(n):.2f}x" for n in ns)
+        step = f"one step {self.step_seconds * 1000:.0f} ms; " if self.step_seconds else ""
+        return f"{step}a verify pass over {pts} a plain step ({self.source})"
+
+
+def curve_from_points(points: Mapping) -> Callable[[float], float]:
+    from ..calibration import Calibration
+    cal = Calibration.from_costs({int(k): float(v) for k, v in points.items()}, step_seconds=1.0)
+    return cal.cost
+
+
+def _blend(cpu: Callable[[float], float], gpu: Callable[[float], float], cpu_time_share: float):
+    return lambda n: cpu_time_share * cpu(n) + (1 - cpu_time_share) * gpu(n)
+
+
+def cpu_time_share(facts: ModelFacts, n_gpu_layers: int) -> float:
+    """Fraction of a step spent in CPU-resident layers, by bytes and a bandwidth ratio."""
+    if n_gpu_layers <= 0:
+        return 1.0
+    _, on_gpu = weight_bytes(facts, n_gpu_layers)
+    on_cpu = max(facts.weight_bytes - on_gpu, 0)
+    slow = on_cpu * CPU_GPU_BANDWIDTH_RATIO
+    return slow / (slow + on_gpu) if slow + on_gpu else 0.0
+
+
+def speed_model(dev: Device, target: ModelFacts, draft: ModelFacts | None, *,
+                n_gpu_layers: int, draft_gpu_layers: int,
+                target_cal=None, draft_cal=None) -> SpeedModel:
+    """Pick the best available source for the cost curve and the draft's per-token cost."""
+    from ..calibration import Calibration, prior_step_seconds
+
+    speed = dict(dev.speed or {})
+    gpu_curve = Calibration.linear(0.02).cost
+    cpu_prior = Calibration.prior_cpu()
+    cpu_step = prior_step_seconds(target.weight_bytes)
+    share = cpu_time_share(target, n_gpu_layers)
+    notes = []
+    trusted_t, why_t = calibration_trust(target_cal, cpu_step)
+    if target_cal is not None and not trusted_t:
+        notes.append(f"ignored the cached calibration of the target: {why_t}; re-measure on a quiet "
+                     "machine with `edgespec plan --recalibrate`")
+    if trusted_t:
+        cost, step, source = target_cal.cost, target_cal.step_seconds, \
+            f"calibration measured on this device ({target_cal.source})"
+        if why_t:
+            source += f"; {why_t}"
+    elif speed.get("verify_costs"):
+        cost = curve_from_points(speed["verify_costs"])
+        step = float(speed["step_ms"]) / 1000 if speed.get("step_ms") else None
+        source = "the device description's verify_costs"
+    elif dev.gpu is not None and n_gpu_layers > 0:
+        cost = _blend(cpu_prior.cost, gpu_curve, share)
+        step = None
+        source = ("prior: GPU passes nearly flat in batch size" if share < 0.01 else
+                  f"prior: {share:.0%} of step time on CPU layers, blended CPU/GPU curves")
+    else:
+        cost, step = cpu_prior.cost, cpu_step
+        source = "prior from a 2-core CPU (docs/models.md)"
+        if target_cal is None and not dev.synthetic:
+            source += "; `edgespec plan --calibrate` measures this device"
+
+    ratio, dsrc = None, ""
+    if draft is not None:
+        if "draft_step_ratio" in speed:
+            ratio, dsrc = float(speed["draft_step_ratio"]), "the device description's draft_step_ratio"
+        elif trusted_t and calibration_trust(
+                draft_cal, cpu_step * draft.weight_bytes / max(target.weight_bytes, 1))[0]:
+            ratio = draft_cal.step_seconds / target_cal.step_seconds
+            dsrc = "measured step times of both models"
+        else:
+            ratio = draft.weight_bytes / max(target.weight_bytes, 1)
+            dsrc = "weight-bytes ratio (decode is memory-bound)"
+            d_share = cpu_time_share(draft, draft_gpu_layers)
+            if n_gpu_layers > 0 and d_share > share:
+                # a draft left on the CPU while the target runs on the GPU is that much slower
+                ratio *= (d_share * CPU_GPU_BANDWIDTH_RATIO + 1 - d_share) / \
+                         (share * CPU_GPU_BANDWIDTH_RATIO + 1 - share)
+                dsrc += ", slowed by CPU placement"
+    if notes:
+        source += "; " + "; ".join(notes)
+    return SpeedModel(cost=cost, step_seconds=step, draft_ratio=ratio, source=source,
+                      draft_source=dsrc)

@@ -1,0 +1,35 @@
+"""Whether a cached calibration measured the device or the load on it."""
+from __future__ import annotations
+
+import statistics
+
+#: Repeats of one pass on a quiet machine agree within a few percent; far more spread means
+#: other work held the cores while it was measured, and the curve's shape is noise.
+MAX_CALIBRATION_SPREAD = 0.10
+
+
+def calibration_trust(cal, expected_step: float) -> tuple[bool, str]:
+    """(usable, remark) for a cached calibration: refuse ones timed under heavy load.
+
+    The spread is the median over batch sizes of the repeats' median absolute deviation
+    relative to their median. A one-token step more than 10x off what the model's size
+    suggests is refused too, beyond 4x only remarked on (slow boards exist).
+    """
+    if cal is None:
+        return False, ""
+    spreads = []
+    for samples in (getattr(cal, "samples", None) or {}).values():
+        if len(samples) >= 3:
+            m = statistics.median(samples)
+            if m > 0:
+                spreads.append(statistics.median(abs(x - m) for x in samples) / m)
+    if spreads and statistics.median(spreads) > MAX_CALIBRATION_SPREAD:
+        return False, (f"its repeats vary by ±{statistics.median(spreads):.0%} "
+                       "(timed while other work held the cores)")
+    ratio = cal.step_seconds / expected_step if expected_step > 0 else 1.0
+    if not 0.1 < ratio < 10:
+        return False, f"its {cal.step_seconds * 1000:.0f} ms step is {ratio:.1f}x what the model's size suggests"
+    if not 0.25 < ratio < 4:
+        return True, (f"its {cal.step_seconds * 1000:.0f} ms step is {ratio:.1f}x what the model's "
+                      "size suggests")
+    return True, ""
