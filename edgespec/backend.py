@@ -218,7 +218,8 @@ def default_threads() -> int:
     return max(1, n or os.cpu_count() or 1)
 
 
-def load_model(path: str | os.PathLike, n_gpu_layers: int = 0, use_extra_bufts: bool = True) -> Model:
+def load_model(path: str | os.PathLike, n_gpu_layers: int = 0, use_extra_bufts: bool = True,
+               use_mmap: bool = True) -> Model:
     """Load a GGUF file. The caller has already checked the header (registry.check_gguf).
 
     ``use_extra_bufts`` (repacked CPU weight layouts, llama.cpp's default) makes verify
@@ -232,6 +233,10 @@ def load_model(path: str | os.PathLike, n_gpu_layers: int = 0, use_extra_bufts: 
     params = _ll.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
     params.use_extra_bufts = use_extra_bufts
+    if not use_mmap:
+        # read the weights into RAM: repacked matrices are then not also resident as mapped
+        # file pages (edgespec.planner.repack); llama.cpp's default mode maps the file
+        params.load_mode = 0  # LLAMA_LOAD_MODE_NONE
     handle = _ll.llama_model_load_from_file(str(p).encode(), params)
     if not handle:
         raise ModelError(f"llama.cpp could not load {p}: {recent_log(4) or 'unknown error'}. "
