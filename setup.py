@@ -10,7 +10,8 @@ import sys
 
 from setuptools import Extension, setup
 
-SOURCES = ["native/edgespec_native.c", "native/es_util.c", "native/es_ngram.c", "native/es_stree.c"]
+SOURCES = ["native/edgespec_native.c", "native/es_util.c", "native/es_ngram.c", "native/es_ngstat.c",
+           "native/es_stree.c"]
 
 
 def _flags() -> tuple[list[str], list[str]]:

@@ -1,26 +1,20 @@
-"""The Python face of the native proposers (``edgespec._native``).
+"""The native library's entry point: token coercion and the cache files.
 
-Inputs are validated here with messages that say what to do; the binding then
-passes int32 spans to the C library without copying. Results come back as
-frozen :class:`Speculation` records. Every object reports its memory
-(``memory_usage()``) and can verify its own invariants (``check()``).
-
-Worked example (prompt lookup, orders 1..3)::
-
-    >>> ix = NgramIndex(min_n=1, max_n=3)
-    >>> ix.extend([1, 2, 3, 4, 1, 2])
-    >>> ix.propose(6)   # "1 2" occurred before, followed by 3 4 1 2 ...
-    Speculation(tokens=(3, 4, 1, 2, 3, 4), probs=None, match_length=2, score=0.0, source='ngram')
+``edgespec._native`` (native/edgespec_native.c) holds the C objects; the
+proposers own them (:mod:`edgespec.proposers._native_types` wraps them). This
+module keeps what every caller of the binding shares: turning token ids into
+what the binding takes (:func:`as_tokens`, :func:`call_with_tokens`) and the
+two cache-file formats (the suffix proposer's responses, the n-gram
+proposer's statistics), which share one frame: a 16-byte magic, a fixed
+header, a little-endian payload and a CRC-32 of all that.
 """
 from __future__ import annotations
 
-import math
 import os
 import struct
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence, Union
+from typing import Callable, Iterable, Sequence, TypeVar, Union
 
 import numpy as np
 
@@ -33,9 +27,9 @@ except ImportError as e:  # the engine treats ImportError as "native library not
         "edgespec's native extension (edgespec._native) is not built: run `pip install -e .` "
         "or `python setup.py build_ext --inplace` in the source tree") from e
 
-__all__ = ["Speculation", "NgramIndex", "SuffixTree", "SuffixCursor", "speculate",
-           "CapacityError", "IntegrityError", "CacheFileError", "save_sequences",
-           "load_sequences", "MAX_DRAFT", "MAX_NGRAM", "MAX_DEPTH"]
+__all__ = ["CapacityError", "IntegrityError", "CacheFileError", "as_tokens", "call_with_tokens",
+           "save_sequences", "load_sequences", "save_records", "load_records", "MAX_DRAFT",
+           "MAX_NGRAM", "MAX_DEPTH", "NGSTAT_MAX_N", "NGSTAT_RECORD"]
 
 #: the object's byte budget is spent; a subclass of MemoryError
 CapacityError = _native.CapacityError
@@ -44,37 +38,16 @@ IntegrityError = _native.IntegrityError
 MAX_DRAFT: int = _native.MAX_DRAFT
 MAX_NGRAM: int = _native.MAX_NGRAM
 MAX_DEPTH: int = _native.MAX_DEPTH
+NGSTAT_MAX_N: int = _native.NGSTAT_MAX_N
+NGSTAT_RECORD: int = _native.NGSTAT_RECORD
 _INT32_MAX = 2**31 - 1
 
 Tokens = Union[Sequence[int], np.ndarray]
+T = TypeVar("T")
 
 
 class CacheFileError(EdgespecError):
-    """A suffix-cache file is unreadable, truncated or corrupt."""
-
-
-@dataclass(frozen=True, slots=True)
-class Speculation:
-    """What a native proposer drafted.
-
-    ``probs`` are per-token empirical probabilities (the fraction of earlier
-    occurrences that continued this way, cumulative along the draft); prompt
-    lookup has none. ``score`` is their sum, the expected number of accepted
-    tokens. ``source`` is "ngram", "request" (the per-request suffix tree),
-    "global" (the tree of earlier responses), or "" for an empty draft.
-    """
-
-    tokens: tuple[int, ...]
-    probs: tuple[float, ...] | None
-    match_length: int
-    score: float
-    source: str
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-
-_SOURCES = ("", "request", "global")
+    """A cache file is unreadable, truncated, of another version or corrupt."""
 
 
 def as_tokens(tokens: Tokens) -> Union[list, tuple, np.ndarray]:
@@ -101,211 +74,24 @@ def as_tokens(tokens: Tokens) -> Union[list, tuple, np.ndarray]:
             f"token ids must be a sequence of ints (got {type(tokens).__name__})") from None
 
 
-def _call(fn, tokens):
+def call_with_tokens(fn: Callable[..., T], tokens: Tokens, *args) -> T:
+    """``fn(tokens, *args)`` with the tokens coerced; the binding's TypeError/ValueError
+    about them becomes an InvalidInputError."""
     try:
-        return fn(as_tokens(tokens))
+        return fn(as_tokens(tokens), *args)
     except (TypeError, ValueError) as e:
         raise InvalidInputError(str(e)) from None
 
 
-def _guard(ok: bool, message: str) -> None:
-    if not ok:
-        raise InvalidInputError(message)
-
-
-def _check_int(name: str, value, lo: int, hi: int) -> int:
-    _guard(isinstance(value, (int, np.integer)) and not isinstance(value, bool),
-           f"{name} must be an integer (got {value!r})")
-    _guard(lo <= value <= hi, f"{name} must be in [{lo}, {hi}] (got {value})")
-    return int(value)
-
-
-class NgramIndex:
-    """Prompt lookup over a growing token stream.
-
-    ``propose(k)`` finds the longest suffix of the stream (``max_n`` down to
-    ``min_n`` tokens) that occurred before and returns the ``k`` tokens that
-    followed its most recent earlier occurrence (wrapping onto the draft itself
-    when the stream ends first, so a repeating pattern drafts a full ``k``).
-    Both verbs cost the same at 100 and at 100k tokens.
-    """
-
-    __slots__ = ("_ix", "min_n", "max_n", "max_bytes")
-
-    def __init__(self, min_n: int = 2, max_n: int = 5, max_bytes: int = 256 << 20):
-        self.min_n = _check_int("min_n", min_n, 1, MAX_NGRAM)
-        self.max_n = _check_int("max_n", max_n, self.min_n, MAX_NGRAM)
-        self.max_bytes = _check_int("max_bytes", max_bytes, 1, 2**62)
-        try:
-            self._ix = _native.NgramIndex(self.min_n, self.max_n, self.max_bytes)
-        except CapacityError:
-            raise InvalidInputError(f"max_bytes={max_bytes} is too small for an n-gram index "
-                                    "(give it at least 64 KiB)") from None
-
-    def extend(self, tokens: Tokens) -> None:
-        """Appends tokens. On CapacityError a prefix of them was indexed."""
-        _call(self._ix.extend, tokens)
-
-    def propose(self, k: int) -> Speculation:
-        _guard(0 <= k <= MAX_DRAFT, f"k must be in [0, {MAX_DRAFT}] (got {k})")
-        toks, n = self._ix.propose(k)
-        return Speculation(toks, None, n, 0.0, "ngram" if toks else "")
-
-    def __len__(self) -> int:
-        return len(self._ix)
-
-    def memory_usage(self) -> int:
-        return self._ix.memory_usage()
-
-    def check(self, deep: bool = False) -> None:
-        """Raises IntegrityError if an invariant does not hold (deep: O(len * max_n))."""
-        self._ix.check(deep=deep)
-
-
-class SuffixTree:
-    """A depth-bounded suffix tree with occurrence counts over a FIFO of sequences.
-
-    A per-request tree keeps one open sequence (``begin()`` then ``extend()``);
-    a global tree stores closed sequences (``add()``) and evicts the oldest ones
-    whenever an insertion would pass ``max_bytes``.
-    """
-
-    __slots__ = ("_t", "max_bytes")
-
-    def __init__(self, max_depth: int = 64, max_bytes: int = 64 << 20):
-        depth = _check_int("max_depth", max_depth, 2, MAX_DEPTH)
-        self.max_bytes = _check_int("max_bytes", max_bytes, 1, 2**62)
-        try:
-            self._t = _native.SuffixTree(depth, self.max_bytes)
-        except CapacityError:
-            raise InvalidInputError(f"max_bytes={max_bytes} is too small for a suffix tree of "
-                                    f"depth {depth} (give it at least 64 KiB)") from None
-
-    @property
-    def max_depth(self) -> int:
-        return self._t.max_depth
-
-    @property
-    def num_sequences(self) -> int:
-        return self._t.num_sequences
-
-    @property
-    def num_tokens(self) -> int:
-        return self._t.num_tokens
-
-    @property
-    def num_nodes(self) -> int:
-        return self._t.num_nodes
-
-    def begin(self) -> None:
-        self._t.begin()
-
-    def extend(self, tokens: Tokens) -> None:
-        """Appends to the open sequence. On CapacityError a prefix was appended."""
-        _call(self._t.extend, tokens)
-
-    def end(self) -> None:
-        self._t.end()
-
-    def add(self, tokens: Tokens) -> None:
-        """Stores a whole sequence (begin, extend, end)."""
-        _call(self._t.add, tokens)
-
-    def evict_oldest(self) -> None:
-        self._t.evict_oldest()
-
-    def sequences(self) -> list[np.ndarray]:
-        """The stored sequences, oldest first, as int32 arrays."""
-        return [np.frombuffer(self._t.sequence(i), dtype=np.int32)
-                for i in range(self._t.num_sequences)]
-
-    def memory_usage(self) -> int:
-        return self._t.memory_usage()
-
-    def check(self, deep: bool = False) -> None:
-        """Raises IntegrityError if an invariant does not hold (deep: recounts
-        every suffix, O(tokens * max_depth))."""
-        self._t.check(deep=deep)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Writes the closed sequences to ``path`` (atomically)."""
-        save_sequences(path, self.sequences(), self.max_depth)
-
-    def load(self, path: str | os.PathLike) -> int:
-        """Adds the sequences stored at ``path``, oldest first (evicting as the
-        budget requires); returns how many were read. Raises CacheFileError."""
-        seqs = load_sequences(path)
-        for s in seqs:
-            try:
-                self._t.add(s)
-            except CapacityError:
-                pass  # a sequence larger than the whole budget keeps the prefix that fit
-        return len(seqs)
-
-
-class SuffixCursor:
-    """Follows a request's context through a (global) tree it does not modify."""
-
-    __slots__ = ("_c", "tree")
-
-    def __init__(self, tree: SuffixTree):
-        if not isinstance(tree, SuffixTree):
-            raise InvalidInputError("SuffixCursor needs a SuffixTree")
-        self.tree = tree
-        self._c = _native.SuffixCursor(tree._t)
-
-    def extend(self, tokens: Tokens) -> None:
-        _call(self._c.extend, tokens)
-
-    def match_length(self) -> int:
-        """Longest suffix of the context that the tree contains, in tokens."""
-        return self._c.match_length()
-
-    def memory_usage(self) -> int:
-        return self._c.memory_usage()
-
-
-def check_spec_params(max_tokens: int, factor: float, offset: float, min_prob: float) -> None:
-    _check_int("max draft tokens", max_tokens, 0, MAX_DRAFT)
-    _guard(isinstance(factor, (int, float)) and math.isfinite(factor) and factor >= 0,
-           f"factor must be a finite number >= 0 (got {factor!r})")
-    _guard(isinstance(offset, (int, float)) and math.isfinite(offset),
-           f"offset must be a finite number (got {offset!r})")
-    _guard(isinstance(min_prob, (int, float)) and 0.0 <= min_prob <= 1.0,
-           f"min_token_prob must be in [0, 1] (got {min_prob!r})")
-
-
-def speculate(request: SuffixTree | None, cursor: SuffixCursor | None, max_tokens: int,
-              factor: float = 1.0, offset: float = 0.0, min_prob: float = 0.1) -> Speculation:
-    """The best-scoring draft of the request tree (from the end of its open
-    sequence) and of the cursor's tree (from the cursor's context).
-
-    For each match length m the draft follows the most frequent continuation
-    for at most ``min(max_tokens, floor(factor * m + offset))`` tokens and stops
-    before a token whose probability would fall below ``min_prob``.
-    """
-    check_spec_params(max_tokens, factor, offset, min_prob)
-    toks, probs, m, score, src = _native.speculate(
-        request._t if request is not None else None, cursor._c if cursor is not None else None,
-        max_tokens, float(factor), float(offset), float(min_prob))
-    return Speculation(toks, probs, m, score, _SOURCES[src])
-
-
-# --- the suffix-cache file ---------------------------------------------------------
-# magic, then <version u32, max_depth u32, n_seqs u64, n_tokens u64>, the sequence
-# lengths (u32 each), the tokens (i32 each), and a CRC-32 of all that (u32).
-# Everything little-endian.
-_MAGIC = b"EDGESPEC-SUFFIX\0"
+# --- the cache-file frame ------------------------------------------------------------
+# magic (16 bytes), then <version u32, u32, u64, u64> (the last three mean what the
+# format says), the payload, and a CRC-32 of everything before it (u32), little-endian.
 _HEADER = struct.Struct("<IIQQ")
-_VERSION = 1
 
 
-def save_sequences(path: str | os.PathLike, seqs: Iterable[np.ndarray], max_depth: int) -> None:
-    seqs = [np.asarray(s, dtype="<i4") for s in seqs]
-    lengths = np.array([len(s) for s in seqs], dtype="<u4")
-    tokens = np.concatenate(seqs) if seqs else np.zeros(0, dtype="<i4")
-    body = b"".join([_MAGIC, _HEADER.pack(_VERSION, max_depth, len(seqs), len(tokens)),
-                     lengths.tobytes(), tokens.astype("<i4").tobytes()])
+def _write_frame(path: str | os.PathLike, magic: bytes, header: tuple, payload: Iterable[bytes]) -> None:
+    """Writes atomically: a temporary file beside the target, then a rename."""
+    body = b"".join([magic, _HEADER.pack(*header), *payload])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -315,38 +101,91 @@ def save_sequences(path: str | os.PathLike, seqs: Iterable[np.ndarray], max_dept
     os.replace(tmp, path)
 
 
-def load_sequences(path: str | os.PathLike) -> list[np.ndarray]:
-    """Reads a suffix-cache file; raises CacheFileError, saying what to do, on any defect."""
+def _read_frame(path: str | os.PathLike, magic: bytes, version: int, what: str,
+                payload_bytes: Callable[[tuple], int]) -> tuple[tuple, bytes]:
+    """(header, the file's bytes) once magic, version, size and checksum hold."""
     path = Path(path)
 
     def bad(why: str) -> CacheFileError:
-        return CacheFileError(f"suffix cache {path} {why}; delete it (it is rebuilt from "
-                              "later responses) or point the cache path elsewhere")
+        return CacheFileError(f"{what} {path} {why}; delete it (it is rebuilt from later "
+                              "responses) or point the cache path elsewhere")
 
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise CacheFileError(f"cannot read suffix cache {path}: {e.strerror or e}") from None
-    fixed = len(_MAGIC) + _HEADER.size + 4
+        raise CacheFileError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    fixed = len(magic) + _HEADER.size + 4
     if len(data) < fixed:
         raise bad("is truncated")
-    if not data.startswith(_MAGIC):
-        raise bad("is not an edgespec suffix cache")
-    version, _depth, n_seqs, n_tokens = _HEADER.unpack_from(data, len(_MAGIC))
-    if version != _VERSION:
-        raise bad(f"has format version {version}, this edgespec reads {_VERSION}")
-    if n_seqs > len(data) or n_tokens > len(data) or fixed + 4 * (n_seqs + n_tokens) != len(data):
+    if not data.startswith(magic):
+        raise bad(f"is not an edgespec {what}")
+    header = _HEADER.unpack_from(data, len(magic))
+    if header[0] != version:
+        raise bad(f"has format version {header[0]}, this edgespec reads {version}")
+    want = payload_bytes(header)
+    if want is None or want > len(data) or fixed + want != len(data):
         raise bad("has the wrong size for its header (truncated or corrupt)")
     (crc,) = struct.unpack_from("<I", data, len(data) - 4)
     if zlib.crc32(memoryview(data)[:-4]) != crc:
         raise bad("fails its checksum (corrupt)")
-    off = len(_MAGIC) + _HEADER.size
+    return header, data
+
+
+def _payload_offset(magic: bytes) -> int:
+    return len(magic) + _HEADER.size
+
+
+# --- the suffix cache: the global tree's responses ----------------------------------
+# header: version, max_depth, number of sequences, number of tokens; payload: the
+# sequence lengths (u32 each), then the tokens (i32 each).
+_SUFFIX_MAGIC = b"EDGESPEC-SUFFIX\0"
+_SUFFIX_VERSION = 1
+
+
+def save_sequences(path: str | os.PathLike, seqs: Iterable[np.ndarray], max_depth: int) -> None:
+    seqs = [np.asarray(s, dtype="<i4") for s in seqs]
+    lengths = np.array([len(s) for s in seqs], dtype="<u4")
+    tokens = np.concatenate(seqs) if seqs else np.zeros(0, dtype="<i4")
+    _write_frame(path, _SUFFIX_MAGIC, (_SUFFIX_VERSION, max_depth, len(seqs), len(tokens)),
+                 [lengths.tobytes(), tokens.astype("<i4").tobytes()])
+
+
+def load_sequences(path: str | os.PathLike) -> list[np.ndarray]:
+    """Reads a suffix-cache file; raises CacheFileError, saying what to do, on any defect."""
+    what = "suffix cache"
+    (_, _depth, n_seqs, n_tokens), data = _read_frame(
+        path, _SUFFIX_MAGIC, _SUFFIX_VERSION, what,
+        lambda h: 4 * (h[2] + h[3]) if max(h[2], h[3]) < 2**40 else None)
+    off = _payload_offset(_SUFFIX_MAGIC)
     lengths = np.frombuffer(data, dtype="<u4", count=n_seqs, offset=off).astype(np.int64)
     tokens = np.frombuffer(data, dtype="<i4", count=n_tokens, offset=off + 4 * n_seqs)
     if int(lengths.sum()) != n_tokens:
-        raise bad("has sequence lengths that do not add up")
+        raise CacheFileError(f"{what} {path} has sequence lengths that do not add up; delete it")
     if n_tokens and int(tokens.min()) < 0:
-        raise bad("holds negative token ids")
+        raise CacheFileError(f"{what} {path} holds negative token ids; delete it")
     tokens = tokens.astype(np.int32)  # native byte order, contiguous
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     return [tokens[bounds[i]:bounds[i + 1]] for i in range(n_seqs)]
+
+
+# --- the n-gram statistics: (n-gram, continuation, count) records --------------------
+# header: version, record width (int32s), number of records, a free u64 (0); payload:
+# the records as the native library exports them (see NgramStats.records).
+_NGRAM_MAGIC = b"EDGESPEC-NGRAMS\0"
+_NGRAM_VERSION = 1
+
+
+def save_records(path: str | os.PathLike, records: np.ndarray) -> None:
+    records = np.asarray(records, dtype="<i4").reshape(-1, NGSTAT_RECORD)
+    _write_frame(path, _NGRAM_MAGIC, (_NGRAM_VERSION, NGSTAT_RECORD, len(records), 0),
+                 [records.tobytes()])
+
+
+def load_records(path: str | os.PathLike) -> np.ndarray:
+    """Reads an n-gram statistics file as an (n, NGSTAT_RECORD) int32 array; raises
+    CacheFileError on any defect (the native import re-validates every record)."""
+    (_, width, n, _), data = _read_frame(
+        path, _NGRAM_MAGIC, _NGRAM_VERSION, "n-gram statistics file",
+        lambda h: 4 * h[1] * h[2] if h[1] == NGSTAT_RECORD and h[2] < 2**40 else None)
+    flat = np.frombuffer(data, dtype="<i4", count=n * width, offset=_payload_offset(_NGRAM_MAGIC))
+    return flat.astype(np.int32).reshape(n, width)

@@ -1,6 +1,7 @@
 /*
- * edgespec native proposers: a prompt-lookup n-gram index and depth-bounded
- * suffix trees with occurrence counts (after SuffixDecoding, Oliaro et al. 2025).
+ * edgespec native proposers: a prompt-lookup n-gram index, n-gram statistics
+ * (after llama.cpp's ngram-cache) and depth-bounded suffix trees with
+ * occurrence counts (after SuffixDecoding, Oliaro et al. 2025).
  *
  * Plain C11, no Python. Tokens come in as int32 spans; every function returns
  * a status code and never aborts, whatever the input. Every object has a hard
@@ -152,7 +153,7 @@ typedef struct {
     double min_prob;     /* 0..1 */
 } es_spec_params;
 
-enum { ES_SRC_NONE = 0, ES_SRC_REQUEST = 1, ES_SRC_GLOBAL = 2 };
+enum { ES_SRC_NONE = 0, ES_SRC_REQUEST = 1, ES_SRC_GLOBAL = 2, ES_SRC_CONTEXT = 3, ES_SRC_DYNAMIC = 4 };
 
 typedef struct {
     int32_t *tokens;     /* caller's buffer, capacity >= max_tokens */
@@ -168,6 +169,107 @@ typedef struct {
  * wins, ties going to the request tree. Either may be NULL. */
 es_status es_speculate(const es_stree *request, es_cursor *global, const es_spec_params *p,
                        es_draft *out);
+
+/* ------------------------------------------------------------------------ */
+/* N-gram statistics (after llama.cpp's ngram-cache): for every n-gram of
+ * orders min_n..max_n, how often each token followed it. A per-request
+ * "context" table counts prompt + output; a "dynamic" table counts earlier
+ * generations. Drafting takes, token by token, the most frequent continuation
+ * of the longest n-gram whose evidence passes a bar (minimum samples, minimum
+ * share of the best continuation) that depends on the draft position and the
+ * order, and stops where no continuation passes. Example, orders 1..2, the
+ * stream a b c a b: (a b) was followed by c once, (b) by c once, so a bar of
+ * 1 sample and 50% drafts c with confidence 1.0; then (b c) -> a, and so on.
+ *
+ * Counts are uint32 kept below ES_NGSTAT_COUNT_MAX. Over its byte budget the
+ * table *decays* instead of failing: every count is halved (rounding down) and
+ * what reaches zero is forgotten, so the least evidence goes first and
+ * memory stays bounded whatever the input. Extend is O(max_n - min_n + 1) per
+ * token (amortised), a draft O(k * orders); both independent of the context
+ * length. */
+
+#define ES_NGSTAT_MAX_N 8        /* largest order of the statistics */
+#define ES_NGSTAT_POSITIONS 8    /* draft positions with a bar of their own; the last holds beyond */
+#define ES_NGSTAT_COUNT_MAX (1 << 30)
+/* An exported record: order, continuation token, count, then the n-gram
+ * (oldest token first), padded with zeros to ES_NGSTAT_MAX_N tokens. */
+#define ES_NGSTAT_RECORD (3 + ES_NGSTAT_MAX_N)
+
+typedef struct es_ngstat es_ngstat;
+
+typedef struct {
+    int32_t min_n;      /* 1 <= min_n <= max_n */
+    int32_t max_n;      /* <= ES_NGSTAT_MAX_N */
+    int64_t max_bytes;  /* budget for the tables */
+} es_ngstat_config;
+
+es_status es_ngstat_create(const es_ngstat_config *cfg, es_ngstat **out);
+void es_ngstat_destroy(es_ngstat *s);
+/* Starts a new sequence: n-grams no longer span from what was counted before.
+ * The last max_n tokens of `context` (n of them; NULL when n == 0) become the
+ * history the next tokens continue, without being counted themselves. */
+es_status es_ngstat_begin(es_ngstat *s, const int32_t *context, int64_t n);
+/* Counts each token as the continuation of the n-grams that end just before
+ * it, then appends it to the history. Tokens are validated first (nothing
+ * changes on ES_E_RANGE); on ES_E_NOMEM a prefix was counted. */
+es_status es_ngstat_extend(es_ngstat *s, const int32_t *tokens, int64_t n);
+
+typedef struct {
+    uint32_t total;       /* samples: how often the n-gram was followed by anything */
+    uint32_t best_count;  /* how often by its most frequent continuation */
+    int32_t best;         /* that continuation (ties: the lowest token id) */
+} es_ngstat_entry;
+
+/* Looks up the n-gram gram[0..n) (oldest first); *found = 0 when it was never
+ * counted (or its order is outside min_n..max_n). */
+es_status es_ngstat_lookup(const es_ngstat *s, const int32_t *gram, int32_t n,
+                           es_ngstat_entry *out, int *found);
+/* The count of `token` after the n-gram (0 when never seen). */
+es_status es_ngstat_count(const es_ngstat *s, const int32_t *gram, int32_t n, int32_t token,
+                          uint32_t *out);
+
+int64_t es_ngstat_num_ngrams(const es_ngstat *s);
+int64_t es_ngstat_num_pairs(const es_ngstat *s);  /* (n-gram, continuation) counts */
+int64_t es_ngstat_decays(const es_ngstat *s);     /* how often the budget forced a decay */
+size_t es_ngstat_memory(const es_ngstat *s);
+/* Halves every count and forgets what reaches zero (what the budget does). */
+es_status es_ngstat_decay(es_ngstat *s);
+/* Writes every (n-gram, continuation, count) as an ES_NGSTAT_RECORD-int32
+ * record into out (capacity cap int32s); *n = the number of records. With
+ * out == NULL only *n is set; ES_E_ARG if cap is short. */
+es_status es_ngstat_export(const es_ngstat *s, int32_t *out, int64_t cap, int64_t *n);
+/* Adds n records (as exported; counts above ES_NGSTAT_COUNT_MAX are clamped).
+ * All are validated first (ES_E_RANGE: a negative token or a count < 1,
+ * ES_E_ARG: an order outside 1..ES_NGSTAT_MAX_N), so a bad batch changes
+ * nothing; records of orders outside min_n..max_n are skipped. */
+es_status es_ngstat_import(es_ngstat *s, const int32_t *records, int64_t n);
+/* deep also checks every count against its n-gram's totals (O(pairs)). */
+es_status es_ngstat_check(const es_ngstat *s, int deep, char *msg, size_t msg_cap);
+
+typedef struct {
+    int32_t min_count[ES_NGSTAT_POSITIONS];  /* samples the n-gram needs, by draft position (>= 1) */
+    double min_share[ES_NGSTAT_POSITIONS];   /* share its best continuation needs (0..1) */
+} es_ngstat_bar;
+
+typedef struct {
+    int32_t max_tokens;                       /* 0..ES_MAX_DRAFT */
+    int32_t order_extra[ES_NGSTAT_MAX_N + 1]; /* extra samples an n-gram of order n needs (>= 0) */
+    es_ngstat_bar context;                    /* the bar for the context table */
+    es_ngstat_bar dynamic;                    /* the bar for the dynamic table */
+} es_ngstat_params;
+
+/* ES_OK when the parameters are in range, else ES_E_ARG. */
+es_status es_ngstat_params_check(const es_ngstat_params *p);
+
+/* Drafts from the end of the context table's history (the dynamic table's
+ * when context is NULL; either may be NULL): at each position, the longest
+ * n-gram of the context table that passes its bar, else of the dynamic
+ * table. out->probs[i] is token i's share, out->score the sum of
+ * their running products (the expected accepted length), out->match_len the
+ * first token's order, out->source the first token's table (ES_SRC_CONTEXT or
+ * ES_SRC_DYNAMIC). */
+es_status es_ngstat_draft(const es_ngstat *context, const es_ngstat *dynamic,
+                          const es_ngstat_params *p, es_draft *out);
 
 /* Test hook: make the n-th allocation from now fail (n < 0: never). Process
  * wide and not thread-safe: for fault-injection tests only. */

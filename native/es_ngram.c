@@ -52,9 +52,7 @@ es_status es_ngram_create(const es_ngram_config *cfg, es_ngram **out) {
     ix->toks = es_alloc(NGRAM_MIN_TOKS * sizeof(int32_t));
     ix->slots = es_calloc(NGRAM_MIN_SLOTS, sizeof(ngram_slot));
     if (ix->toks == NULL || ix->slots == NULL) {
-        es_free(ix->toks);
-        es_free(ix->slots);
-        es_free(ix);
+        es_ngram_destroy(ix);
         return ES_E_NOMEM;
     }
     ix->min_n = cfg->min_n;

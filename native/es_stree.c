@@ -420,13 +420,7 @@ es_status es_stree_create(const es_stree_config *cfg, es_stree **out) {
     t->active = es_alloc(d * sizeof(int32_t));
     t->path = es_alloc((d + 1) * sizeof(int32_t));
     if (!t->nodes || !t->edges || !t->seqs || !t->fifo || !t->active || !t->path) {
-        es_free(t->nodes);
-        es_free(t->edges);
-        es_free(t->seqs);
-        es_free(t->fifo);
-        es_free(t->active);
-        es_free(t->path);
-        es_free(t);
+        es_stree_destroy(t);  /* seqs_cap is still 0: no sequence is freed */
         return ES_E_NOMEM;
     }
     t->max_depth = cfg->max_depth;

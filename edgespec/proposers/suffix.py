@@ -10,10 +10,17 @@ Two native suffix trees speculate on every step and the better score wins:
   saved on ``close()`` and reloaded next time, so a desktop app's repeated
   workflows speed up from one run to the next.
 
-A draft follows the most frequent continuation of the context's matched tail
-for at most ``min(max_draft, factor * match_length + offset)`` tokens, and stops
-before a token whose empirical probability would fall below
-``min_token_prob``; those probabilities are the draft's per-token confidence.
+Matches are scored as Arctic Inference scores them. For each length m of the
+context's tail found in a tree, the draft follows the most frequent
+continuation for at most ``min(max_draft, factor * m + offset)`` tokens (a
+budget that grows with the match), multiplying the empirical probabilities
+count(child) / count(node) into a path probability, and stops before a token
+whose path probability would fall below ``min_token_prob``. A token's
+confidence is its path probability (the chance that it and every token before
+it are right, as far as the tree has seen); the draft's score is their sum,
+the expected number of accepted tokens, and the best score over all m and both
+trees wins. The n-gram proposer's scores mean the same, so the engine can
+verify the better-scoring of the two each step.
 """
 from __future__ import annotations
 
@@ -23,12 +30,11 @@ from typing import Sequence
 
 from .. import _native
 from ..errors import InvalidInputError
-from ..native import (MAX_DEPTH, MAX_DRAFT, CapacityError, SuffixCursor, SuffixTree, _check_int,
-                      as_tokens, check_spec_params)
+from ..native import MAX_DEPTH, MAX_DRAFT, CapacityError, as_tokens
 from ..params import SamplingParams
+from ._native_types import (SuffixCursor, SuffixTree, check_int, check_spec_params,
+                            draft_from_native)
 from .base import EMPTY_DRAFT, Draft
-
-_SOURCES = ("", "request", "global")
 
 
 class SuffixProposer:
@@ -45,20 +51,20 @@ class SuffixProposer:
                  max_draft: int = 16, max_depth: int = 64, cache_bytes: int = 64 << 20,
                  cache_tokens: int | None = None, cache_path: str | os.PathLike | None = None,
                  request_bytes: int = 256 << 20, use_global: bool = True):
-        self.max_draft = _check_int("suffix max_draft", max_draft, 1, MAX_DRAFT)
+        self.max_draft = check_int("suffix max_draft", max_draft, 1, MAX_DRAFT)
         check_spec_params(self.max_draft, factor, offset, min_token_prob)
         self.factor = float(factor)
         self.offset = float(offset)
         self.min_token_prob = float(min_token_prob)
-        self.max_depth = _check_int("suffix max_depth", max_depth, 2, MAX_DEPTH)
-        self.request_bytes = _check_int("suffix request_bytes", request_bytes, 64 << 10, 2**62)
+        self.max_depth = check_int("suffix max_depth", max_depth, 2, MAX_DEPTH)
+        self.request_bytes = check_int("suffix request_bytes", request_bytes, 64 << 10, 2**62)
         self.cache_tokens = (None if cache_tokens is None else
-                             _check_int("suffix cache_tokens", cache_tokens, 0, 2**31 - 2))
+                             check_int("suffix cache_tokens", cache_tokens, 0, 2**31 - 2))
         self.cache_path = Path(cache_path).expanduser() if cache_path else None
         self._global: SuffixTree | None = None
         self._dirty = False
         if use_global:
-            cache_bytes = _check_int("suffix cache_bytes", cache_bytes, 64 << 10, 2**62)
+            cache_bytes = check_int("suffix cache_bytes", cache_bytes, 64 << 10, 2**62)
             self._global = SuffixTree(self.max_depth, cache_bytes)
             if self.cache_path is not None and self.cache_path.exists():
                 self._global.load(self.cache_path)
@@ -143,12 +149,9 @@ class SuffixSession:
         k = min(k, p.max_draft)
         if k <= 0 or self._closed:
             return EMPTY_DRAFT
-        toks, probs, m, score, src = _native.speculate(self._req, self._cur, k, p.factor,
-                                                       p.offset, p.min_token_prob)
-        if not toks:
-            return EMPTY_DRAFT
-        return Draft(tokens=toks, confidence=probs, source=_SOURCES[src], match_length=m,
-                     score=score)
+        # the knobs were validated once, in the proposer: straight to the binding
+        return draft_from_native(_native.speculate(self._req, self._cur, k, p.factor, p.offset,
+                                                   p.min_token_prob))
 
     def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None:
         if self._closed:

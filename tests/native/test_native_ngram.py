@@ -10,7 +10,8 @@ from native_strategies import chunked, stream
 
 from edgespec import _native
 from edgespec.errors import InvalidInputError
-from edgespec.native import MAX_DRAFT, CapacityError, NgramIndex
+from edgespec.native import MAX_DRAFT, CapacityError
+from edgespec.proposers._native_types import NgramIndex
 
 
 def test_worked_example():

@@ -13,8 +13,9 @@ from native_strategies import chunked, random_stream, repetitive_stream, stream
 
 from edgespec import _native
 from edgespec.errors import InvalidInputError
-from edgespec.native import (CapacityError, SuffixCursor, SuffixTree, Speculation,
-                             speculate)
+from edgespec.native import CapacityError
+from edgespec.proposers._native_types import SuffixCursor, SuffixTree, speculate
+from edgespec.proposers.base import Draft
 
 params = st.fixed_dictionaries({
     "max_tokens": st.integers(0, 12),
@@ -24,9 +25,9 @@ params = st.fixed_dictionaries({
 })
 
 
-def as_tuple(s: Speculation):
+def as_tuple(s: Draft):
     src = {"": 0, "request": 1, "global": 2}[s.source]
-    return (s.tokens, s.probs, s.match_length, s.score, src)
+    return (s.tokens, s.confidence or (), s.match_length, s.score, src)
 
 
 def request_tree(tokens, depth, cap=1 << 24):
@@ -43,9 +44,9 @@ def test_worked_example_request_tree():
     # "1 2" occurred twice before, both times followed by 3 (p = 2/2), then 4 or 5
     # (1 each: the tie goes to the lower id, p = 1/2); factor 1 * match 2 = 2 tokens
     s = speculate(t, None, 8, factor=1.0, offset=0.0, min_prob=0.0)
-    assert s == Speculation((3, 4), (1.0, 0.5), 2, 1.5, "request")
+    assert s == Draft((3, 4), confidence=(1.0, 0.5), match_length=2, score=1.5, source="request")
     s = speculate(t, None, 8, factor=1.0, offset=2.0, min_prob=0.0)
-    assert s.tokens == (3, 4, 1, 2) and s.probs == (1.0, 0.5, 0.5, 0.5) and s.score == 2.5
+    assert s.tokens == (3, 4, 1, 2) and s.confidence == (1.0, 0.5, 0.5, 0.5) and s.score == 2.5
     # min_prob stops before the first token below it
     assert speculate(t, None, 8, 1.0, 2.0, min_prob=0.6).tokens == (3,)
     t.check(deep=True)
@@ -59,14 +60,14 @@ def test_worked_example_global_tree_and_tie_to_request():
     c.extend([5, 1, 2])
     assert c.match_length() == 2
     s = speculate(None, c, 8, factor=1.0, offset=2.0, min_prob=0.0)
-    assert s == Speculation((3, 9), (1.0, 1.0), 2, 2.0, "global")
+    assert s == Draft((3, 9), confidence=(1.0, 1.0), match_length=2, score=2.0, source="global")
     # the request tree's (3, 4) scores 1.5 and loses to the global (3, 9) at 2.0 ...
     t = request_tree([1, 2, 3, 4, 1, 2, 3, 5, 1, 2], 8)
     assert speculate(t, c, 8, 1.0, 0.0, 0.0).tokens == (3, 9)
     # ... while a tie goes to the request tree
     t = request_tree([1, 2, 3, 1, 1, 2], 8)
     s = speculate(t, c, 8, 1.0, 0.0, 0.0)
-    assert s == Speculation((3, 1), (1.0, 1.0), 2, 2.0, "request")
+    assert s == Draft((3, 1), confidence=(1.0, 1.0), match_length=2, score=2.0, source="request")
     g.check(deep=True)
 
 
@@ -77,7 +78,7 @@ def test_global_counts_give_probabilities():
     c = SuffixCursor(g)
     c.extend([9, 1, 2])
     s = speculate(None, c, 4, factor=1.0, offset=0.0, min_prob=0.0)
-    assert s.tokens == (5,) and s.probs == (0.75,) and s.match_length == 2
+    assert s.tokens == (5,) and s.confidence == (0.75,) and s.match_length == 2
 
 
 def test_eviction_forgets_the_oldest():
@@ -106,7 +107,8 @@ def test_empty_and_tiny():
     t.extend([3])
     t.extend([3])
     # depth 2: "3" occurred twice before, always followed by 3; depth 2 ends the path
-    assert speculate(t, None, 4, 1.0, 5.0, 0.0) == Speculation((3,), (1.0,), 1, 1.0, "request")
+    assert speculate(t, None, 4, 1.0, 5.0, 0.0) == Draft((3,), confidence=(1.0,), match_length=1,
+                                                         score=1.0, source="request")
     t.check(deep=True)
     assert speculate(t, None, 0).tokens == ()
 
@@ -214,7 +216,7 @@ def test_long_repetitive_and_random_streams_check_deep():
     # a long exact repeat drafts the full cap with certainty
     t = request_tree(np.concatenate([phrase] * 10).astype(np.int32), 32)
     s = speculate(t, None, 16, 1.0, 0.0, 0.1)
-    assert len(s) == 16 and s.probs == (1.0,) * 16
+    assert len(s) == 16 and s.confidence == (1.0,) * 16
 
 
 # --- memory caps ------------------------------------------------------------------------
