@@ -12,9 +12,10 @@ import random
 import re
 
 from edgespec.events import Control, Event, Finished, PrefillDone, RequestStarted, Step
+from edgespec.proposers import needs_model
 
 from .metrics import fold_stats
-from .source import Prompt, Settings
+from .source import NO_PROPOSER, Prompt, Settings, default_proposer
 
 DEMO_PROMPT = "Write a Python function is_palindrome(s) that ignores case and punctuation."
 
@@ -47,7 +48,7 @@ def pieces(text: str) -> list[str]:
 def demo_events(prompt: Prompt = DEMO_PROMPT, settings: Settings | None = None, *,
                 answer: str = DEMO_ANSWER, seed: int = 7, request_id: int = 1) -> list[Event]:
     rng = random.Random(seed)
-    proposer = settings.proposer if settings else "ngram"
+    proposer = settings.proposer if settings else default_proposer()
     target = settings.target if settings else "qwen-1.5b"
     max_tokens = settings.max_tokens if settings else 256
     toks = pieces(answer)[:max_tokens]
@@ -55,12 +56,15 @@ def demo_events(prompt: Prompt = DEMO_PROMPT, settings: Settings | None = None, 
     n_prompt = len(pieces(prompt_text)) + 12  # + chat template tokens
     events: list[Event] = [
         RequestStarted(request_id, n_prompt, proposer, target,
-                       settings.draft if settings and proposer == "draft" else None),
+                       settings.draft if settings and needs_model(proposer) else None),
         PrefillDone(request_id, n_prompt, n_prompt * PREFILL_SECONDS_PER_TOKEN),
     ]
-    t = n_prompt * PREFILL_SECONDS_PER_TOKEN
-    k, i, next_id = 3, 0, 1000
-    speculating = proposer != "none"
+    t = n_prompt * PREFILL_SECONDS_PER_TOKEN + 0.002
+    # as in the engine, the first token comes out of the prefill pass: no draft, no pass of its own
+    events.append(Step(request_id, (1000,), toks[0], ("target",), None, 0, 0, 0.0, 0.0, t,
+                       pieces=(toks[0],)))
+    k, i, next_id = 3, 1, 1001
+    speculating = proposer != NO_PROPOSER
     while i < len(toks):
         # Code and echoed identifiers are easy to look up; prose is not.
         easy = any(ch in toks[i] for ch in "_(=[:`") or toks[i].strip() in ("cleaned", "is")

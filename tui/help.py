@@ -30,12 +30,14 @@ a fully accepted draft, the correction at the first rejection, and every plain s
 (req); the sparkline shows each pass.
 • [b]draft[/b]: the draft length used last and who drafted; [b]per pass[/b]: tokens \
 emitted per target pass, counting the target's own token.
-• [b]rate[/b]: tokens/s over the last 16 steps (the decode average once done). \
-[b]plain[/b]: the plain path's rate on this target, [i]measured[/i] from timed plain \
-steps (this request or an earlier one on the same target, e.g. with proposer none), \
-else [i]model[/i]: each verify pass's time divided by its cost in single steps, taken \
-as 1 + 0.25 × drafted tokens (fits Qwen2.5 1.5B on a 2-core CPU). [b]speedup[/b] is \
-rate / plain.
+• [b]decode[/b]: tokens/s after the first token, over the last 16 steps (the whole \
+request's average once done). [b]plain[/b]: the plain path's decode rate on this \
+target, [i]measured[/i] from timed plain steps (this request or an earlier one on the \
+same target, e.g. with proposer none), else [i]model[/i]: each verify pass's time \
+divided by its cost in single steps, taken as 1 + 0.25 × drafted tokens (fits Qwen2.5 \
+1.5B on a 2-core CPU). [b]speedup[/b] is decode / plain: decode against decode, so \
+what the prompt cost never dilutes it. [b]ttft[/b]: time to the first token (the \
+prefill, and a proposer's own setup over the prompt), shown apart.
 • [b]share[/b]: emitted tokens per proposer versus the target.
 • [b]time[/b]: prefill / draft / verify (plain steps count as verify).
 • [b]memory[/b]: resident memory of this process.

@@ -16,7 +16,7 @@ from edgespec.stats import RequestStats
 WINDOW = 32
 #: verify passes the sparkline shows
 SPARK_POINTS = 64
-#: steps the "tokens/s now" rate spans
+#: steps the "tokens/s now" rate spans (after the first token, like every decode rate)
 RATE_STEPS = 16
 #: relative cost of each extra token in a verify pass, used only when no plain
 #: step has been timed: a pass over 1 + k tokens costs about (1 + VERIFY_SLOPE * k)
@@ -41,6 +41,8 @@ def _observe(stats: RequestStats, ev: Event) -> None:
         stats.prompt_tokens = ev.prompt_tokens
     elif isinstance(ev, PrefillDone):
         stats.observe_prefill(ev.n_tokens, ev.seconds)
+    elif isinstance(ev, Step) and not (ev.tokens or ev.drafted or ev.verify_seconds):
+        stats.total_seconds = ev.elapsed  # the engine's closing step: held-back text, no pass
     elif isinstance(ev, Step):
         stats.observe_step(proposer=ev.proposer, drafted=ev.drafted, accepted=ev.accepted,
                            emitted=len(ev.tokens), draft_seconds=ev.draft_seconds,
@@ -72,8 +74,14 @@ class LiveMetrics:
         self.controls: deque[Control] = deque(maxlen=8)
         self.pass_acceptance: deque[float] = deque(maxlen=SPARK_POINTS)
         self._window: deque[tuple[int, int]] = deque(maxlen=WINDOW)
+        # (elapsed, tokens) of the steps since the first token: the first entry only anchors
+        # the window's start, so prefill and TTFT never enter the rate
         self._steps: deque[tuple[float, int]] = deque(maxlen=RATE_STEPS + 1)
         self._prior_plain = plain_timing
+        # plain decode steps of this request; the first token's step is not one (it comes
+        # out of the prefill pass, in no time of its own)
+        self._plain_steps = 0
+        self._plain_seconds = 0.0
         self._pass_unit_seconds = 0.0  # verify time / modelled pass cost, summed
 
     # --- folding -------------------------------------------------------------
@@ -81,10 +89,12 @@ class LiveMetrics:
         _observe(self.stats, ev)
         if isinstance(ev, RequestStarted):
             self.target = ev.target
-        elif isinstance(ev, PrefillDone):
-            self._steps.append((ev.seconds, 0))
         elif isinstance(ev, Step):
+            first = not self._steps
             self._steps.append((ev.elapsed, len(ev.tokens)))
+            if ev.drafted == 0 and ev.verify_seconds > 0 and not first:
+                self._plain_steps += 1
+                self._plain_seconds += ev.verify_seconds
             if ev.drafted > 0:
                 self.draft_length = ev.drafted
                 self.proposer_now = ev.proposer
@@ -111,7 +121,11 @@ class LiveMetrics:
 
     @property
     def tokens_per_second_now(self) -> float:
-        """Emission rate over the last few steps (all of them once the request is done)."""
+        """Decode rate over the last few steps; once the request is done, over all of it.
+
+        Both are RequestStats' definition (tokens after the first over the time after
+        the first), so the rate divides by the plain decode rate into a fair speedup.
+        """
         if self.finished is not None:
             return self.stats.decode_tokens_per_second
         if len(self._steps) < 2:
@@ -121,10 +135,14 @@ class LiveMetrics:
         return n / span if span > 0 else 0.0
 
     @property
+    def ttft_seconds(self) -> float | None:
+        return self.stats.ttft_seconds
+
+    @property
     def plain_timing(self) -> tuple[int, float]:
-        """Plain steps and their seconds, this request plus what came before."""
+        """Plain decode steps and their seconds, this request plus what came before."""
         steps, seconds = self._prior_plain
-        return steps + self.stats.plain_steps, seconds + self.stats.plain_seconds
+        return steps + self._plain_steps, seconds + self._plain_seconds
 
     def plain_estimate(self) -> PlainEstimate | None:
         """What the plain path would do on this target, decode only.

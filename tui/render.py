@@ -51,6 +51,10 @@ def pct(x: float | None) -> str:
     return "  -" if x is None else f"{x:4.0%}".strip().rjust(4)
 
 
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f}"
+
+
 def mib(n_bytes: int | None) -> str:
     return "-" if n_bytes is None else f"{n_bytes / 2**20:,.0f} MiB"
 
@@ -107,7 +111,8 @@ def live_text(m: LiveMetrics, *, rss: int | None, width: int, p: Palette = Palet
              + (f" {m.proposer_now}" if m.proposer_now else "") + "\n")
     label("per pass")
     t.append(f"{s.mean_accepted_length:.2f} tok\n")
-    label("rate")
+    # decode rates on both sides of the speedup; what the prompt cost is TTFT, shown apart
+    label("decode")
     rate = m.tokens_per_second_now
     t.append(f"{rate:5.1f} tok/s {'avg' if m.done else 'now'}\n")
     est = m.plain_estimate()
@@ -119,6 +124,11 @@ def live_text(m: LiveMetrics, *, rss: int | None, width: int, p: Palette = Palet
         t.append(f"{est.basis}\n", p.dim)
         label("speedup")
         t.append(f"×{rate / est.tokens_per_second:.2f}\n" if rate else "-\n", p.label)
+    label("ttft")
+    t.append(f"{ms(m.ttft_seconds):>5} ms" if m.ttft_seconds is not None else "    -")
+    if s.prefill_seconds > 0:
+        t.append(f" prefill {ms(s.prefill_seconds)}", p.dim)
+    t.append("\n")
 
     share = s.proposer_share
     label("share")
@@ -193,7 +203,8 @@ def positions_text(rates: Sequence[float], drafted: Sequence[int], *, width: int
 def summary_line(s: RequestStats) -> str:
     """One line that stays under the answer after the request ends."""
     acc = f"acc {s.acceptance_rate:.0%} · " if s.drafted else ""
-    return (f"{s.generated_tokens} tok · {s.total_seconds:.1f} s · "
+    ttft = f"ttft {ms(s.ttft_seconds)} ms · " if s.ttft_seconds is not None else ""
+    return (f"{s.generated_tokens} tok · {s.total_seconds:.1f} s · {ttft}"
             f"{s.decode_tokens_per_second:.1f} tok/s · {acc}"
             f"len {s.mean_accepted_length:.2f} · {s.stop_reason}")
 

@@ -5,9 +5,9 @@ from collections import Counter
 
 import pytest
 
-from edgespec.events import Control, PrefillDone, RequestStarted, Step
+from edgespec.events import Control, Finished, PrefillDone, RequestStarted, Step
 from tui.app import parse_stop
-from tui.metrics import VERIFY_SLOPE, LiveMetrics, fold_stats
+from tui.metrics import RATE_STEPS, VERIFY_SLOPE, LiveMetrics, fold_stats
 from tui.render import bar, histogram_text, live_text, positions_text, spark_text, split_cells
 from tui.widgets import History, step_pieces
 from tui_helpers import script
@@ -34,12 +34,64 @@ def test_window_and_request_acceptance_and_draft_length():
     assert m.stats.accepted_length_hist == Counter({5: 1, 1: 2})
 
 
-def test_rate_now_spans_the_recent_steps():
+def test_rate_now_spans_the_recent_steps_after_the_first_token():
     m = LiveMetrics()
     m.observe(PrefillDone(1, 4, 1.0))
+    m.observe(step(1.2, 0, 0, verify=0.0))  # the prefill's token: TTFT, not decode
     m.observe(step(1.5, 2, 2))  # 3 tokens
     m.observe(step(2.0, 0, 0))  # 1 token
-    assert m.tokens_per_second_now == pytest.approx(4 / 1.0)
+    assert m.tokens_per_second_now == pytest.approx(4 / 0.8)
+    for i in range(1, RATE_STEPS + 1):  # a long run: only the last RATE_STEPS steps count
+        m.observe(step(2.0 + i, 0, 0, verify=1.0))
+    assert m.tokens_per_second_now == pytest.approx(1.0)
+
+
+def short_all_accepted_answer(prefill=0.5, ttft=0.855, pass_seconds=0.1) -> list:
+    """A 12-token answer, drafts all accepted: the prefill's token, then passes of 3 + bonus,
+    3 + bonus, 2 + bonus. The first token came 0.355 s after the prefill (a draft model
+    reading the prompt): time the plain path does not spend between its tokens."""
+    events = [RequestStarted(1, 200, "draft", "qwen-1.5b", "qwen-0.5b"),
+              PrefillDone(1, 200, prefill), step(ttft, 0, 0, verify=0.0)]
+    t = ttft
+    for drafted in (3, 3, 2):
+        t += pass_seconds
+        events.append(step(t, drafted, drafted, verify=pass_seconds - 0.001, proposer="draft"))
+    stats = fold_stats(events)
+    stats.finish("length", t)
+    return events + [Finished(1, "x" * 12, tuple(range(12)), "length", stats)]
+
+
+def test_speedup_compares_decode_with_decode_and_shows_ttft_apart():
+    # the plain path measured at 20 tok/s on this target (50 ms a step)
+    m = LiveMetrics(plain_timing=(20, 1.0))
+    events = short_all_accepted_answer()
+    for ev in events[:-1]:
+        m.observe(ev)
+    live = live_text(m, rss=None, width=40).plain
+    assert m.tokens_per_second_now == pytest.approx(11 / 0.3)
+    m.observe(events[-1])
+    done = live_text(m, rss=None, width=40).plain
+    assert m.stats.generated_tokens == 12 and m.stats.acceptance_rate == 1.0
+    # 11 tokens after the first in 0.3 s against 20 tok/s. Before, this read "16.8 tok/s
+    # avg" (the 0.355 s before the first token counted as decode time) against a plain
+    # rate of 21.0 (the first token counted as a plain step taking no time): ×0.80
+    assert m.tokens_per_second_now == pytest.approx(11 / 0.3)
+    for text in (live, done):
+        assert "×1.83" in text and "20.0 tok/s measured" in text
+        assert "ttft       855 ms prefill 500" in text
+    assert "36.7 tok/s avg" in done
+
+
+def test_plain_timing_counts_plain_decode_steps_only():
+    m = LiveMetrics()
+    m.observe(PrefillDone(1, 4, 0.5))
+    m.observe(step(0.5, 0, 0, verify=0.0))  # the prefill's token: no step of its own
+    for i in range(3):
+        m.observe(step(0.6 + 0.1 * i, 0, 0, verify=0.1))
+    m.observe(Step(1, (), "held back", (), None, 0, 0, 0.0, 0.0, 0.9))  # the closing flush
+    assert m.plain_timing == (3, pytest.approx(0.3))
+    assert m.plain_estimate().tokens_per_second == pytest.approx(10.0)
+    assert m.stats.plain_steps == 4 and m.stats.generated_tokens == 4
 
 
 def test_plain_estimate_prefers_timed_plain_steps_then_the_cost_model():
