@@ -24,12 +24,13 @@ from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Sta
 
 from edgespec.errors import Cancelled, EdgespecError, InvalidInputError
 from edgespec.events import Event, Finished, PrefillDone, RequestStarted, Step
+from edgespec.proposers import needs_model
 
 from .help import HelpScreen
 from .metrics import LiveMetrics
 from .render import (HISTORY_COLUMNS, Palette, histogram_text, history_row, live_text,
                      positions_text, spark_text, summary_line)
-from .source import DRAFT_PROPOSER, Choices, EventSource, Settings
+from .source import NO_PROPOSER, Choices, EventSource, Settings, default_proposer
 from .widgets import DRAFT, TARGET, AnswerView, History, PromptArea
 
 MemoryProbe = Callable[[], "int | None"]
@@ -126,6 +127,9 @@ class EdgespecApp(App[None]):
         self.errors: list[BaseException] = []
         self._plain_timing: dict[str, tuple[int, float]] = {}
         self._settings: Settings | None = None
+        # a proposer choice the pickers do not list (a draft given by path), kept in the list
+        self._pinned_proposer: tuple[str, tuple[str, str | None]] | None = None
+        self._proposer_values: list[tuple[str, str | None]] = []
         self._panels_dirty = True
         self._phase = "idle"
         try:
@@ -149,15 +153,16 @@ class EdgespecApp(App[None]):
         targets = list(c.targets)
         if target and target not in targets:
             targets.insert(0, target)
-        proposers = c.proposer_options()
+        proposers = c.proposer_options(target)
         if s is not None:
-            proposer_value = (s.proposer, s.draft if s.proposer == DRAFT_PROPOSER else None)
+            proposer_value = (s.proposer, s.draft if needs_model(s.proposer) else None)
             if proposer_value not in [v for _, v in proposers]:  # e.g. a draft given by path
                 label = s.proposer + (f": {s.draft}" if proposer_value[1] else "")
-                proposers.insert(0, (label, proposer_value))
-        else:  # ngram: free, and it speculates from the first step
-            proposer_value = next((v for _, v in proposers if v[0] == "ngram"),
-                                  proposers[0][1] if proposers else None)
+                self._pinned_proposer = (label, proposer_value)
+                proposers.insert(0, self._pinned_proposer)
+        else:
+            proposer_value = self._default_proposer_value(proposers)
+        self._proposer_values = [v for _, v in proposers]
 
         yield Static(id="status")
         with Horizontal(id="body"):
@@ -304,9 +309,39 @@ class EdgespecApp(App[None]):
 
     @on(Select.Changed)
     @on(Input.Changed, "#path")
-    def _on_settings_changed(self) -> None:
+    def _on_settings_changed(self, message: Select.Changed | Input.Changed) -> None:
+        if message.control.id in ("target", "path"):
+            self._refresh_proposer_choices()
         if not self.running:
             self._refresh_status()
+
+    # --- the proposer picker -------------------------------------------------------------
+    @staticmethod
+    def _default_proposer_value(options) -> tuple[str, str | None] | None:
+        default = default_proposer()
+        return next((v for _, v in options if v[0] == default), options[0][1] if options else None)
+
+    @_while_mounted
+    def _refresh_proposer_choices(self) -> None:
+        """Offer only the drafts that share the chosen target's tokenizer (when the registry
+        knows it); keep the current choice when it still fits."""
+        path = self._main.query_one("#path", Input).value.strip()
+        picked = self._main.query_one("#target", Select).value
+        target = None if path or picked is Select.BLANK else str(picked)
+        options = self.choices.proposer_options(target)
+        if self._pinned_proposer is not None and self._pinned_proposer[1] not in [
+                v for _, v in options]:
+            options.insert(0, self._pinned_proposer)
+        values = [v for _, v in options]
+        if values == self._proposer_values:
+            return
+        select = self._main.query_one("#proposer", Select)
+        current = select.value
+        self._proposer_values = values
+        select.set_options(options)
+        keep = current if current in values else self._default_proposer_value(options)
+        if keep is not None:
+            select.value = keep
 
     # --- settings --------------------------------------------------------------------
     def current_settings(self) -> Settings:
@@ -324,7 +359,7 @@ class EdgespecApp(App[None]):
                 raise InvalidInputError("no target model: pick one (F2) or give a .gguf path")
             target = str(value)
         choice = self._main.query_one("#proposer", Select).value
-        proposer, draft = ("none", None) if choice is Select.BLANK else choice
+        proposer, draft = (NO_PROPOSER, None) if choice is Select.BLANK else choice
         return Settings(
             target=target,
             proposer=proposer,

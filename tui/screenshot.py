@@ -17,9 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from edgespec.proposers import names
+
 from .app import create_app
 from .demo import DEMO_PROMPT, demo_events
-from .source import EngineSource, ScriptedSource, Settings
+from .source import EngineSource, ScriptedSource, Settings, default_proposer
 
 FIX_PROMPT = ("Here is a Python function with a bug. Fix the bug and return the whole corrected "
               "function.\n\ndef mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n"
@@ -59,7 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m tui.screenshot", description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--target", default="qwen-1.5b")
-    ap.add_argument("--proposer", default="ngram")
+    ap.add_argument("--proposer", default=default_proposer(),
+                    choices=names(plain=True, auto=True))
     ap.add_argument("--draft")
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--prompt", default=FIX_PROMPT)

@@ -10,18 +10,28 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Protocol, Sequence, Union
+from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence, Union
 
+from edgespec.config import AUTO, PLAIN
 from edgespec.errors import InvalidInputError
 from edgespec.events import Event, Finished, PrefillDone, RequestStarted, Step
 from edgespec.params import GenerationParams, SamplingParams
+from edgespec.proposers import free_names, names, needs_model
 
 from .metrics import fold_stats
 
 Prompt = Union[str, list]  # plain text, or chat messages [{"role": ..., "content": ...}]
 
-NO_PROPOSER = "none"
-DRAFT_PROPOSER = "draft"
+# The proposer names come from the one registry (edgespec.proposers); these are its
+# pseudo-names for the plain path and the load-time plan.
+NO_PROPOSER = PLAIN
+AUTO_PROPOSER = AUTO
+
+
+def default_proposer() -> str:
+    """The first model-free proposer: it speculates from the first step at no load cost."""
+    free = free_names()
+    return free[0] if free else NO_PROPOSER
 
 
 @dataclass(frozen=True)
@@ -29,8 +39,8 @@ class Settings:
     """Everything the user chose in the settings panel, for one request."""
 
     target: str  # registry name or path to a local .gguf
-    proposer: str = "ngram"
-    draft: str | None = None  # registry name or path; only used by the "draft" proposer
+    proposer: str = field(default_factory=default_proposer)
+    draft: str | None = None  # registry name or path; only used by a proposer that needs a model
     max_tokens: int = 256
     temperature: float = 0.0
     seed: int | None = None
@@ -50,7 +60,7 @@ class Settings:
 
     @property
     def label(self) -> str:
-        how = f"draft {_short(self.draft)}" if self.proposer == DRAFT_PROPOSER else self.proposer
+        how = f"{self.proposer} {_short(self.draft)}" if needs_model(self.proposer) else self.proposer
         return f"{_short(self.target)} + {how}"
 
 
@@ -65,16 +75,24 @@ class Choices:
 
     targets: tuple[str, ...]
     drafts: tuple[str, ...] = ()
-    proposers: tuple[str, ...] = (NO_PROPOSER, "ngram", "suffix", DRAFT_PROPOSER)
+    proposers: tuple[str, ...] = field(default_factory=lambda: proposer_names())
     default_target: str | None = None
     default_draft: str | None = None
+    #: target -> the drafts known to share its tokenizer; a target not listed (a .gguf
+    #: path, a scripted source) is offered every draft, and the engine checks at load
+    compatible_drafts: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
 
-    def proposer_options(self) -> list[tuple[str, tuple[str, str | None]]]:
-        """(label, (proposer, draft)) pairs: the draft proposer once per draft model."""
+    def drafts_for(self, target: str | None) -> tuple[str, ...]:
+        if target is not None and target in self.compatible_drafts:
+            return self.compatible_drafts[target]
+        return self.drafts
+
+    def proposer_options(self, target: str | None = None) -> list[tuple[str, tuple[str, str | None]]]:
+        """(label, (proposer, draft)) pairs: a model proposer once per draft that fits ``target``."""
         out: list[tuple[str, tuple[str, str | None]]] = []
         for p in self.proposers:
-            if p == DRAFT_PROPOSER:
-                out.extend((f"draft: {d}", (p, d)) for d in self.drafts)
+            if needs_model(p):
+                out.extend((f"{p}: {d}", (p, d)) for d in self.drafts_for(target))
             else:
                 out.append((p, (p, None)))
         return out
@@ -173,9 +191,6 @@ def _cancelled(seen: list[Event]) -> Finished:
 
 
 # --- the real engine -----------------------------------------------------------
-AUTO_PROPOSER = "auto"
-
-
 @dataclass
 class EngineSource:
     """Drives ``edgespec.engine.Engine``; loads lazily, on the worker thread.
@@ -239,13 +254,14 @@ class EngineSource:
     @staticmethod
     def _load_key(settings: Settings) -> tuple:
         p = settings.proposer
-        return (settings.target, settings.draft if p == DRAFT_PROPOSER else None,
-                p if p in (AUTO_PROPOSER, DRAFT_PROPOSER) else None, settings.draft_len)
+        model = needs_model(p)
+        return (settings.target, settings.draft if model else None,
+                p if p == AUTO_PROPOSER or model else None, settings.draft_len)
 
     def _serves(self, settings: Settings) -> bool:
         if self._engine is None or self._key is None:
             return False
-        if settings.proposer in (AUTO_PROPOSER, DRAFT_PROPOSER):
+        if settings.proposer == AUTO_PROPOSER or needs_model(settings.proposer):
             return self._key == self._load_key(settings)
         loaded = getattr(self._engine, "proposers", {})
         return self._key[0] == settings.target and self._key[3] == settings.draft_len and (
@@ -269,7 +285,8 @@ class EngineSource:
 
 
 def registry_choices() -> Choices:
-    """Picker contents from models.toml: targets first; drafts by role."""
+    """Picker contents from models.toml: targets first; drafts by role, and per target
+    only those whose tokenizer is the target's (a draft must share the vocabulary)."""
     from edgespec.registry import load_registry
 
     registry = load_registry()
@@ -280,16 +297,15 @@ def registry_choices() -> Choices:
     return Choices(
         targets=targets,
         drafts=drafts,
-        proposers=(AUTO_PROPOSER, *proposer_names()),
+        proposers=tuple(names(plain=True, auto=True)),
         default_target=registry.default_target,
         default_draft=registry.default_draft,
+        compatible_drafts={t: tuple(d for d in drafts if d != t and
+                                    models[d].tokenizer == models[t].tokenizer)
+                           for t in targets},
     )
 
 
 def proposer_names() -> tuple[str, ...]:
-    try:
-        from edgespec.proposers import FREE_PROPOSERS
-        free = tuple(FREE_PROPOSERS)
-    except ImportError:
-        free = ("ngram", "suffix")
-    return (NO_PROPOSER, *free, DRAFT_PROPOSER)
+    """The plain path and every registered proposer, as the pickers list them."""
+    return tuple(names(plain=True))

@@ -1,11 +1,11 @@
 """Pilot tests of the app over a scripted event source."""
 from __future__ import annotations
 
-from textual.widgets import DataTable, Input
+from textual.widgets import DataTable, Input, Select
 
 from edgespec.errors import ContextOverflowError, IncompatibleDraftError
 from edgespec.events import PrefillDone, RequestStarted
-from tui import ScriptedSource, create_app
+from tui import Choices, ScriptedSource, Settings, create_app
 from tui.help import HelpScreen
 from tui.widgets import AnswerView, PromptArea
 
@@ -249,3 +249,51 @@ async def test_a_long_answer_scrolls_to_its_end(fixed_memory):
         await run_request(pilot, app)
         box = app.query_one("#answer-box")
         await wait_for(pilot, lambda: box.max_scroll_y > 0 and box.scroll_y == box.max_scroll_y)
+
+
+@sync
+async def test_changing_the_target_offers_only_drafts_that_fit_it(fixed_memory):
+    choices = Choices(targets=("big", "other"), drafts=("small", "tiny"),
+                      compatible_drafts={"big": ("small",), "other": ("tiny",)},
+                      default_target="big")
+    app = create_app(ScriptedSource(HELLO, choices=choices), memory_probe=fixed_memory,
+                     initial_prompt="x")
+    async with app.run_test(size=(160, 45)) as pilot:
+        proposer = app.query_one("#proposer", Select)
+
+        def drafts():
+            return [v[1] for _, v in proposer._options if v != Select.BLANK and v[1]]
+
+        assert drafts() == ["small"]
+        proposer.value = ("draft", "small")
+        await pilot.pause()
+        app.query_one("#target", Select).value = "other"
+        await pilot.pause()
+        assert drafts() == ["tiny"]
+        # the chosen draft does not fit the new target: back to the default proposer
+        assert proposer.value == ("ngram", None)
+        assert app.current_settings() == Settings(target="other", proposer="ngram")
+        # a free proposer survives a target change
+        proposer.value = ("suffix", None)
+        app.query_one("#target", Select).value = "big"
+        await pilot.pause()
+        assert drafts() == ["small"] and proposer.value == ("suffix", None)
+        # a .gguf path: the registry cannot tell, so every draft is offered
+        app.query_one("#path", Input).value = "/nowhere/model.gguf"
+        await pilot.pause()
+        assert drafts() == ["small", "tiny"]
+
+
+@sync
+async def test_a_draft_given_by_path_stays_listed_across_target_changes(fixed_memory):
+    choices = Choices(targets=("big", "other"), drafts=("small",),
+                      compatible_drafts={"big": ("small",), "other": ()})
+    settings = Settings(target="big", proposer="draft", draft="/m/mine.gguf")
+    app = create_app(ScriptedSource(HELLO, choices=choices), memory_probe=fixed_memory,
+                     settings=settings)
+    async with app.run_test(size=(160, 45)) as pilot:
+        proposer = app.query_one("#proposer", Select)
+        assert proposer.value == ("draft", "/m/mine.gguf")
+        app.query_one("#target", Select).value = "other"
+        await pilot.pause()
+        assert proposer.value == ("draft", "/m/mine.gguf")

@@ -7,7 +7,10 @@ import pytest
 
 from edgespec.errors import InvalidInputError
 from edgespec.events import Finished, Step
-from tui.source import Choices, EngineSource, ScriptedSource, Settings
+from edgespec.proposers import free_names, names, needs_model
+from edgespec.registry import load_registry
+from tui.source import (Choices, EngineSource, ScriptedSource, Settings, proposer_names,
+                        registry_choices)
 from tui_helpers import script
 
 D, T = "draft", "target"
@@ -33,6 +36,30 @@ def test_proposer_options_list_the_draft_proposer_once_per_draft_model():
     c = Choices(targets=("t",), drafts=("d1", "d2"), proposers=("none", "ngram", "draft"))
     assert c.proposer_options() == [("none", ("none", None)), ("ngram", ("ngram", None)),
                                     ("draft: d1", ("draft", "d1")), ("draft: d2", ("draft", "d2"))]
+
+
+def test_proposer_names_come_from_the_one_registry():
+    assert Choices(targets=("t",)).proposers == tuple(names(plain=True)) == proposer_names()
+    assert Settings(target="t").proposer == free_names()[0]  # free: speculates at once
+    c = registry_choices()  # models.toml ships with the package: no pull, no model
+    assert c.proposers == tuple(names(plain=True, auto=True))
+    labels = [v[0] for _, v in c.proposer_options()]
+    assert set(labels) == set(names(plain=True, auto=True))
+
+
+def test_the_draft_picker_offers_only_drafts_sharing_the_target_tokenizer():
+    c = registry_choices()
+    models = load_registry().models
+    for target, drafts in c.compatible_drafts.items():
+        assert target not in drafts
+        assert all(models[d].tokenizer == models[target].tokenizer for d in drafts)
+    assert c.compatible_drafts["qwen-1.5b"] == ("qwen-0.5b",)
+    assert c.compatible_drafts["smollm2-135m"] == ()
+    model_opts = lambda target: [v for _, v in c.proposer_options(target) if needs_model(v[0])]
+    assert model_opts("qwen-1.5b") == [("draft", "qwen-0.5b")]
+    assert model_opts("gemma-270m") == []
+    # a target the registry does not know (a .gguf path): every draft, checked at load
+    assert [d for _, d in model_opts("/m/other.gguf")] == list(c.drafts)
 
 
 def test_scripted_source_replays_and_raises_scripted_errors():
