@@ -69,3 +69,13 @@ def world(world_files, tmp_path, monkeypatch):
     w.root = tmp_path
     w.home = w.install(monkeypatch)
     return w
+
+
+# --- the fake backend (tests/fakes): the engine loop without llama.cpp or a pulled model ----
+@pytest.fixture
+def fake_model():
+    """A fresh :class:`fakes.FakeModel`: a deterministic table language model whose KV cache
+    refuses any position an engine gets wrong; build engines over it with
+    ``fakes.fake_engine(model, proposers, control=fixed(k))``."""
+    from fakes import FakeModel
+    return FakeModel()

@@ -290,8 +290,8 @@ def test_cancel_while_a_pass_is_running_on_a_worker_thread():
 
 
 # --- API defaults -----------------------------------------------------------------------------
-def test_stream_with_params_omitted_uses_the_defaults():
-    eng = fake_engine(FakeModel(), {}, n_ctx=512)
+def test_stream_with_params_omitted_uses_the_defaults(fake_model):
+    eng = fake_engine(fake_model, {}, n_ctx=512)
     events = list(eng.stream("a"))  # chat template on, max_tokens 256
     assert isinstance(events[0], RequestStarted) and isinstance(events[1], PrefillDone)
     fin = events[-1]
@@ -302,8 +302,8 @@ def test_stream_with_params_omitted_uses_the_defaults():
     assert eng.generate("a").tokens == fin.tokens
 
 
-def test_a_grammar_is_refused_before_anything_is_decoded():
-    eng = fake_engine(FakeModel(), {})
+def test_a_grammar_is_refused_before_anything_is_decoded(fake_model):
+    eng = fake_engine(fake_model, {})
     with pytest.raises(UnsupportedError, match="grammar"):
         eng.stream("a", raw(grammar='root ::= "a"'))
     assert eng.ctx.calls == []
