@@ -8,9 +8,9 @@ controller through the engine's own protocol (:mod:`edgespec.control`): at each
 step the simulator shows it every free proposer's candidate, cuts the chosen one
 to the decided length, verifies it against the recorded output (greedy prefix
 match), reports the outcome, and charges ``cal.seconds(d + 1)`` (plus draft-model
-time) per step. The free proposers are the shipped ones (:func:`native_proposers`). That makes it cheap to
-compare fixed draft lengths with adaptive control on a measured curve without
-running a model.
+time) per step. The free proposers are the shipped ones (:func:`native_proposers`).
+That makes it cheap to compare fixed draft lengths with adaptive control on a
+measured curve without running a model.
 
     traces = load_traces("traces.jsonl")          # {"name", "category", "prompt", "output"}
     cal = Calibration.prior_cpu()

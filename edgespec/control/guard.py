@@ -38,8 +38,8 @@ class GoodputGuard:
     proposer is disabled for that slice; its window is cleared, one speculative
     step in ``guard_probe_every`` is admitted as a probe, and it is re-enabled
     once a batch of probes (a quarter window) alone lifts the lower bound back
-    over the threshold (each batch that fails doubles the spacing, up to 16 times). Until enough plain steps exist, the calibration's step
-    time stands in for them.
+    over the threshold (each batch that fails doubles the spacing, up to 16 times).
+    Until enough plain steps exist, the calibration's step time stands in for them.
     """
 
     def __init__(self, settings: ControlSettings | None = None,
