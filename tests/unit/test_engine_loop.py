@@ -377,3 +377,56 @@ def test_sinks_receive_the_finished_stats_and_logprobs_match_the_plain_path():
     assert [(lp.token, lp.top[0][0]) for lp in fin.logprobs] == \
         [(lp.token, lp.top[0][0]) for lp in ref.logprobs]
     assert [lp.logprob for lp in fin.logprobs] == pytest.approx([lp.logprob for lp in ref.logprobs])
+
+
+# --- exact mode: verify passes stay within the probed cap -------------------------------------
+@pytest.fixture
+def probed_cap(monkeypatch):
+    """Stand in for the device probe (calibration.exact_cap measures a real model)."""
+    from edgespec import calibration
+
+    def set_cap(cap: int) -> None:
+        monkeypatch.setattr(calibration, "exact_cap", lambda model, kernel, n_threads: cap)
+    return set_cap
+
+
+def test_exact_mode_refuses_a_fixed_draft_longer_than_the_cap(probed_cap):
+    probed_cap(2)
+    model = FakeModel()
+    eng = fake_engine(model, {"scripted": ScriptedProposer(model, [3])}, control=fixed(3),
+                      exact=True)
+    with pytest.raises(UnsupportedError, match="--draft-len 2 or less"):
+        eng.stream("a", raw())
+    assert eng.ctx.calls == []
+    # the same engine without exactness for this request runs the 3-token drafts
+    _, fin = run(eng, params=raw(max_tokens=9), exact=False)
+    assert max(len(d.tokens) for d in eng.ctx.decodes[1:]) == 4
+
+
+def test_exact_mode_keeps_adaptive_passes_within_the_cap(probed_cap):
+    probed_cap(2)
+    model = FakeModel()
+    eng = fake_engine(model, {"scripted": ScriptedProposer(model, [6])},
+                      control=ControlSettings(max_draft=6), exact=True)
+    _, fin = run(eng, params=raw(max_tokens=40))
+    assert fin.tokens == plain(params=raw(max_tokens=40)).tokens
+    passes = [d for d in eng.ctx.decodes[1:]]
+    assert max(len(d.tokens) for d in passes) <= 3  # pending + at most 2 drafts
+    assert fin.stats.drafted > 0
+
+
+@pytest.mark.parametrize("control", [ControlSettings(max_draft=6), pytest.param(
+    fixed(3), marks=pytest.mark.xfail(
+        strict=True, raises=UnsupportedError,
+        reason="known defect: Engine.check_exact refuses a plain request too when the engine's "
+               "control is a fixed length ('use --draft-len 0 or less'); a plain request "
+               "drafts nothing"))])
+def test_exact_mode_without_an_exact_batch_only_runs_the_plain_path(probed_cap, control):
+    probed_cap(0)
+    model = FakeModel()
+    eng = fake_engine(model, {"scripted": ScriptedProposer(model, [3])}, control=control,
+                      exact=True)
+    with pytest.raises(UnsupportedError, match="cannot speculate"):
+        eng.stream("a", raw())
+    _, fin = run(eng, params=raw(max_tokens=5), proposer="none")
+    assert fin.tokens == plain(params=raw(max_tokens=5)).tokens
