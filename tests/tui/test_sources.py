@@ -55,7 +55,10 @@ def test_the_draft_picker_offers_only_drafts_sharing_the_target_tokenizer():
         assert all(models[d].tokenizer == models[target].tokenizer for d in drafts)
     assert c.compatible_drafts["qwen-1.5b"] == ("qwen-0.5b",)
     assert c.compatible_drafts["smollm2-135m"] == ()
-    model_opts = lambda target: [v for _, v in c.proposer_options(target) if needs_model(v[0])]
+
+    def model_opts(target):
+        return [v for _, v in c.proposer_options(target) if needs_model(v[0])]
+
     assert model_opts("qwen-1.5b") == [("draft", "qwen-0.5b")]
     assert model_opts("gemma-270m") == []
     # a target the registry does not know (a .gguf path): every draft, checked at load
