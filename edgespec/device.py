@@ -126,6 +126,10 @@ def probe(with_accelerators: bool = True) -> Device:
         total = limit
         avail = max(0, min(avail, limit - (usage or 0)))
     cpu_model, flags = _cpuinfo()
+    if not flags and platform.machine().lower() in ("arm64", "aarch64"):
+        # macOS has no /proc/cpuinfo; every arm64 Mac (and aarch64 board llama.cpp targets)
+        # has NEON with dot products, which decides the repacked kernels (planner/repack.py)
+        flags = {"neon", "asimd", "asimddp"}
     accels = _accelerators() if with_accelerators else ()
     return Device(
         name=platform.node() or "this machine",

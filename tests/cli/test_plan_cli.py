@@ -59,3 +59,80 @@ def test_verify_refuses_a_described_device(qwen, tmp_path):
     spec.write_text("{}")
     r = run("--target", qwen[0], "--device-json", str(spec), "--verify")
     assert r.exit_code == 2 and "--device-json" in r.output
+
+
+# --- the plan shown is the plan that runs (issue 11) and what --exact verifies (issue 12) -------
+@pytest.fixture
+def smol(model_path, tmp_path, monkeypatch):
+    """A model path, and an empty EDGESPEC_HOME so no calibration is cached."""
+    path = str(model_path("smollm2-135m"))
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "home"))
+    return path
+
+
+def test_plan_shows_the_kv_type_and_kernel_the_engine_runs(smol):
+    """Defect: `edgespec plan` planned an F16 KV cache while `generate` ran Q8_0."""
+    from edgespec.config import EngineConfig
+
+    engine = EngineConfig(target=smol).kernel
+    r = run("--target", smol, "--json")
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output)
+    assert plan["kv_type"] == engine.kv_type == "q8_0"
+    assert plan["kernel"] == {"repack": engine.repack, "flash_attn": engine.flash_attn,
+                              "kv_type": engine.kv_type, "n_batch": engine.n_batch,
+                              "use_mmap": engine.use_mmap}
+    text = run("--target", smol).output
+    assert "KV cache q8_0" in text and "repacked weights" in text and "f16" not in text
+
+
+def test_plan_takes_generate_flags_including_exact(smol):
+    """Defect: `edgespec plan` had no --exact (nor --proposer, --threads...)."""
+    r = run("--target", smol, "--exact", "--proposer", "ngram", "--threads", "2", "--ctx", "1024",
+            "--json")
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output)
+    assert plan["exact"] and plan["runs"] == "ngram" and plan["n_ctx"] == 1024
+    assert plan["draft_len"][1] <= 2  # exact mode without a probe: the engine's fallback cap
+    assert "exactness" in plan and plan["exactness"]["options"][0]["cap"] is None
+
+
+def test_plan_without_a_calibration_says_how_to_measure_the_exact_cap(smol):
+    r = run("--target", smol)
+    assert r.exit_code == 0, r.output
+    assert "cap not measured on this device yet" in r.output and "edgespec plan --calibrate" in r.output
+
+
+def _fake_measure(caps):
+    """calibration.load_or_measure that 'measures' a trusted curve with a per-layout cap."""
+    from edgespec.calibration import Calibration, prior_step_seconds
+    from edgespec.gguf_facts import read_facts
+
+    def measure(path, *, n_threads=None, sha256=None, force=False, kernel=None, **_):
+        step = prior_step_seconds(read_facts(path).weight_bytes)
+        costs = {1: 1.0, 2: 1.3, 3: 1.5, 4: 1.6, 8: 2.2, 16: 3.0}
+        return Calibration(step_seconds=step, points=tuple(costs.items()), source="measured",
+                           samples={n: (step * c,) * 5 for n, c in costs.items()},
+                           exact_max_tokens=caps[kernel.repack])
+    return measure
+
+
+def test_plan_calibrate_shows_the_probed_cap_and_the_layout_exact_mode_uses(smol, monkeypatch):
+    from edgespec import calibration
+
+    calls = []
+    fake = _fake_measure({True: 3, False: 9})
+    monkeypatch.setattr(calibration, "load_or_measure",
+                        lambda *a, **k: calls.append(k["kernel"].repack) or fake(*a, **k))
+    r = run("--target", smol, "--exact", "--calibrate")
+    assert r.exit_code == 0, r.output
+    assert sorted(calls) == [False, True]  # exact mode measures both layouts to choose
+    assert "repacked weights: cap 2 drafts a pass (3-token verify)" in r.output
+    assert "exact *   plain weights: cap 8 drafts a pass (9-token verify)" in r.output
+    assert "kernel     plain weights" in r.output  # same curve, longer exact passes: it wins
+    calls.clear()
+    r = run("--target", smol, "--calibrate", "--json")
+    plan = json.loads(r.output)
+    assert calls == [True] and not plan["exact"] and plan["kernel"]["repack"]
+    opts = {o["repack"]: o for o in plan["exactness"]["options"]}
+    assert opts[True]["cap"] == 2 and opts[True]["chosen"] and opts[False]["cap"] is None

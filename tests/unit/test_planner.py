@@ -486,3 +486,11 @@ def test_exact_mode_caps_drafts_and_never_quantizes_the_kv_cache_further():
     assert planner.plan(QWEN_15, device=cpu(), ctx=32768, budget=budget).kv_type == "q4_0"
     with pytest.raises(BudgetError, match="q8_0 KV cache"):
         planner.plan(QWEN_15, device=cpu(), ctx=32768, budget=budget, exact=True, exact_cap=2)
+
+
+def test_arm64_without_cpuinfo_gets_neon_dotprod(monkeypatch):
+    """macOS has no /proc/cpuinfo: without flags no repacked copy would be counted."""
+    monkeypatch.setattr(devmod, "_cpuinfo", lambda: ("Apple M2", set()))
+    monkeypatch.setattr(devmod.platform, "machine", lambda: "arm64")
+    d = devmod.probe(with_accelerators=False)
+    assert {"asimd", "asimddp"} <= set(d.isa) and repack.repacks("Q4_0", 4096, d.isa)
