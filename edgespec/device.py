@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from .errors import InvalidInputError
+from .errors import EdgespecError, InvalidInputError
 
 # The ISA features llama.cpp's CPU kernels dispatch on; the rest of /proc/cpuinfo is noise here.
 ISA_FLAGS = ("sse3", "ssse3", "sse4_1", "sse4_2", "fma", "f16c", "avx", "avx2", "avx_vnni",
@@ -234,10 +234,12 @@ def _cgroup_memory() -> tuple[int | None, int | None]:
 
 
 def _accelerators() -> tuple[Accelerator, ...]:
+    from . import backend
     try:
-        from . import backend
         devs = backend.list_devices()
-    except Exception:  # no llama.cpp, or a build without the device API: CPU only
+    except EdgespecError:  # llama-cpp-python not importable: CPU only
+        return ()
+    except (ImportError, AttributeError, OSError):  # a build without ggml's device API
         return ()
     out = []
     for d in devs:
