@@ -203,6 +203,39 @@ def first_divergence(plain: Sequence[int], spec: Sequence[int],
     return None
 
 
+NEAR_TIE = "near-tie"
+DEFECT = "defect"
+
+
+def attribute_divergence(plain: Sequence[int], spec: Sequence[int],
+                         plain_lp: Sequence[TokenLogprob], *, exact: bool,
+                         tolerance: float = DEFAULT_TOLERANCE) -> dict | None:
+    """Why a speculative run's greedy output left the plain path's, from the plain run alone.
+
+    At the first differing position i the plain row ranks the plain token a above the
+    speculative token b by ``gap = x_a - x_b``. The speculative run chose b, so in its row
+    ``y_b >= y_a`` and the pair shift (module docstring) is at least ``gap``: a gap above
+    ``2 * tolerance`` cannot be batch noise (a **defect**); below it the two tokens were a
+    **near-tie** that batch-dependent floating point can flip. In exact mode any divergence
+    breaks the promise and is a defect. A token outside the plain row's top-N is far from a
+    tie. None when the runs agree on their common length.
+    """
+    for i, (a, b) in enumerate(zip(plain, spec)):
+        if a == b:
+            continue
+        if i >= len(plain_lp):
+            return {"position": i, "plain_token": int(a), "spec_token": int(b), "gap": None,
+                    "top2_margin": None, "kind": DEFECT if exact else "unattributed",
+                    "reason": "no plain logprobs at that position"}
+        margin, la, lb, listed = _row_facts(plain_lp[i], a, b)
+        gap = la - lb
+        near = listed and not exact and gap <= 2 * tolerance
+        return {"position": i, "plain_token": int(a), "spec_token": int(b),
+                "gap": float(gap), "gap_is_bound": not listed, "top2_margin": float(margin),
+                "threshold": 2 * tolerance, "kind": NEAR_TIE if near else DEFECT}
+    return None
+
+
 def logprob_drift(plain_lp: Sequence[TokenLogprob], spec_lp: Sequence[TokenLogprob],
                   div: Divergence | None) -> float:
     """Largest |logprob difference| over the shared prefix (the same token at the same position)."""

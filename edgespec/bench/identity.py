@@ -74,6 +74,21 @@ def model_identity(name: str, path: Path) -> dict:
     return info
 
 
+def anchor_identity(a) -> dict:
+    from .tools import ToolAnchor
+
+    if isinstance(a, ToolAnchor):
+        st = a.setup
+        stamp = st.bin_dir / "BUILD.json"
+        return {"implementation": f"llama.cpp {a.tool} ({st.bin_dir})", "n_ctx": st.n_ctx,
+                "threads": st.threads, "flash_attn": st.flash_attn, "kv_type": st.kv_type,
+                "repack": st.repack, "draft_max": a.draft_max,
+                "build": stamp.read_text() if stamp.is_file() else None}
+    return {"n_ctx": a.n_ctx, "num_pred_tokens": a.num_pred_tokens,
+            "implementation": "llama_cpp.Llama + LlamaPromptLookupDecoding (library defaults: "
+                              "flash attention off, repacked weights on)"}
+
+
 def collect_identity(m: Matrix, engine, anchors: dict, engine_knobs: dict | None = None) -> dict:
     from .. import __version__, backend
 
@@ -91,14 +106,12 @@ def collect_identity(m: Matrix, engine, anchors: dict, engine_knobs: dict | None
             "control": dataclasses.asdict(engine.control),
             "use_extra_bufts": getattr(engine.target, "use_extra_bufts", None),
             "proposers": sorted(engine.proposers),
+            "default_proposer": getattr(engine, "default_proposer", None),
+            "exact": getattr(engine, "exact", None),
             # per-configuration controller knobs; anything absent is the engine's default
             "control_knobs": dict(engine_knobs or {}),
         },
-        "anchors": {label: {"n_ctx": a.n_ctx, "num_pred_tokens": a.num_pred_tokens,
-                            "implementation": "llama_cpp.Llama + LlamaPromptLookupDecoding "
-                                              "(library defaults: flash attention off, "
-                                              "repacked weights on)"}
-                    for label, a in anchors.items()},
+        "anchors": {label: anchor_identity(a) for label, a in anchors.items()},
         "machine": machine(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": sys.argv,

@@ -1,8 +1,10 @@
 """What a benchmark run measures: the matrix of configurations and the workload.
 
-Built in layers: a preset (``quick``/``full``), then a TOML file, then command-line
-flags, each overriding the one before. The plain path (proposer ``none``) is
-always part of the matrix: every speedup is paired against it.
+Built in layers: a preset (:mod:`edgespec.bench.presets`), then a TOML file, then
+command-line flags, each overriding the one before (:func:`compose`). The plain path
+(proposer ``none``) is always part of the matrix: every speedup is paired against it,
+except an anchor's, which is paired with the anchor's own plain path
+(:mod:`edgespec.bench.anchors`).
 
 TOML example::
 
@@ -17,14 +19,15 @@ TOML example::
     spec_bench = ["summarization", "coding"]   # or "all"
     per_category = 2
     humanevalfix = 2
+    long = [2048, 4096]          # grounded long prompts of about these many tokens
     jsonl = ["my_prompts.jsonl"]
 
     [[config]]
     proposer = "ngram"
     knobs = { k = 3 }
 
-    [[anchor]]                   # llama-cpp-python's LlamaPromptLookupDecoding
-    num_pred_tokens = 10
+    [[anchor]]                   # see edgespec.bench.anchors
+    name = "llama-lookup"        # or "llama-pld:10", "llama-completion", ...
 """
 from __future__ import annotations
 
@@ -33,17 +36,18 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..config import PLAIN
 from ..errors import InvalidInputError
+from . import anchors as anchor_specs
+from .anchors import ANCHOR_KIND, ANCHORS
 from .prompts import HUMANEVALFIX, SPEC_BENCH_CATEGORIES
 
-BASELINE = "none"
-ANCHOR_KIND = "anchor"
-ANCHOR_NAME = "llama-cpp-pld"
+BASELINE = PLAIN
 
 
 @dataclass(frozen=True)
 class ConfigSpec:
-    """One column of the matrix: an engine proposer with knobs, or the llama-cpp-python anchor."""
+    """One column of the matrix: an engine proposer with knobs, or an anchor."""
 
     proposer: str
     knobs: tuple[tuple[str, Any], ...] = ()
@@ -51,6 +55,8 @@ class ConfigSpec:
 
     @property
     def label(self) -> str:
+        if self.kind == ANCHOR_KIND:
+            return anchor_specs.label(self.proposer, self.knobs[0][1] if self.knobs else None)
         if not self.knobs:
             return self.proposer
         return f"{self.proposer}[{','.join(f'{k}={v}' for k, v in self.knobs)}]"
@@ -65,14 +71,22 @@ class ConfigSpec:
         return cls(proposer=proposer, knobs=tuple(sorted((knobs or {}).items())), kind=kind)
 
     @classmethod
-    def anchor(cls, num_pred_tokens: int) -> "ConfigSpec":
-        if num_pred_tokens < 1:
-            raise InvalidInputError(f"anchor num_pred_tokens must be >= 1 (got {num_pred_tokens})")
-        return cls.make(ANCHOR_NAME, {"num_pred_tokens": num_pred_tokens}, kind=ANCHOR_KIND)
+    def anchor(cls, text: str) -> "ConfigSpec":
+        """``"llama-lookup"``, ``"llama-pld:10"``...: see edgespec.bench.anchors."""
+        name, n = anchor_specs.parse_anchor(text)
+        knob = ANCHORS[name].knob
+        return cls.make(name, {knob: n} if n is not None else None, kind=ANCHOR_KIND)
+
+    @property
+    def baseline(self) -> str:
+        """The label this configuration's speedup is paired with."""
+        if self.kind == ANCHOR_KIND:
+            return anchor_specs.own_plain(self.label) or BASELINE
+        return BASELINE
 
     def to_dict(self) -> dict:
         return {"label": self.label, "proposer": self.proposer, "kind": self.kind,
-                "knobs": self.knob_dict}
+                "knobs": self.knob_dict, "baseline": self.baseline}
 
 
 def parse_config(text: str) -> ConfigSpec:
@@ -86,8 +100,8 @@ def parse_config(text: str) -> ConfigSpec:
         if not eq or not k.strip():
             raise InvalidInputError(f"bad knob '{item}' in '{text}'; write NAME:KNOB=VALUE,...")
         knobs[k.strip()] = _scalar(v.strip())
-    if name == ANCHOR_NAME:
-        return ConfigSpec.anchor(int(knobs.get("num_pred_tokens", 10)))
+    if name in ANCHORS:
+        return ConfigSpec.anchor(text)
     return ConfigSpec.make(name, knobs)
 
 
@@ -112,6 +126,7 @@ class Matrix:
     per_category: int | None = 1  # None = every question of the category
     max_turns: int | None = None  # None = every turn
     humanevalfix: int = 0
+    long: tuple[int, ...] = ()  # grounded long prompts of about these many tokens (prompts.py)
     jsonl: tuple[str, ...] = ()
     prompt_field: str = "prompt"
     jsonl_n: int | None = None
@@ -154,26 +169,42 @@ class Matrix:
         unknown = [c for c in self.spec_bench if c not in SPEC_BENCH_CATEGORIES]
         _guard(not unknown, f"unknown Spec-Bench categories {', '.join(unknown)}; choose from "
                             f"{', '.join(SPEC_BENCH_CATEGORIES)}")
-        _guard(bool(self.spec_bench or self.humanevalfix or self.jsonl),
+        _guard(bool(self.spec_bench or self.humanevalfix or self.long or self.jsonl),
                "no prompts selected: pick Spec-Bench categories, --humanevalfix N or --jsonl FILE")
+        _guard(all(n >= 256 for n in self.long), "long prompts must be at least 256 tokens")
         labels = self.labels
         dupes = sorted({x for x in labels if labels.count(x) > 1})
         _guard(not dupes, f"configuration listed twice: {', '.join(dupes)}")
         _guard(labels and labels[0] == BASELINE, "the plain path must be the first configuration")
         _guard(self.draft is not None or all(c.proposer != "draft" for c in self.configs),
                "the 'draft' proposer needs a draft model: pass --draft NAME (e.g. qwen-0.5b)")
+        _guard(self.draft is not None or all(
+            not (c.kind == ANCHOR_KIND and ANCHORS[c.proposer].needs_draft) for c in self.configs),
+            "the llama-speculative-simple anchor needs a draft model: pass --draft NAME")
+        missing = sorted({c.baseline for c in self.configs} - set(labels))
+        _guard(not missing, f"an anchor's own plain path is missing: {', '.join(missing)} "
+                            "(with_baseline() adds it)")
         return self
 
     def with_baseline(self) -> "Matrix":
-        """The same matrix with the plain path first (added if absent)."""
-        rest = tuple(c for c in self.configs if c.label != BASELINE)
-        return replace(self, configs=(ConfigSpec(BASELINE),) + rest)
+        """The same matrix with the plain path first (added if absent) and every anchor's own
+        plain path just before the first anchor that needs it."""
+        out = [ConfigSpec(BASELINE)]
+        for c in self.configs:
+            if c.label == BASELINE or c in out:
+                continue
+            if c.baseline not in {x.label for x in out} and c.baseline != BASELINE:
+                plain = ConfigSpec.anchor(c.baseline)
+                out = [x for x in out if x != plain] + [plain]
+            out.append(c)
+        return replace(self, configs=tuple(out))
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["configs"] = [c.to_dict() for c in self.configs]
         d["spec_bench"] = list(self.spec_bench)
         d["jsonl"] = list(self.jsonl)
+        d["long"] = list(self.long)
         d["buckets"] = list(self.buckets)
         return d
 
@@ -183,35 +214,17 @@ def _guard(ok: bool, message: str) -> None:
         raise InvalidInputError(message)
 
 
-# --- presets -----------------------------------------------------------------
+# --- presets -----------------------------------------------------------------------
 def preset(name: str) -> Matrix:
-    """``quick``: one prompt per Spec-Bench category (first turn) + 2 HumanEvalFix, 64 tokens,
-    plain / ngram / suffix / llama-cpp-python prompt lookup; under ~10 minutes on 2 cores with
-    Qwen 1.5B. ``full``: 5 per category (all turns) + 10 HumanEvalFix, 128 tokens, and the draft
-    model when one is given."""
-    base = dict(spec_bench=SPEC_BENCH_CATEGORIES, buckets=(256, 1024), temperature=0.0)
-    if name == "quick":
-        return Matrix(preset="quick", per_category=1, max_turns=1, humanevalfix=2,
-                      max_new_tokens=64,
-                      configs=(ConfigSpec(BASELINE), ConfigSpec("ngram"), ConfigSpec("suffix"),
-                               ConfigSpec.anchor(10)), **base)
-    if name == "full":
-        return Matrix(preset="full", per_category=5, max_turns=None, humanevalfix=10,
-                      max_new_tokens=128,
-                      configs=(ConfigSpec(BASELINE), ConfigSpec("ngram"), ConfigSpec("suffix"),
-                               ConfigSpec("draft"), ConfigSpec.anchor(10), ConfigSpec.anchor(2)),
-                      **base)
-    raise InvalidInputError(f"unknown preset '{name}'; choose quick or full")
-
-
-PRESETS = ("quick", "full")
+    from .presets import preset as _preset
+    return _preset(name)
 
 
 # --- TOML --------------------------------------------------------------------
 _SCALARS = {"target", "draft", "max_new_tokens", "temperature", "seed", "threads", "n_ctx",
             "anchor_n_ctx", "warmup", "warmup_tokens", "bootstrap_resamples", "confidence"}
-_PROMPT_KEYS = {"spec_bench", "per_category", "max_turns", "humanevalfix", "jsonl", "prompt_field",
-                "jsonl_n"}
+_PROMPT_KEYS = {"spec_bench", "per_category", "max_turns", "humanevalfix", "long", "jsonl",
+                "prompt_field", "jsonl_n"}
 
 
 def load_toml(path: str | Path, base: Matrix | None = None) -> Matrix:
@@ -241,16 +254,26 @@ def apply_overrides(m: Matrix, data: Mapping[str, Any], source: str = "matrix") 
             changes[k] = spec_bench_selection(v)
         elif k == "jsonl":
             changes[k] = tuple([v] if isinstance(v, str) else v)
+        elif k == "long":
+            changes[k] = tuple(int(n) for n in v)
         else:
             changes[k] = v
     if "config" in data or "anchor" in data:
         configs = [ConfigSpec.make(c["proposer"], c.get("knobs")) for c in data.get("config", [])]
-        configs += [ConfigSpec.anchor(int(a.get("num_pred_tokens", 10))) for a in data.get("anchor", [])]
+        configs += [_toml_anchor(a, source) for a in data.get("anchor", [])]
         changes["configs"] = tuple(configs)
     if "preset" in data:
         changes["preset"] = data["preset"]
     m = replace(m, **changes)
     return m
+
+
+def _toml_anchor(a: Mapping[str, Any], source: str) -> ConfigSpec:
+    if "name" in a:
+        return ConfigSpec.anchor(str(a["name"]))
+    if "num_pred_tokens" in a:  # the schema before named anchors: llama-cpp-python's lookup
+        return ConfigSpec.anchor(f"llama-pld:{int(a['num_pred_tokens'])}")
+    raise InvalidInputError(f"{source}: an [[anchor]] needs name = \"...\" ({anchor_specs.KNOWN})")
 
 
 def spec_bench_selection(value: str | Sequence[str]) -> tuple[str, ...]:

@@ -143,6 +143,70 @@ def load_jsonl_prompts(path: Path, field: str = "prompt", category_field: str = 
     return out
 
 
+# --- long, grounded prompts ---------------------------------------------------------
+# Characters per token, to size a prompt before any tokenizer is loaded; the report buckets
+# by the tokens the plain path actually saw, so an estimate only needs to land near its target.
+NEWS_CHARS_PER_TOKEN = 4.2
+CODE_CHARS_PER_TOKEN = 3.4
+LONG_SUMMARY = "long-summarization"
+LONG_CODE = "long-code-edit"
+
+
+def long_summary_prompt(articles: Sequence[str], target_tokens: int) -> str:
+    """Articles (in order) until about ``target_tokens``, to be summarised together."""
+    budget = int(target_tokens * NEWS_CHARS_PER_TOKEN)
+    parts, size = [], 0
+    for a in articles:
+        if size >= budget:
+            break
+        parts.append(f"Article {len(parts) + 1}:\n{a.strip()}")
+        size += len(parts[-1])
+    return ("Here are several news articles.\n\n" + "\n\n".join(parts) + "\n\nSummarize "
+            "each article in two sentences, then write one paragraph on what they have in common.")
+
+
+def long_code_prompt(files: Sequence[tuple[str, str]], target_tokens: int) -> str:
+    """Source files (path, text) until about ``target_tokens`` (the last one cut at a line),
+    with an edit that makes the model copy most of them back."""
+    budget = int(target_tokens * CODE_CHARS_PER_TOKEN)
+    parts, size = [], 0
+    for path, text in files:
+        if size >= budget:
+            break
+        room = budget - size
+        if len(text) > room:
+            text = text[:room].rsplit("\n", 1)[0] + "\n"
+        parts.append(f"# file: {path}\n{text}")
+        size += len(parts[-1])
+    return ("\n".join(parts) + "\nRename every local variable called `out` in the code above "
+            "to `result`, and return the complete updated code of every file, unchanged otherwise.")
+
+
+def _package_sources() -> list[tuple[str, str]]:
+    """This package's own Python files, largest first (the package is always installed, so
+    the prompts exist wherever edgespec runs)."""
+    root = Path(__file__).resolve().parents[1]
+    files = [(p.relative_to(root.parent).as_posix(), p.read_text(encoding="utf-8"))
+             for p in sorted(root.rglob("*.py")) if "__pycache__" not in p.parts]
+    return sorted(files, key=lambda f: (-len(f[1]), f[0]))
+
+
+def load_long(targets: Sequence[int], path: Path | None = None) -> list[BenchPrompt]:
+    """Per target length: Spec-Bench summarization articles to summarise together, and this
+    repository's source to edit."""
+    rows = _read_jsonl(path or default_data_dir() / SPEC_BENCH_FILE)
+    articles = [r["turns"][0].split(":", 1)[-1] for r in rows if r.get("category") == "summarization"]
+    if not articles:
+        raise InvalidInputError(f"no summarization questions in {path or SPEC_BENCH_FILE}")
+    sources = _package_sources()
+    out = []
+    for n in targets:
+        out.append(BenchPrompt(f"long/summary-{n}", LONG_SUMMARY,
+                               (long_summary_prompt(articles, n),), "long"))
+        out.append(BenchPrompt(f"long/code-{n}", LONG_CODE, (long_code_prompt(sources, n),), "long"))
+    return out
+
+
 # --- prompt-length buckets ---------------------------------------------------
 def bucket_label(n_tokens: int, edges: Sequence[int]) -> str:
     """The bucket of a prompt length: edges [256, 1024] give "<256", "256-1024", ">=1024"."""

@@ -12,6 +12,11 @@ Protocol (why each rule exists):
   conversation would; with exact decoding those answers are identical anyway.
 * A warm-up request per configuration runs first and is thrown away (page faults,
   allocator growth, the first graph build).
+* Anchors (:mod:`edgespec.bench.anchors`) are configurations like any other: llama-cpp-python
+  runs in-process, llama.cpp's programs once per request on the prompt text whose
+  tokenization is the engine's prompt tokens; a failing one is an error record, not the end.
+* After the last unit, every greedy divergence from the plain path is attributed
+  (near-tie or defect) from a re-run of the plain path with logprobs, outside the timings.
 * Ctrl-C stops at once; what was measured is kept and marked ``interrupted``.
 """
 from __future__ import annotations
@@ -22,14 +27,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
+from ..config import AUTO
 from ..errors import EdgespecError, InvalidInputError
 from ..events import Finished, Step
 from ..params import GenerationParams, SamplingParams
 from ..stats import RequestStats
+from . import tools
 from .anchor import trace_to_stats
+from .anchors import ANCHORS
 from .matrix import ANCHOR_KIND, BASELINE, ConfigSpec, Matrix
 from .prompts import (BenchPrompt, bucket_label, load_humanevalfix, load_jsonl_prompts,
-                      load_spec_bench)
+                      load_long, load_spec_bench)
 
 # Knobs that configure the engine as a whole (Engine.load arguments), not one proposer.
 # Knobs of the speculation controller: per request (Engine.stream(control=...)), so fixed
@@ -50,6 +58,8 @@ def collect_prompts(m: Matrix) -> list[BenchPrompt]:
                                    max_turns=m.max_turns)
     if m.humanevalfix:
         prompts += load_humanevalfix(n=m.humanevalfix)
+    if m.long:
+        prompts += load_long(m.long)
     for path in m.jsonl:
         prompts += load_jsonl_prompts(path, field=m.prompt_field, n=m.jsonl_n)
     if m.max_turns:
@@ -67,8 +77,9 @@ class EnginePlan:
 
     proposer_options: dict[str, dict]  # for the engine's own instance of each proposer
     extra: dict[str, tuple[str, dict]]  # label -> (proposer, options) loaded under the label
-    request_name: dict[str, str]  # label -> the name passed as stream(proposer=...)
+    request_name: dict[str, str | None]  # label -> stream(proposer=...); None: the engine's default
     control: dict[str, dict] = field(default_factory=dict)  # label -> CONTROL_KNOBS it sets
+    auto: bool = False  # load the engine as `--proposer auto` (the planner picks its default)
 
 
 def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
@@ -90,6 +101,13 @@ def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
             if c.knob_dict:
                 raise InvalidInputError("the plain path ('none') takes no knobs")
             names[c.label] = BASELINE
+        elif c.proposer == AUTO or "+" in c.proposer:
+            # the engine's default ("auto") or several free proposers consulted together
+            if own:
+                raise InvalidInputError(f"{c.label}: a combined configuration takes only control "
+                                        f"knobs ({', '.join(CONTROL_KNOBS)}); set proposer "
+                                        "options on a single-proposer configuration")
+            names[c.label] = None if c.proposer == AUTO else c.proposer
         elif c.proposer not in options:
             options[c.proposer] = own
             names[c.label] = c.proposer
@@ -108,7 +126,8 @@ def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
         raise InvalidInputError(f"the draft proposer takes only control knobs ({', '.join(CONTROL_KNOBS)}); "
                                 f"got {', '.join(options['draft'])}")
     return EnginePlan(proposer_options={k: v for k, v in options.items() if v},
-                      extra=extra, request_name=names, control=control)
+                      extra=extra, request_name=names, control=control,
+                      auto=any(c.proposer == AUTO for c in configs if c.kind == "engine"))
 
 
 def control_settings(base, knobs: dict):
@@ -128,15 +147,15 @@ def load_engine(m: Matrix, plan: EnginePlan):
     from ..engine import Engine
     from ..proposers import free_proposer
 
-    engine = Engine.load(m.target, draft=m.draft, proposer=BASELINE, n_ctx=m.n_ctx,
-                         threads=m.threads, proposer_options=plan.proposer_options)
+    engine = Engine.load(m.target, draft=m.draft, proposer=AUTO if plan.auto else BASELINE,
+                         n_ctx=m.n_ctx, threads=m.threads, proposer_options=plan.proposer_options)
     for label, (name, options) in plan.extra.items():
         # The engine's proposer table is keyed by request name, so a knob variant is just
         # one more entry; the controller and stats see it under its label.
         engine.add_proposer(label, free_proposer(name, **options))
     missing = [c.label for c in m.engine_configs
-               if plan.request_name[c.label] != BASELINE
-               and plan.request_name[c.label] not in engine.proposers]
+               if plan.request_name[c.label] not in (BASELINE, None)
+               and any(n not in engine.proposers for n in plan.request_name[c.label].split("+"))]
     if missing:
         engine.close()
         raise EdgespecError(f"the engine could not load {', '.join(missing)} (loaded: "
@@ -188,6 +207,8 @@ class Runner:
         total = total_requests(self.m, prompts)
         done = 0
         run.started_at = run.started_at or time.time()
+        plain_messages: dict[int, list[dict]] = {}  # unit -> what the plain path was asked
+        baseline = {c.label: c.baseline for c in self.m.configs}
         try:
             if prompts:
                 for _ in range(self.m.warmup):
@@ -208,7 +229,10 @@ class Runner:
                         if history is None:  # an earlier turn failed: no history to continue
                             rec = _error_record("skipped: an earlier turn of this prompt failed")
                         else:
-                            rec = self._request(cfg, prompt.messages(history), self.m.max_new_tokens,
+                            messages = prompt.messages(history)
+                            if cfg.label == BASELINE:
+                                plain_messages[unit] = messages
+                            rec = self._request(cfg, messages, self.m.max_new_tokens,
                                                 seed=self.m.seed + unit)
                             if "error" in rec:
                                 answers[cfg.label] = None
@@ -223,18 +247,59 @@ class Runner:
                         run.records.append(rec)
                         done += 1
                         self.progress(done, total, rec)
-                    _mark_parity(unit_records, greedy=self.m.temperature == 0)
+                    _mark_parity(unit_records, greedy=self.m.temperature == 0, baseline=baseline)
                     unit += 1
+            self._attribute(run.records, plain_messages)
         except KeyboardInterrupt:
             run.interrupted = True
         run.finished_at = time.time()
         return run
 
+    # --- divergences ---------------------------------------------------------------
+    def _exact(self, label: str) -> bool:
+        knobs = self.control.get(label, {})
+        return bool(knobs["exact"]) if "exact" in knobs else bool(getattr(self.engine, "exact", False))
+
+    def _attribute(self, records: list[dict], plain_messages: dict[int, list[dict]]) -> None:
+        """Near-tie or defect, for every engine configuration whose greedy output left the
+        plain path's (parity.attribute_divergence), from one untimed plain re-run with
+        logprobs per unit that needs it."""
+        from ..parity import TOP_N, attribute_divergence
+
+        if self.m.temperature > 0:
+            return
+        units: dict[int, list[dict]] = {}
+        for r in records:
+            units.setdefault(r["unit"], []).append(r)
+        for unit, recs in units.items():
+            diverged = [r for r in recs if r.get("parity") is False and r["kind"] == "engine"]
+            base = next((r for r in recs if r["config"] == BASELINE and "tokens" in r), None)
+            if not diverged or base is None or unit not in plain_messages:
+                continue
+            params = GenerationParams(max_tokens=self.m.max_new_tokens, logprobs=TOP_N,
+                                      sampling=SamplingParams(temperature=0.0))
+            try:
+                again = self.engine.generate(plain_messages[unit], params, proposer=BASELINE)
+            except EdgespecError as e:
+                for r in diverged:
+                    r["divergence"] = {"kind": "unattributed", "reason": str(e)}
+                continue
+            same = list(again.tokens) == list(base["tokens"])
+            for r in diverged:
+                if not same:
+                    r["divergence"] = {"kind": "unattributed",
+                                       "reason": "the plain path did not reproduce its tokens"}
+                    continue
+                r["divergence"] = attribute_divergence(
+                    base["tokens"], r["tokens"], again.logprobs, exact=self._exact(r["config"])) or {
+                    "kind": "unattributed", "reason": "same tokens, different length (one run "
+                    "stopped earlier)"}
+
     # --- one request ---------------------------------------------------------------
     def _request(self, cfg: ConfigSpec, messages: list[dict], max_tokens: int, seed: int) -> dict:
         try:
             if cfg.kind == ANCHOR_KIND:
-                return self._anchor_request(cfg, messages, max_tokens)
+                return self._anchor_request(cfg, messages, max_tokens, seed)
             return self._engine_request(cfg, messages, max_tokens, seed)
         except EdgespecError as e:
             return _error_record(str(e))
@@ -256,10 +321,15 @@ class Runner:
                 kw["exact"] = bool(ctl["exact"])
         stream: Iterator = self.engine.stream(messages, self._params(max_tokens, seed),
                                               proposer=self.request_name[cfg.label], **kw)
+        sizes: dict[int, list[float]] = {}  # tokens in the target pass -> [passes, seconds]
         try:
             for ev in stream:
                 if isinstance(ev, Step):
                     rss = max(rss, _rss(self._proc))
+                    # a pass holds the pending token plus the drafts (a plain step is 1)
+                    cell = sizes.setdefault(ev.drafted + 1, [0, 0.0])
+                    cell[0] += 1
+                    cell[1] += ev.verify_seconds
                 elif isinstance(ev, Finished):
                     fin = ev
         finally:
@@ -269,12 +339,18 @@ class Runner:
         wall = time.perf_counter() - t0
         if fin is None:
             raise EdgespecError("the engine stream ended without a Finished event")
-        return _record(fin.stats, list(fin.tokens), fin.text, wall, rss)
+        rec = _record(fin.stats, list(fin.tokens), fin.text, wall, rss)
+        rec["pass_size_hist"] = {str(k): int(v[0]) for k, v in sorted(sizes.items())}
+        rec["pass_seconds"] = {str(k): v[1] for k, v in sorted(sizes.items())}
+        return rec
 
-    def _anchor_request(self, cfg: ConfigSpec, messages: list[dict], max_tokens: int) -> dict:
+    def _anchor_request(self, cfg: ConfigSpec, messages: list[dict], max_tokens: int,
+                        seed: int = 0) -> dict:
         anchor = self.anchors.get(cfg.label)
         if anchor is None:
             return _error_record("anchor not loaded (is llama-cpp-python's high-level API available?)")
+        if isinstance(anchor, tools.ToolAnchor):
+            return self._tool_request(anchor, messages, max_tokens, seed)
         # Tokenized by the engine, so the anchor sees exactly the plain path's prompt.
         tokens = self.engine.prompt_tokens(messages, self._params(max_tokens, 0))
         rss = _rss(self._proc)
@@ -284,6 +360,59 @@ class Runner:
         rss = max(rss, _rss(self._proc))
         text = self.engine.target.detokenize(trace.tokens).decode("utf-8", "replace")
         return _record(trace_to_stats(trace, cfg.label), list(trace.tokens), text, wall, rss)
+
+    def _tool_request(self, anchor: "tools.ToolAnchor", messages: list[dict], max_tokens: int,
+                      seed: int) -> dict:
+        tokens = self.engine.prompt_tokens(messages, self._params(max_tokens, seed))
+        text = tool_prompt_text(self.engine.target, tokens)
+        run = tools.run_tool(anchor.tool, anchor.setup, text, max_tokens,
+                             temperature=self.m.temperature, seed=seed, draft_max=anchor.draft_max)
+        if run.timing.prompt_tokens != len(tokens):
+            raise EdgespecError(f"{anchor.tool} read {run.timing.prompt_tokens} prompt tokens where "
+                                f"the engine has {len(tokens)}: not the same prompt")
+        return tool_record(run, max_tokens)
+
+
+def tool_prompt_text(target, tokens: Sequence[int]) -> str:
+    """Text that llama.cpp's tools tokenize (add_special, parse_special) into exactly ``tokens``:
+    the rendered prompt, less a leading BOS when the tokenizer adds one itself."""
+    try:
+        text = target.detokenize(list(tokens), special=True).decode("utf-8")
+    except UnicodeDecodeError:
+        raise EdgespecError("the prompt is not valid UTF-8 once detokenized; llama.cpp's tools "
+                            "cannot be given the same tokens") from None
+    if target.tokenize(text, add_special=True, parse_special=True) == list(tokens):
+        return text
+    bos = target.detokenize([target.bos], special=True).decode("utf-8", "replace")
+    if bos and text.startswith(bos):
+        rest = text[len(bos):]
+        if target.tokenize(rest, add_special=True, parse_special=True) == list(tokens):
+            return rest
+    raise EdgespecError("the prompt's text does not tokenize back into the engine's prompt "
+                        "tokens, so llama.cpp's tools would see another prompt (skipped for them)")
+
+
+def tool_record(run: "tools.ToolRun", max_tokens: int) -> dict:
+    """A llama.cpp tool's run in the shape of an engine record (per-token fields empty: the
+    tools report totals only)."""
+    t = run.timing
+    nan = float("nan")
+    acc = (t.accepted / t.drafted) if t.drafted else nan
+    return {
+        "proposer": None, "prompt_tokens": t.prompt_tokens, "generated_tokens": t.generated,
+        "stop_reason": "length" if t.generated >= max_tokens else "eos",
+        "drafted": t.drafted or 0, "accepted": t.accepted or 0, "acceptance_rate": acc,
+        "verify_passes": t.passes, "plain_steps": None,
+        "mean_accepted_length": (t.decode_tokens / t.passes) if t.passes else nan,
+        "accepted_length_hist": {}, "position_acceptance": [], "proposer_share": {},
+        "control_events": {}, "prefill_seconds": t.prefill_seconds, "ttft_seconds": t.prefill_seconds,
+        "decode_seconds": t.decode_seconds, "decode_tokens_per_second": t.decode_tokens_per_second,
+        "e2e_seconds": t.prefill_seconds + t.decode_seconds, "wall_seconds": run.wall_seconds,
+        "itl_p50": None, "itl_p95": None, "itl_p99": None, "token_times": [],
+        "position_drafted": [], "position_accepted": [], "rss_peak_bytes": 0,
+        "process_peak_rss_bytes": 0, "tokens": [], "text": run.text,
+        "system_info": run.system_info,
+    }
 
 
 def _record(stats: RequestStats, tokens: list[int], text: str, wall: float, rss: int) -> dict:
@@ -300,11 +429,14 @@ def _error_record(message: str) -> dict:
     return {"error": message}
 
 
-def _mark_parity(records: list[dict], greedy: bool) -> None:
-    """Same output tokens as the plain path on this unit? (Only meaningful for greedy runs.)"""
-    base = next((r for r in records if r.get("config") == BASELINE and "tokens" in r), None)
+def _mark_parity(records: list[dict], greedy: bool, baseline: dict[str, str] | None = None) -> None:
+    """Same output tokens as its plain path (ours, or an anchor's own) on this unit? Only for
+    greedy runs, and only where tokens are known (llama.cpp's tools report text)."""
+    by_label = {r.get("config"): r for r in records if "tokens" in r}
     for r in records:
-        if r.get("config") == BASELINE or "tokens" not in r or base is None or not greedy:
+        base = by_label.get((baseline or {}).get(r.get("config"), BASELINE))
+        if (r.get("config") == BASELINE or base is None or base is r or not greedy
+                or not r.get("tokens") or not base.get("tokens")):
             r["parity"] = None
         else:
             r["parity"] = r["tokens"] == base["tokens"]
@@ -350,21 +482,30 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
     m = m.validate()
     prompts = list(prompts) if prompts is not None else collect_prompts(m)
     plan = plan_engine(m.configs)
+    tool_names = sorted({c.proposer for c in m.anchor_configs if ANCHORS[c.proposer].tool})
+    bin_dir = tools.check_built(tool_names) if tool_names else None  # before any load
     run = BenchRun(matrix=m, started_at=time.time())
     t0 = time.perf_counter()
     engine = load_engine(m, plan)
     run.load_seconds["target"] = time.perf_counter() - t0
     anchors: dict = {}
     try:
-        if m.anchor_configs:
+        pld = [c for c in m.anchor_configs if not ANCHORS[c.proposer].tool]
+        if pld:
             from .. import backend
             n_ctx = anchor_context(m, engine, prompts)
-            for cfg in m.anchor_configs:
+            for cfg in pld:
                 t0 = time.perf_counter()
                 anchors[cfg.label] = backend.anchor_prompt_lookup(
                     engine.target.path, n_ctx=n_ctx, threads=m.threads,
                     num_pred_tokens=int(cfg.knob_dict["num_pred_tokens"]))
                 run.load_seconds[cfg.label] = time.perf_counter() - t0
+        if bin_dir is not None:
+            setup = tools.setup_from_engine(engine, bin_dir)
+            for cfg in m.anchor_configs:
+                if ANCHORS[cfg.proposer].tool:
+                    anchors[cfg.label] = tools.ToolAnchor(cfg.proposer, setup,
+                                                          cfg.knob_dict.get("draft_max"))
         run.identity = collect_identity(m, engine, anchors, plan.control)
         if on_loaded is not None:
             on_loaded(run)

@@ -9,20 +9,12 @@ from pathlib import Path
 import click
 
 from .common import handle_errors
-from ..errors import InvalidInputError
 
 DEFAULT_OUT = Path("bench-out")
 
 
 def _out_dir(out: str | None, name: str) -> Path:
     return Path(out) if out else DEFAULT_OUT / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
-
-
-def _ints(text: str, what: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise InvalidInputError(f"{what} must be comma-separated whole numbers (got {text!r})") from None
 
 
 class _Progress:
@@ -95,23 +87,31 @@ def _echo_overall(data) -> None:
 
 
 @click.command("bench")
-@click.option("--preset", type=click.Choice(["quick", "full"]), default="quick", show_default=True,
-              help="quick: 1 prompt per category, 64 tokens (~10 min, 2 cores, Qwen 1.5B); full: more.")
+@click.option("--preset", type=click.Choice(["quick", "standard", "long", "full"]), default="quick",
+              show_default=True,
+              help="quick: 1 prompt per category, 64 tokens (~10 min, 2 cores, Qwen 1.5B); standard: "
+                   "3 per category + 10 HumanEvalFix, 128 tokens, llama.cpp anchors (~1 h); long: "
+                   "2k/4k/8k-token grounded prompts; full: more (hours).")
 @click.option("--config", "matrix_file", type=click.Path(dir_okay=False),
               help="TOML matrix file (see docs/bench.md); flags below override it.")
 @click.option("--target", default=None, help="Registry name or .gguf path [default: qwen-1.5b].")
 @click.option("--draft", default=None, help="Draft model, needed by the 'draft' proposer.")
 @click.option("--proposer", "proposers", multiple=True, metavar="NAME[:KNOB=V,...]",
               help="A configuration (repeatable; replaces the preset's). The plain path is always "
-                   "included. Knobs: proposer options, or draft_len/adaptive for the engine.")
-@click.option("--anchor", "anchors", multiple=True, type=click.IntRange(1), metavar="N",
-              help="llama-cpp-python's LlamaPromptLookupDecoding with num_pred_tokens=N (repeatable).")
-@click.option("--no-anchor", is_flag=True, help="Leave llama-cpp-python's prompt lookup out.")
+                   "included; 'auto' is the engine's default. Knobs: proposer options, or "
+                   "draft_len/adaptive/exact for the engine.")
+@click.option("--anchor", "anchors", multiple=True, metavar="NAME[:N]",
+              help="Another implementation on the same prompts (repeatable): llama-completion, "
+                   "llama-lookup[:N], llama-speculative-simple[:N] (built by `make anchors`), "
+                   "llama-pld[:N] (llama-cpp-python's prompt lookup, N tokens, default 10).")
+@click.option("--no-anchor", is_flag=True, help="Leave the preset's anchors out.")
 @click.option("--categories", default=None, help="Spec-Bench categories: all, none, or a,b,c.")
 @click.option("--per-category", type=click.IntRange(1), default=None, help="Prompts per category.")
 @click.option("--turns", "max_turns", type=click.IntRange(1), default=None,
               help="At most this many turns of multi-turn prompts.")
 @click.option("--humanevalfix", type=click.IntRange(0), default=None, help="HumanEvalFix prompts.")
+@click.option("--long", "long_", default=None, metavar="N,N,...",
+              help="Grounded long prompts of about these many tokens (e.g. 2048,4096; '' for none).")
 @click.option("--jsonl", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="Any JSONL prompt file (repeatable).")
 @click.option("--prompt-field", default=None, help="Field of --jsonl records holding the prompt.")
@@ -131,10 +131,10 @@ def _echo_overall(data) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the matrix and the request count; run nothing.")
 @handle_errors
 def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, categories,
-          per_category, max_turns, humanevalfix, jsonl, prompt_field, jsonl_n, buckets, max_tokens,
-          temperature, seed, threads, n_ctx, warmup, out, report_from, dry_run):
-    """Benchmark the plain path, proposers and llama-cpp-python's prompt lookup side by side."""
-    from ..bench import matrix as mx
+          per_category, max_turns, humanevalfix, long_, jsonl, prompt_field, jsonl_n, buckets,
+          max_tokens, temperature, seed, threads, n_ctx, warmup, out, report_from, dry_run):
+    """Benchmark the plain path, proposers and anchors (llama.cpp, llama-cpp-python) side by side."""
+    from ..bench.compose import Flags, compose
 
     if report_from:
         from ..bench.report import load_run, write_report
@@ -143,31 +143,14 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
         path = write_report(data, Path(out) if out else Path(report_from).parent)
         click.echo(f"report: {path}")
         return
-    m = mx.load_toml(matrix_file, base=mx.preset(preset)) if matrix_file else mx.preset(preset)
-    changes = {k: v for k, v in dict(
-        target=target, draft=draft, per_category=per_category, max_turns=max_turns,
-        humanevalfix=humanevalfix, prompt_field=prompt_field, jsonl_n=jsonl_n,
-        max_new_tokens=max_tokens, temperature=temperature, seed=seed, threads=threads,
-        n_ctx=n_ctx, warmup=warmup).items() if v is not None}
-    if categories is not None:
-        changes["spec_bench"] = mx.spec_bench_selection(categories)
-    if jsonl:
-        changes["jsonl"] = tuple(jsonl)
-    if buckets is not None:
-        changes["buckets"] = _ints(buckets, "--buckets")
-    m = replace(m, **changes)
-    preset_engine = [c for c in mx.preset(preset).configs if c.kind == "engine"]
-    engine_configs = ([mx.parse_config(p) for p in proposers] if proposers
-                      else [c for c in m.configs if c.kind == "engine"])
-    if engine_configs == preset_engine and m.draft is None:
-        # The preset lists "draft" for when a draft model is given; without one, leave it out.
-        engine_configs = [c for c in engine_configs if c.proposer != "draft"]
-    anchor_configs = ([] if no_anchor else [mx.ConfigSpec.anchor(n) for n in anchors] if anchors
-                      else [c for c in m.configs if c.kind == mx.ANCHOR_KIND])
-    m = replace(m, configs=tuple(engine_configs) + tuple(anchor_configs))
-    if matrix_file or changes or proposers or anchors or no_anchor:
-        m = replace(m, preset=f"{m.preset}, modified")
-    m = m.with_baseline().validate()
+    m = compose(Flags(
+        preset=preset, matrix_file=matrix_file, proposers=proposers, anchors=anchors,
+        no_anchor=no_anchor, categories=categories, jsonl=jsonl, buckets=buckets, long=long_,
+        scalars=tuple(dict(target=target, draft=draft, per_category=per_category,
+                           max_turns=max_turns, humanevalfix=humanevalfix,
+                           prompt_field=prompt_field, jsonl_n=jsonl_n, max_new_tokens=max_tokens,
+                           temperature=temperature, seed=seed, threads=threads, n_ctx=n_ctx,
+                           warmup=warmup).items())))
     if dry_run:
         from ..bench.runner import collect_prompts, total_requests
 
@@ -207,50 +190,27 @@ def qualify(target, proposer, slices, per_slice, max_turns, max_tokens, threads,
     PROPOSER: ngram, suffix, draft, or draft:NAME / a draft model's name.
     """
     from .. import registry
-    from ..bench import matrix as mx
-    from ..bench.prompts import HUMANEVALFIX, SPEC_BENCH_CATEGORIES
-    from ..bench.report import slice_results
+    from ..bench.compose import qualification_matrix
+    from ..bench.qualify import qualification_records
 
     pair = registry.load_registry().pair(target, proposer)
-    names = [s.strip() for s in slices.split(",") if s.strip()]
-    unknown = [s for s in names if s not in SPEC_BENCH_CATEGORIES and s != HUMANEVALFIX]
-    if not names or unknown:
-        raise InvalidInputError(f"unknown slice(s) {', '.join(unknown) or '(none given)'}; choose from "
-                                f"{', '.join((*SPEC_BENCH_CATEGORIES, HUMANEVALFIX))}")
-    config = mx.ConfigSpec(pair.proposer)
-    m = mx.Matrix(
-        target=pair.target, draft=pair.draft, configs=(mx.ConfigSpec(mx.BASELINE), config),
-        spec_bench=tuple(s for s in names if s != HUMANEVALFIX), per_category=per_slice,
-        max_turns=max_turns, humanevalfix=per_slice if HUMANEVALFIX in names else 0,
-        max_new_tokens=max_tokens, seed=seed, threads=threads,
-        n_ctx=n_ctx or mx.Matrix.n_ctx, preset="qualify").validate()
+    m, names = qualification_matrix(pair, slices, per_slice=per_slice, max_turns=max_turns,
+                                    max_tokens=max_tokens, seed=seed, threads=threads, n_ctx=n_ctx)
     out_dir = _out_dir(out, "qualify")
     run, data, json_path, report_path = run_and_write(m, out_dir, f"qualify {pair.target}+{pair.key}")
     if run.interrupted:
         click.echo(f"interrupted: nothing recorded; partial evidence in {json_path}", err=True)
         sys.exit(130)
-    results = slice_results(data, config.label)
-    ident = data["identity"]
-    stamp = {
-        "measured_at": ident.get("date"),
-        "edgespec_commit": ident.get("edgespec", {}).get("commit"),
-        "llama_cpp_python": ident.get("llama_cpp", {}).get("llama_cpp_python"),
-        "cpu_model": ident.get("machine", {}).get("cpu_model"),
-        "threads": ident.get("engine", {}).get("threads"),
-        "max_new_tokens": m.max_new_tokens,
-        "temperature": m.temperature,
-        "evidence": str(json_path),
-    }
-    missing = [s for s in names if s not in results]
+    records = qualification_records(data, m.configs[1].label, m, str(json_path))
+    missing = [s for s in names if s not in records]
     if missing:
         click.echo(f"no paired measurements for {', '.join(missing)} (see {report_path}); "
                    "those slices are not recorded", err=True)
-    path = registry.record_qualification(pair.target, pair.key,
-                                         {s: {**r, **stamp} for s, r in results.items()})
-    for s, r in results.items():
+    path = registry.record_qualification(pair.target, pair.key, records)
+    for s, r in records.items():
         low = r["speedup_ci_low"]
         click.echo(f"  {s}: acceptance {r['acceptance_rate'] or 0:.0%}, accepted length "
                    f"{r['mean_accepted_length'] or 0:.2f}, speedup {r['speedup'] or 0:.2f}× "
                    f"(lower bound {low if low is not None else float('nan'):.2f}, n={r['n']})")
-    click.echo(f"recorded {len(results)} slice(s) for {pair.target} + {pair.key} in {path}; "
+    click.echo(f"recorded {len(records)} slice(s) for {pair.target} + {pair.key} in {path}; "
                f"evidence: {report_path}")
