@@ -86,12 +86,5 @@ fuzz-smoke:
 anchors: install
 	nice $(PY) -m edgespec.bench.anchors_build --cmake-args "$(LLAMA_CMAKE_ARGS)"
 
-# llama.cpp's own llama-completion, llama-lookup and llama-speculative-simple, built from the
-# llama.cpp that the installed llama-cpp-python vendors with the same flags, for
-# `edgespec bench --anchor ...` (into $EDGESPEC_HOME/anchors/<version>/bin or $EDGESPEC_ANCHORS;
-# about 6 min on 2 cores; a second run with the same flags does nothing).
-anchors: install
-	nice $(PY) -m edgespec.bench.anchors_build --cmake-args "$(LLAMA_CMAKE_ARGS)"
-
 clean:
 	rm -rf build native/build edgespec/*.so $(VENV)
