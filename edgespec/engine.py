@@ -94,7 +94,8 @@ class Engine:
         config = config.validate()
         plan = None
         if config.proposer == AUTO:
-            plan = _plan(config)
+            from . import planner
+            plan = planner.plan_engine(config)
             config = plan.config
         with ExitStack() as stack:
             tpath = registry.resolve(config.target, pull=config.pull)
@@ -193,7 +194,8 @@ class Engine:
                 "exact mode cannot speculate here: no verify batch on this device gives logits "
                 "bitwise equal to single-token decoding (edgespec plan shows the probe); use "
                 "--proposer none, or drop --exact (the default is lossless)")
-        if not control.adaptive and control.draft_length > cap:
+        if split_proposers(label or self.default_proposer) and not control.adaptive \
+                and control.draft_length > cap:
             raise UnsupportedError(
                 f"a fixed draft length of {control.draft_length} cannot be verified exactly: on "
                 f"this device llama.cpp's logits match the plain path only for verify passes of "
@@ -306,8 +308,7 @@ class Engine:
                 req.rng = sampling.make_rng(params.sampling.seed)
             try:
                 names = split_proposers(label)
-                for n in names:
-                    req.sessions[n] = self.proposers[n].open(req.tokens, params.sampling)
+                req.proposers = {n: self.proposers[n] for n in names}
                 req.costly = frozenset(n for n in names if self.proposers[n].costly)
                 if names:
                     cal = self.calibration() if control.adaptive else None
@@ -381,21 +382,6 @@ def _default_label(config: EngineConfig, plan, loaded: Mapping[str, Proposer]) -
     if chosen is not None and chosen in loaded and loaded[chosen].costly:
         names.append(chosen)
     return "+".join(names) or PLAIN
-
-
-def _plan(config: EngineConfig):
-    from . import planner
-    if hasattr(planner, "plan_engine"):
-        return planner.plan_engine(config)
-    # TODO(lead): remove once planner.plan_engine lands
-    p = planner.plan_for(config.target, config.draft, ctx=config.n_ctx, n_threads=config.threads,
-                         budget=config.budget, kv_type=config.kernel.kv_type)
-    kernel = replace(config.kernel, n_batch=p.n_batch, kv_type=p.kv_type)
-    object.__setattr__(p, "config", replace(config, proposer=AUTO if p.proposer != PLAIN else PLAIN,
-                       draft=p.draft if p.proposer == "draft" else None,
-                       n_gpu_layers=p.n_gpu_layers, draft_gpu_layers=p.draft_gpu_layers,
-                       n_ctx=config.n_ctx or p.n_ctx, kernel=kernel))
-    return p
 
 
 def _calibration(model: backend.Model, threads: int | None, kernel: KernelConfig):

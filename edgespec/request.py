@@ -41,6 +41,7 @@ class Request:
     proposer_label: str  # what the request asked for ("none", "suffix", "ngram+suffix", ...)
     tokens: list[int]  # prompt + generated, as the target has them (pending included)
     n_prompt: int
+    proposers: dict[str, object] = field(default_factory=dict)  # what to open, by name
     sessions: dict[str, ProposerSession] = field(default_factory=dict)
     costly: frozenset[str] = frozenset()  # sessions that draft only when chosen (draft models)
     controller: object | None = None
@@ -91,6 +92,9 @@ class Loop:
         self.ctx.clear()
         logits = self.ctx.decode(req.tokens, 0, req.seq_id, logits="last")
         req.n_past = len(req.tokens)
+        # Opening a session indexes the prompt (a draft model prefills it): part of TTFT.
+        for n, prop in req.proposers.items():
+            req.sessions[n] = prop.open(req.tokens, p.sampling)
         t_prefill = time.perf_counter() - req.t0
         req.stats.observe_prefill(req.n_prompt, t_prefill)
         yield PrefillDone(req.id, req.n_prompt, t_prefill)

@@ -8,7 +8,8 @@ from .common import handle_errors
 
 @click.command("tui")
 @click.option("--target", "-m", metavar="NAME|PATH", help="Target model: registry name or .gguf path.")
-@click.option("--proposer", "-p", metavar="NAME", help="auto, none, ngram, suffix or draft.")
+@click.option("--proposer", "-p", metavar="NAME",
+              help="A proposer from the registry, auto or none (`edgespec generate --help`).")
 @click.option("--draft", metavar="NAME|PATH", help="Draft model for --proposer draft.")
 @click.option("--draft-len", type=int, help="Fixed draft length (default: adaptive).")
 @click.option("--n-ctx", default=4096, show_default=True, help="Context window.")
@@ -24,7 +25,9 @@ def tui_command(target, proposer, draft, draft_len, n_ctx, threads, prompt, demo
     # Imported here so other commands never pay for Textual.
     from tui import create_app
     from tui.demo import DEMO_PROMPT, demo_events
-    from tui.source import Choices, EngineSource, ScriptedSource, Settings, proposer_names
+    from tui.source import (Choices, EngineSource, ScriptedSource, Settings, default_proposer,
+                            proposer_names)
+    from ..proposers import needs_model
 
     if demo:
         source = ScriptedSource(demo_events, realtime=True, choices=Choices(
@@ -36,8 +39,10 @@ def tui_command(target, proposer, draft, draft_len, n_ctx, threads, prompt, demo
     settings = None
     if target or proposer or draft or draft_len:
         choices = source.models()
-        settings = Settings(target=target or choices.default_target or "",
-                            proposer=proposer or ("draft" if draft else "ngram"),
-                            draft=draft or (choices.default_draft if proposer == "draft" else None),
+        if proposer is None:
+            model_based = [n for n in proposer_names() if needs_model(n)]
+            proposer = model_based[0] if draft and model_based else default_proposer()
+        settings = Settings(target=target or choices.default_target or "", proposer=proposer,
+                            draft=draft or (choices.default_draft if needs_model(proposer) else None),
                             draft_len=draft_len)
     create_app(source, initial_prompt=prompt, settings=settings).run()

@@ -32,7 +32,16 @@ class DraftModelProposer:
             raise RuntimeError("the draft model serves one request at a time")
         self._busy = True
         self.ctx.clear()
-        return DraftSession(self, list(prompt_tokens), sampling)
+        session = DraftSession(self, list(prompt_tokens), sampling)
+        try:
+            # Prefill now, not in the first propose(): it is part of the time to first token.
+            if len(session.seq) > 1:
+                self.ctx.decode(session.seq[:-1], 0, logits="none")
+                session.kv_len = len(session.seq) - 1
+        except BaseException:
+            self._busy = False
+            raise
+        return session
 
     def _release(self) -> None:
         self._busy = False

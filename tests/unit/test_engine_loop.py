@@ -415,12 +415,7 @@ def test_exact_mode_keeps_adaptive_passes_within_the_cap(probed_cap):
     assert fin.stats.drafted > 0
 
 
-@pytest.mark.parametrize("control", [ControlSettings(max_draft=6), pytest.param(
-    fixed(3), marks=pytest.mark.xfail(
-        strict=True, raises=UnsupportedError,
-        reason="known defect: Engine.check_exact refuses a plain request too when the engine's "
-               "control is a fixed length ('use --draft-len 0 or less'); a plain request "
-               "drafts nothing"))])
+@pytest.mark.parametrize("control", [ControlSettings(max_draft=6), fixed(3)])
 def test_exact_mode_without_an_exact_batch_only_runs_the_plain_path(probed_cap, control):
     probed_cap(0)
     model = FakeModel()
