@@ -1,11 +1,13 @@
 /* libFuzzer target for the native proposers' C API.
  *
  * The input is a program: a few configuration bytes, then operations on an
- * n-gram index, a per-request tree, a global tree and a cursor over it, with
+ * n-gram index, two n-gram statistics tables (context and dynamic), a
+ * per-request tree, a global tree and a cursor over it, with
  * token spans (small vocabularies for repetition, raw int32 for negative and
  * huge ids), invalid arguments, tiny byte budgets and injected allocation
  * failures. The oracles: the sanitizers, the deep integrity checks after every
- * few operations, and a brute-force prompt-lookup reference.
+ * few operations, a brute-force prompt-lookup reference, the drafts' own
+ * arithmetic and a statistics export/import round trip.
  *
  * Build and run: see native/README.md (fuzz-smoke). Without libFuzzer, build
  * with -DES_FUZZ_MAIN to replay corpus files given on the command line. */
@@ -63,6 +65,7 @@ typedef struct {
     int64_t stream_len;
     es_stree *req, *glob;
     es_cursor *cur;
+    es_ngstat *ctx, *dyn;
 } world_t;
 
 static int32_t read_tokens(input_t *in, int32_t *buf) {
@@ -84,6 +87,64 @@ static void check_all(world_t *w, int deep) {
     if (w->ix && es_ngram_check(w->ix, deep, msg, sizeof msg) == ES_E_CORRUPT) die("ngram", msg);
     if (w->req && es_stree_check(w->req, deep, msg, sizeof msg) == ES_E_CORRUPT) die("request", msg);
     if (w->glob && es_stree_check(w->glob, deep, msg, sizeof msg) == ES_E_CORRUPT) die("global", msg);
+    if (w->ctx && es_ngstat_check(w->ctx, deep, msg, sizeof msg) == ES_E_CORRUPT) die("context", msg);
+    if (w->dyn && es_ngstat_check(w->dyn, deep, msg, sizeof msg) == ES_E_CORRUPT) die("dynamic", msg);
+}
+
+/* Draft thresholds from the input; now and then out of range on purpose. */
+static void read_ngstat_params(input_t *in, es_ngstat_params *p) {
+    p->max_tokens = (int32_t)(byte(in) % 40) - 2;
+    for (int i = 0; i <= ES_NGSTAT_MAX_N; i++) {
+        uint8_t x = byte(in);
+        p->order_extra[i] = x == 255 ? -1 : x % 3;
+    }
+    es_ngstat_bar *bars[2] = {&p->context, &p->dynamic};
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < ES_NGSTAT_POSITIONS; i++) {
+            bars[b]->min_count[i] = byte(in) % 4;  /* 0 is invalid */
+            uint8_t q = byte(in);
+            bars[b]->min_share[i] = q == 255 ? NAN : q / 250.0;  /* > 1 now and then */
+        }
+}
+
+/* A draft's arithmetic: shares in (0, 1], score the sum of their running products. */
+static void check_ngstat_draft(const es_ngstat_params *p, const es_draft *d) {
+    if (d->n < 0 || d->n > p->max_tokens) die("ngram_draft", "draft too long");
+    if (d->n > 0 && (d->match_len < 1 || d->match_len > ES_NGSTAT_MAX_N ||
+                     (d->source != ES_SRC_CONTEXT && d->source != ES_SRC_DYNAMIC)))
+        die("ngram_draft", "bad match length or source");
+    double prob = 1.0, score = 0.0;
+    for (int32_t i = 0; i < d->n; i++) {
+        if (d->tokens[i] < 0 || !(d->probs[i] > 0.0) || d->probs[i] > 1.0)
+            die("ngram_draft", "bad token or share");
+        prob *= d->probs[i];
+        score += prob;
+    }
+    if (score != d->score) die("ngram_draft", "score is not the sum of running products");
+}
+
+/* Exports a table, imports it into a fresh one, and checks every count came across. */
+static void ngstat_round_trip(const es_ngstat *s) {
+    int64_t n = 0;
+    if (es_ngstat_export(s, NULL, 0, &n) != ES_OK) die("export", "sizing");
+    int32_t *rec = malloc((size_t)(n + 1) * ES_NGSTAT_RECORD * sizeof(int32_t));
+    es_ngstat *copy = NULL;
+    es_ngstat_config cfg = {1, ES_NGSTAT_MAX_N, 1 << 26};
+    if (rec == NULL || es_ngstat_create(&cfg, &copy) != ES_OK) {
+        free(rec);
+        return;  /* an injected allocation failure */
+    }
+    if (es_ngstat_export(s, rec, n * ES_NGSTAT_RECORD, &n) != ES_OK) die("export", "copy");
+    if (es_ngstat_import(copy, rec, n) == ES_OK) {
+        for (int64_t i = 0; i < n; i++) {
+            const int32_t *r = rec + i * ES_NGSTAT_RECORD;
+            uint32_t c = 0;
+            if (es_ngstat_count(copy, r + 3, r[0], r[1], &c) != ES_OK || c != (uint32_t)r[2])
+                die("import", "a count did not come across");
+        }
+    }
+    es_ngstat_destroy(copy);
+    free(rec);
 }
 
 static const int64_t BUDGETS[4] = {4096, 40000, 200000, 1 << 24};
@@ -100,6 +161,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     es_ngram_config nc = {w.min_n, w.max_n, BUDGETS[byte(&in) % 4]};
     es_stree_config rc = {2 + byte(&in) % 12, BUDGETS[byte(&in) % 4]};
     es_stree_config gc = {rc.max_depth, BUDGETS[byte(&in) % 4]};
+    int32_t lo = 1 + byte(&in) % 4;
+    es_ngstat_config sc = {lo, lo + byte(&in) % (ES_NGSTAT_MAX_N - lo + 1), BUDGETS[byte(&in) % 4]};
+    es_ngstat_config dc = {1 + byte(&in) % 2, 2 + byte(&in) % 3, BUDGETS[byte(&in) % 4]};
+    es_ngstat_create(&sc, &w.ctx);
+    es_ngstat_create(&dc, &w.dyn);
     es_ngram_create(&nc, &w.ix);
     es_stree_create(&rc, &w.req);
     es_stree_create(&gc, &w.glob);
@@ -109,7 +175,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int ngram_exact = 1; /* the mirror stays exact until an extend fails midway */
 
     for (int ops = 0; in.n > 0 && ops < 2000; ops++) {
-        uint8_t op = byte(&in) % 12;
+        uint8_t op = byte(&in) % 18;
         switch (op) {
         case 0: { /* n-gram extend, mirrored for the reference */
             int32_t n = read_tokens(&in, buf);
@@ -201,6 +267,48 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             }
             break;
         }
+        case 12: { /* context statistics follow the stream */
+            int32_t n = read_tokens(&in, buf);
+            if (w.ctx) es_ngstat_extend(w.ctx, buf, n);
+            break;
+        }
+        case 13: { /* a generation into the dynamic statistics, continuing a context */
+            int32_t m = read_tokens(&in, buf);
+            if (w.dyn && es_ngstat_begin(w.dyn, buf, m) == ES_OK) {
+                int32_t n = read_tokens(&in, buf);
+                es_ngstat_extend(w.dyn, buf, n);
+            }
+            break;
+        }
+        case 14: { /* draft with arbitrary (sometimes invalid) thresholds */
+            es_ngstat_params p;
+            read_ngstat_params(&in, &p);
+            es_draft d = {out, probs, 0, 0, 0.0, 0};
+            uint8_t which = byte(&in);
+            es_status st = es_ngstat_draft(which & 1 ? w.ctx : NULL, which & 2 ? w.dyn : NULL, &p, &d);
+            if (st == ES_OK) check_ngstat_draft(&p, &d);
+            else if (st != ES_E_ARG || es_ngstat_params_check(&p) == ES_OK) die("ngram_draft", "unexpected status");
+            break;
+        }
+        case 15: /* export / import round trip, then raw (mostly invalid) records */
+            if (w.ctx) {
+                ngstat_round_trip(w.ctx);
+                int32_t n = read_tokens(&in, buf) / ES_NGSTAT_RECORD;
+                es_ngstat_import(w.ctx, buf, n);
+            }
+            break;
+        case 16:
+            if (w.dyn) es_ngstat_decay(w.dyn);
+            break;
+        case 17: { /* lookups of arbitrary n-grams, orders out of range included */
+            int32_t n = read_tokens(&in, buf) % (ES_NGSTAT_MAX_N + 2);
+            es_ngstat_entry e;
+            int found = 0;
+            es_status st = es_ngstat_lookup(w.ctx, buf, n, &e, &found);
+            if (st == ES_OK && found && (e.total < 1 || e.best_count < 1 || e.best_count > e.total || e.best < 0))
+                die("lookup", "inconsistent entry");
+            break;
+        }
         default: { /* invalid arguments must be refused, not crash */
             int32_t n = 0, m = 0, ml = 0;
             if (es_ngram_extend(w.ix, NULL, 3) != ES_E_ARG || es_ngram_extend(w.ix, buf, -1) != ES_E_ARG)
@@ -210,6 +318,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (es_cursor_extend(w.cur, buf, -5) != ES_E_ARG) die("args", "cursor extend");
             if (es_cursor_match_length(NULL, &ml) != ES_E_ARG) die("args", "cursor match");
             if (es_speculate(NULL, NULL, NULL, NULL) != ES_E_ARG) die("args", "speculate");
+            if (es_ngstat_extend(w.ctx, NULL, 4) != ES_E_ARG || es_ngstat_begin(w.ctx, buf, -1) != ES_E_ARG)
+                die("args", "ngstat extend");
+            if (es_ngstat_draft(w.ctx, w.dyn, NULL, NULL) != ES_E_ARG) die("args", "ngstat draft");
+            if (es_ngstat_export(w.ctx, out, -1, NULL) != ES_E_ARG) die("args", "ngstat export");
             break;
         }
         }
@@ -221,6 +333,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     es_stree_destroy(w.req);
     es_stree_destroy(w.glob);
     es_ngram_destroy(w.ix);
+    es_ngstat_destroy(w.ctx);
+    es_ngstat_destroy(w.dyn);
     free(w.stream);
     return 0;
 }

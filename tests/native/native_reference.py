@@ -123,3 +123,87 @@ def longest_match(global_seqs: list[list[int]], context: list[int], max_depth: i
     while m < min(max_depth, len(context)) and model.count[tuple(context[len(context) - m - 1:])]:
         m += 1
     return m
+
+
+class StatsModel:
+    """N-gram statistics from the definition: for each n-gram of orders min_n..max_n,
+    a Counter of the tokens that followed it; begin() starts a new sequence whose
+    history is the last 8 tokens of its context (not counted); decay() halves every
+    count and drops the zeros."""
+
+    HISTORY = 8
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self.counts: dict[tuple, Counter] = defaultdict(Counter)
+        self.hist: list[int] = []
+
+    def begin(self, context) -> None:
+        self.hist = list(context)[-self.HISTORY:]
+
+    def extend(self, tokens) -> None:
+        for t in tokens:
+            for n in range(self.min_n, min(self.max_n, len(self.hist)) + 1):
+                self.counts[tuple(self.hist[len(self.hist) - n:])][t] += 1
+            self.hist = (self.hist + [t])[-self.HISTORY:]
+
+    def lookup(self, gram):
+        """(total, best, best_count) or None; ties go to the lowest token."""
+        c = self.counts.get(tuple(gram))
+        if not c or not self.min_n <= len(gram) <= self.max_n:
+            return None
+        best = min(c, key=lambda t: (-c[t], t))
+        return sum(c.values()), best, c[best]
+
+    def decay(self) -> None:
+        for g in list(self.counts):
+            c = Counter({t: v // 2 for t, v in self.counts[g].items() if v // 2})
+            if c:
+                self.counts[g] = c
+            else:
+                del self.counts[g]
+
+    def records(self) -> set[tuple]:
+        return {(len(g), t, v, g) for g, c in self.counts.items() for t, v in c.items()}
+
+
+def stats_draft(context: StatsModel | None, dynamic: StatsModel | None, max_tokens: int,
+                order_extra, bars) -> tuple:
+    """(tokens, shares, match_len, score, source) like edgespec._native.ngram_draft.
+    bars = ((context_counts, context_shares), (dynamic_counts, dynamic_shares)), each
+    list indexed by draft position (the last value holds beyond); order_extra by order."""
+    hist = context if context is not None else dynamic
+    if hist is None:
+        return (), (), 0, 0.0, 0
+    win = list(hist.hist)
+
+    def at(seq, i):
+        return seq[min(i, len(seq) - 1)]
+
+    toks, shares, first, score, prob = [], [], None, 0.0, 1.0
+    for pos in range(max_tokens):
+        pick = None
+        for src, (table, (counts, shr)) in enumerate(zip((context, dynamic), bars)):
+            if table is None:
+                continue
+            for n in range(min(table.max_n, len(win)), table.min_n - 1, -1):
+                e = table.lookup(win[len(win) - n:])
+                if e and e[0] >= at(counts, pos) + at(order_extra, n) and e[2] >= at(shr, pos) * e[0]:
+                    pick = (e, n, 3 + src)
+                    break
+            if pick:
+                break
+        if pick is None:
+            break
+        (total, best, bc), n, src = pick
+        share = bc / total
+        toks.append(best)
+        shares.append(share)
+        prob *= share
+        score += prob
+        win.append(best)
+        if first is None:
+            first = (n, src)
+    if not toks:
+        return (), (), 0, 0.0, 0
+    return tuple(toks), tuple(shares), first[0], score, first[1]
