@@ -94,14 +94,14 @@ def parse_config(text: str) -> ConfigSpec:
     name, _, rest = text.strip().partition(":")
     if not name:
         raise InvalidInputError(f"empty proposer in '{text}'; write NAME or NAME:KNOB=VALUE,...")
+    if name in ANCHORS:
+        return ConfigSpec.anchor(text)
     knobs = {}
     for item in filter(None, (s.strip() for s in rest.split(","))):
         k, eq, v = item.partition("=")
         if not eq or not k.strip():
             raise InvalidInputError(f"bad knob '{item}' in '{text}'; write NAME:KNOB=VALUE,...")
         knobs[k.strip()] = _scalar(v.strip())
-    if name in ANCHORS:
-        return ConfigSpec.anchor(text)
     return ConfigSpec.make(name, knobs)
 
 

@@ -3,9 +3,10 @@
 Everything here reads the JSON-shaped dict, so a report can be rebuilt from a saved
 run (``edgespec bench --report-from run.json``) and tests can feed literal records.
 
-Speedup = geometric mean over units (prompt, turn) of the paired ratio
-config / plain of decode tokens per second (the prefill is the same work on both
-sides and is reported apart), with a bootstrap interval that resamples prompts.
+Speedup = the paired ratio config / plain of decode tokens per second per unit (prompt,
+turn), summarised per category by the median and over all prompts by the geometric mean,
+each with a bootstrap interval that resamples prompts. An anchor is paired with its own
+plain path (llama-lookup with llama-completion), so every ratio measures speculation.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Iterable, Mapping, Sequence
 
 from .matrix import BASELINE
 from .prompts import bucket_labels
-from .stats import Interval, histogram_mean, histogram_sum, percentile, speedup
+from .stats import Interval, geometric_mean, histogram_mean, histogram_sum, median, percentile, speedup
 
 OVERALL = "all"
 
@@ -65,6 +66,11 @@ def config_labels(run: Mapping) -> list[str]:
     return [c["label"] for c in run["matrix"]["configs"]]
 
 
+def baselines(run: Mapping) -> dict[str, str]:
+    """label -> the label it is paired with (older runs: always the plain path)."""
+    return {c["label"]: c.get("baseline", BASELINE) for c in run["matrix"]["configs"]}
+
+
 def categories(run: Mapping) -> list[str]:
     seen: dict[str, None] = {}
     for r in run["records"]:
@@ -84,11 +90,13 @@ def _unit(r: Mapping) -> tuple[str, int]:
 
 
 def speedup_cell(records: Sequence[Mapping], config: str, *, resamples: int = 2000,
-                 confidence: float = 0.95, seed: int = 0) -> SpeedupCell:
-    """Paired speedups of one configuration over the plain path on the given records."""
-    base = [r for r in records if r["config"] == BASELINE]
+                 confidence: float = 0.95, seed: int = 0, baseline: str = BASELINE,
+                 statistic=geometric_mean) -> SpeedupCell:
+    """Paired speedups of one configuration over its baseline on the given records."""
+    base = [r for r in records if r["config"] == baseline]
     cand = [r for r in records if r["config"] == config]
-    kw = dict(cluster_of=lambda u: u[0], n_resamples=resamples, confidence=confidence, seed=seed)
+    kw = dict(cluster_of=lambda u: u[0], n_resamples=resamples, confidence=confidence, seed=seed,
+              statistic=statistic)
     dec, pr = speedup({_unit(r): r["decode_tokens_per_second"] for r in base},
                       {_unit(r): r["decode_tokens_per_second"] for r in cand}, **kw)
     e2e, _ = speedup({_unit(r): r["e2e_seconds"] for r in base},
@@ -98,19 +106,31 @@ def speedup_cell(records: Sequence[Mapping], config: str, *, resamples: int = 20
 
 def speedup_table(run: Mapping, group_key: str = "category", groups: Sequence[str] | None = None
                   ) -> dict[str, dict[str, SpeedupCell]]:
-    """{group: {config: cell}} plus the OVERALL group, for every non-baseline configuration."""
+    """{group: {config: cell}} plus the OVERALL group, for every non-baseline configuration,
+    each paired with its own baseline: the median per group, the geometric mean overall."""
     m = run["matrix"]
     recs = ok_records(run)
     groups = list(groups) if groups is not None else _distinct(r[group_key] for r in recs)
     out: dict[str, dict[str, SpeedupCell]] = {}
     kw = dict(resamples=m.get("bootstrap_resamples", 2000), confidence=m.get("confidence", 0.95),
               seed=m.get("seed", 0))
+    base_of = baselines(run)
     for g in [*groups, OVERALL]:
         sub = recs if g == OVERALL else _group(recs, group_key, g)
         if not sub:
             continue
-        out[g] = {c: speedup_cell(sub, c, **kw) for c in config_labels(run) if c != BASELINE}
+        stat = geometric_mean if g == OVERALL else median
+        out[g] = {c: speedup_cell(sub, c, baseline=base_of.get(c, BASELINE), statistic=stat, **kw)
+                  for c in config_labels(run) if c != BASELINE}
     return out
+
+
+def category_mean(table: Mapping[str, Mapping[str, SpeedupCell]], config: str,
+                  cats: Sequence[str]) -> float:
+    """Arithmetic mean of the per-category medians (every category weighs the same)."""
+    vals = [table[c][config].decode.estimate for c in cats
+            if c in table and config in table[c] and table[c][config].decode.n]
+    return sum(vals) / len(vals) if vals else math.nan
 
 
 def _group(recs: Sequence[Mapping], key: str, value: str) -> list[Mapping]:
@@ -168,10 +188,15 @@ def config_summary(run: Mapping, config: str, category: str | None = None) -> Co
     compared = [r["parity"] for r in recs if r.get("parity") is not None]
     shares = [1.0 - r["proposer_share"].get("target", 1.0) for r in recs if r["proposer_share"]]
     ttft = [r["ttft_seconds"] for r in recs if r["ttft_seconds"] is not None]
+    mean_len = histogram_mean(hist)
+    if not hist:  # llama.cpp's tools report totals: tokens computed per pass
+        passes = [(r.get("generated_tokens", 0), r.get("verify_passes")) for r in recs]
+        n_pass = sum(p for _, p in passes if p)
+        mean_len = sum(g - 1 for g, p in passes if p) / n_pass if n_pass else math.nan
     return ConfigSummary(
         requests=len(recs), errors=len(allr) - len(recs),
         acceptance_rate=accepted / drafted if drafted else math.nan,
-        mean_accepted_length=histogram_mean(hist), accepted_length_hist=hist,
+        mean_accepted_length=mean_len, accepted_length_hist=hist,
         position_acceptance=[a / d if d else math.nan for a, d in zip(pos_a, pos_d)],
         request_acceptance=[r["acceptance_rate"] for r in recs if r["drafted"]],
         parity=(sum(compared), len(compared)),
@@ -283,6 +308,8 @@ def render_markdown(run: Mapping, plots: Mapping[str, str] | None = None) -> str
     if others:
         lines += _speedup_section(run, cats, others, m)
     lines += _acceptance_section(run, cats, labels)
+    lines += _pass_size_section(run, cats, labels)
+    lines += _divergence_section(run)
     lines += _latency_section(run, labels)
     errors = [r for r in run["records"] if "error" in r]
     if errors:
@@ -298,28 +325,150 @@ def render_markdown(run: Mapping, plots: Mapping[str, str] | None = None) -> str
     return "\n".join(lines)
 
 
+def _header(run, config: str) -> str:
+    base = baselines(run).get(config, BASELINE)
+    return config if base == BASELINE else f"{config} (vs {base})"
+
+
 def _speedup_section(run, cats, others, m) -> list[str]:
     conf = int(round(m.get("confidence", 0.95) * 100))
     lines = ["## Speedup over the plain path", "",
-             f"Decode tokens/s relative to the plain path on the same prompt and turn: geometric "
-             f"mean of the per-prompt ratios, [{conf}% bootstrap interval over prompts]; n = "
-             "paired requests. One prompt gives no interval. End-to-end (prefill included) below.", ""]
+             f"Decode tokens/s relative to the plain path on the same prompt and turn: per category "
+             f"the median of the per-prompt ratios, over all prompts their geometric mean, each "
+             f"with a [{conf}% bootstrap interval over prompts]; n = paired requests. One prompt "
+             "gives no interval. An anchor is paired with its own plain path (in brackets in its "
+             "column), so its ratio measures its speculation, not its runtime. End-to-end "
+             "(prefill included) below.", ""]
     table = speedup_table(run, "category", cats)
+    heads = [_header(run, c) for c in others]
     for title, attr in (("Decode", "decode"), ("End to end", "e2e")):
         lines += [f"### {title}", ""]
-        lines += _table(("category", *others),
-                        ((g, *(_fmt_x(getattr(table[g][c], attr)) for c in others))
-                         for g in [*cats, OVERALL] if g in table))
+        rows = [(g, *(_fmt_x(getattr(table[g][c], attr)) for c in others))
+                for g in [*cats, OVERALL] if g in table]
+        if attr == "decode" and len(cats) > 1:
+            rows.append(("mean of the category medians",
+                         *(_f2(category_mean(table, c, cats)) + "×" for c in others)))
+        lines += _table(("category", *heads), rows)
         lines.append("")
+    lines += _plain_paths(run, m)
     buckets = bucket_labels(m.get("buckets", []))
     btable = speedup_table(run, "bucket", buckets)
     present = [b for b in buckets if b in btable]
     if present:
-        lines += ["### By prompt length (tokens, as the plain path saw them)", ""]
-        lines += _table(("bucket", *others),
-                        ((b, *(_fmt_x(btable[b][c].decode) for c in others)) for b in present))
+        lines += ["### By prompt length (tokens, as the plain path saw them)", "",
+                  "Decode speedup (median), then for engine configurations the cost of one "
+                  "verify pass in plain steps of the same prompt and the mean tokens per pass: "
+                  "at long context attention's KV traffic changes what a pass costs.", ""]
+        lines += _table(("bucket", *heads),
+                        ((b, *(_bucket_cell(run, btable[b][c], c, b) for c in others))
+                         for b in present))
         lines.append("")
     return lines
+
+
+def _plain_paths(run, m) -> list[str]:
+    """Our plain path against each anchor's plain path (llama.cpp's own decode)."""
+    plains = [c["label"] for c in m["configs"] if c.get("kind") == "anchor"
+              and c.get("baseline", BASELINE) == BASELINE]
+    if not plains:
+        return []
+    recs = ok_records(run)
+    kw = dict(resamples=m.get("bootstrap_resamples", 2000), confidence=m.get("confidence", 0.95),
+              seed=m.get("seed", 0))
+    lines = ["### Plain paths", "",
+             "Our plain path's decode speed relative to each plain anchor on the same prompts "
+             "(median over prompts): 1.00× means as fast as llama.cpp's own decode.", ""]
+    rows = [(p, _fmt_x(speedup_cell(recs, BASELINE, baseline=p, statistic=median, **kw).decode))
+            for p in plains]
+    return lines + _table(("plain anchor", "our plain path ÷ anchor"), rows) + [""]
+
+
+def pass_cost(run: Mapping, config: str, bucket: str | None = None) -> tuple[float, float]:
+    """(seconds of a multi-token verify pass in plain steps of the same units, mean tokens per
+    pass) for an engine configuration; NaN where it never drafted or the plain path is missing."""
+    recs = [r for r in ok_records(run) if bucket is None or r.get("bucket") == bucket]
+    plain = {_unit(r): r for r in recs if r["config"] == BASELINE}
+    step_s = pass_s = 0.0
+    n_step = n_pass = tokens = passes = 0
+    for r in recs:
+        if r["config"] != config or "pass_size_hist" not in r or _unit(r) not in plain:
+            continue
+        p = plain[_unit(r)]
+        n1, s1 = p.get("pass_size_hist", {}).get("1", 0), p.get("pass_seconds", {}).get("1", 0.0)
+        for size, n in r["pass_size_hist"].items():
+            tokens += int(size) * n
+            passes += n
+            if int(size) > 1:
+                n_pass += n
+                pass_s += r["pass_seconds"].get(size, 0.0)
+        if n1:
+            step_s += s1
+            n_step += n1
+    per_step = step_s / n_step if n_step else math.nan
+    cost = (pass_s / n_pass) / per_step if n_pass and n_step and per_step > 0 else math.nan
+    return cost, tokens / passes if passes else math.nan
+
+
+def _bucket_cell(run, cell: SpeedupCell, config: str, bucket: str) -> str:
+    text = _fmt_x(cell.decode)
+    if baselines(run).get(config, BASELINE) != BASELINE:
+        return text
+    cost, size = pass_cost(run, config, bucket)
+    return text if math.isnan(size) else f"{text}; pass {_f2(cost)} steps, {_f2(size)} tok/pass"
+
+
+def pass_size_hist(run: Mapping, config: str, category: str | None = None) -> dict[int, int]:
+    return histogram_sum([r.get("pass_size_hist", {}) for r in ok_records(run)
+                          if r["config"] == config and (category is None or r["category"] == category)])
+
+
+def _pass_size_section(run, cats, labels) -> list[str]:
+    engine = [c["label"] for c in run["matrix"]["configs"]
+              if c.get("kind", "engine") == "engine" and c["label"] != BASELINE]
+    engine = [c for c in engine if pass_size_hist(run, c)]
+    if not engine:
+        return []
+    lines = ["## Verify pass sizes", "",
+             "Tokens per target pass (the pending token plus the drafts; a plain step is 1): the "
+             "share of passes of each size, per category.", ""]
+    for c in engine:
+        lines += [f"### {c}", ""]
+        rows = []
+        for cat in [*cats, OVERALL]:
+            h = pass_size_hist(run, c, None if cat == OVERALL else cat)
+            n = sum(h.values())
+            if not n:
+                continue
+            dist = " ".join(f"{k}:{v / n:.0%}" for k, v in h.items())
+            rows.append((cat, str(n), _f2(histogram_mean(h)), dist))
+        lines += _table(("category", "passes", "mean size", "size:share"), rows) + [""]
+    return lines
+
+
+def divergences(run: Mapping) -> list[dict]:
+    return [r for r in ok_records(run) if r.get("parity") is False and r.get("kind") == "engine"]
+
+
+def _divergence_section(run) -> list[str]:
+    div = divergences(run)
+    if not div:
+        return []
+    lines = ["## Divergences from the plain path", "",
+             "Greedy runs whose tokens differ from the plain path's. At the first differing "
+             "token, gap = the plain run's logit of its own token minus that of the speculative "
+             "run's token: a **near-tie** (gap within the measured batch noise, so the default "
+             "mode's lossless guarantee holds) or a **defect** (larger, or any divergence in exact "
+             "mode).", ""]
+    rows = []
+    for r in div:
+        d = r.get("divergence") or {"kind": "unattributed"}
+        gap = d.get("gap")
+        rows.append((r["config"], r["prompt_id"], str(r["turn"]), str(d.get("position", "–")),
+                     "–" if gap is None else f"{'≥' if d.get('gap_is_bound') else ''}{gap:.3f}",
+                     d["kind"] + (f" ({d['reason']})" if d.get("reason") else "")))
+    lines += _table(("config", "prompt", "turn", "first differing token", "gap (logits)", "verdict"),
+                    rows)
+    return lines + [""]
 
 
 def _acceptance_section(run, cats, labels) -> list[str]:

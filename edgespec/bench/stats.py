@@ -116,15 +116,22 @@ def bootstrap_ci(values: Sequence[float], clusters: Sequence[Hashable] | None = 
     return Interval(estimate, float(low), float(high), int(v.size), confidence)
 
 
+def median(values) -> float:
+    return float(np.median(np.asarray(values, dtype=np.float64))) if len(values) else math.nan
+
+
 def speedup(baseline: Mapping[Hashable, float], candidate: Mapping[Hashable, float],
             cluster_of: Callable[[Hashable], Hashable] = lambda u: u,
             higher_is_better: bool = True, n_resamples: int = 2000, confidence: float = 0.95,
-            seed: int = 0) -> tuple[Interval, PairedRatios]:
-    """Geometric-mean paired speedup with its bootstrap interval."""
+            seed: int = 0, statistic: Callable[[np.ndarray], float] = geometric_mean
+            ) -> tuple[Interval, PairedRatios]:
+    """Paired speedup (geometric mean by default, or e.g. :func:`median`) with its bootstrap
+    interval."""
     pr = paired_ratios(baseline, candidate, higher_is_better)
     units = list(pr.ratios)
     ci = bootstrap_ci([pr.ratios[u] for u in units], [cluster_of(u) for u in units],
-                      n_resamples=n_resamples, confidence=confidence, seed=seed)
+                      statistic=statistic, n_resamples=n_resamples, confidence=confidence,
+                      seed=seed)
     return ci, pr
 
 

@@ -58,7 +58,6 @@ def parity(target, draft, proposers, prompts_file, per_category, limit, mode, ma
            threads, json_path):
     """Run prompts through the plain path and each speculative configuration; report divergences."""
     from .. import parity as P
-    from ..engine import EXACT_MAX_DRAFT, Engine
     from ..params import SamplingParams
 
     configs = _configs(proposers, draft)
@@ -66,10 +65,14 @@ def parity(target, draft, proposers, prompts_file, per_category, limit, mode, ma
     if tolerance is None:
         tolerance = 0.0 if exact else P.DEFAULT_TOLERANCE
     tol = tolerance
-    if draft_len is None:
-        draft_len = EXACT_MAX_DRAFT if exact else 4
+    from ..engine import Engine
+
+    if draft_len is None and not exact:
+        draft_len = 4
+    # in exact mode without --draft-len the engine drafts the most its probed cap allows
     engine = Engine.load(target, draft=draft, proposer=configs[0], n_ctx=n_ctx, threads=threads,
                          draft_len=draft_len, adaptive=False, exact=exact)
+    draft_len = engine.control.draft_length
     reports = {c: P.ConfigReport(c, alpha=alpha) for c in configs}
     try:
         click.echo(f"parity: {len(prompts)} prompts x {len(configs)} configurations on {target}, "

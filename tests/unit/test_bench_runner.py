@@ -6,7 +6,7 @@ from edgespec.bench.matrix import ConfigSpec, Matrix
 from edgespec.bench.prompts import BenchPrompt
 from edgespec.bench.runner import BenchRun, Runner, plan_engine, total_requests
 from edgespec.errors import ContextOverflowError, InvalidInputError
-from edgespec.events import Finished, Step
+from edgespec.events import Finished, Step, TokenLogprob
 from edgespec.stats import RequestStats
 
 
@@ -24,6 +24,8 @@ class FakeEngine:
         self.fail = fail or (lambda proposer, messages: None)
         self.interrupt_at = interrupt_at
         self.target = FakeTarget()
+        self.exact = False
+        self.gaps = {}  # call number -> logit gap between the plain token and token 9
 
     def prompt_tokens(self, messages, params):
         return list(range(10 * len(messages)))
@@ -36,6 +38,14 @@ class FakeEngine:
         if err is not None:
             raise err
         return self._events(messages, params, proposer)
+
+    def generate(self, messages, params, proposer=None):
+        """The plain re-run the runner makes to attribute divergences, with logprobs."""
+        self.calls.append(("generate:" + str(proposer), messages, params.max_tokens))
+        toks = self.tokens_for(proposer, params.max_tokens)
+        gap = self.gaps.get(len(self.calls), 0.3)
+        lps = tuple(TokenLogprob(t, -0.1, ((t, -0.1), (9, -0.1 - gap))) for t in toks)
+        return type("Result", (), {"tokens": tuple(toks), "logprobs": lps})()
 
     def _events(self, messages, params, proposer):
         toks = self.tokens_for(proposer, params.max_tokens)
@@ -93,6 +103,25 @@ def test_parity_against_the_plain_path():
     assert rec["tokens"] == [1, 2, 3] and rec["generated_tokens"] == 3
     assert rec["bucket"] == "<256" and rec["category"] == "qa"
     assert rec["rss_peak_bytes"] > 0
+    assert rec["pass_size_hist"] == {"1": 3} and rec["pass_seconds"]["1"] == pytest.approx(0.03)
+    # "b" left the plain path at token 2 (9 instead of 3): one untimed plain re-run with
+    # logprobs, where 9 trailed by 0.3 logits: within batch noise, a near-tie
+    div = next(r for r in run.records if r["config"] == "b")["divergence"]
+    assert div["position"] == 2 and div["plain_token"] == 3 and div["spec_token"] == 9
+    assert div["gap"] == pytest.approx(0.3) and div["kind"] == "near-tie"
+    assert [c[0] for c in eng.calls].count("generate:none") == 1
+    assert "divergence" not in rec
+
+
+def test_divergence_beyond_batch_noise_or_in_exact_mode_is_a_defect():
+    eng = FakeEngine(tokens_for=lambda p, n: [1, 2, 9] if p == "b" else [1, 2, 3])
+    eng.gaps = {4: 5.0}  # the re-run is the 4th call: 9 trailed by 5 logits
+    run = Runner(_matrix(warmup=0), eng).run(PROMPTS[1:], BenchRun(_matrix()))
+    assert next(r for r in run.records if r["config"] == "b")["divergence"]["kind"] == "defect"
+    eng = FakeEngine(tokens_for=lambda p, n: [1, 2, 9] if p == "b" else [1, 2, 3])
+    eng.exact = True  # exact mode promises bitwise output: even a near-tie is a defect
+    run = Runner(_matrix(warmup=0), eng).run(PROMPTS[1:], BenchRun(_matrix()))
+    assert next(r for r in run.records if r["config"] == "b")["divergence"]["kind"] == "defect"
 
 
 def test_sampling_runs_have_no_parity_and_share_a_seed_per_unit():
@@ -136,14 +165,21 @@ def test_ctrl_c_keeps_what_was_measured():
 def test_plan_engine_maps_knobs():
     plan = plan_engine([ConfigSpec("none"), ConfigSpec.make("ngram", {"min_n": 2, "draft_len": 3}),
                         ConfigSpec.make("ngram", {"min_n": 3, "draft_len": 3}),
-                        ConfigSpec("suffix"), ConfigSpec.anchor(4)])
+                        ConfigSpec("suffix"), ConfigSpec.anchor("llama-pld:4"),
+                        ConfigSpec("auto"), ConfigSpec.make("ngram+suffix", {"exact": True})])
     assert plan.control == {"ngram[draft_len=3,min_n=2]": {"draft_len": 3},
-                            "ngram[draft_len=3,min_n=3]": {"draft_len": 3}}
+                            "ngram[draft_len=3,min_n=3]": {"draft_len": 3},
+                            "ngram+suffix[exact=True]": {"exact": True}}
     assert plan.proposer_options == {"ngram": {"min_n": 2}}
     assert plan.extra == {"ngram[draft_len=3,min_n=3]": ("ngram", {"min_n": 3})}
     assert plan.request_name == {"none": "none", "ngram[draft_len=3,min_n=2]": "ngram",
                                  "ngram[draft_len=3,min_n=3]": "ngram[draft_len=3,min_n=3]",
-                                 "suffix": "suffix"}
+                                 "suffix": "suffix", "auto": None,
+                                 "ngram+suffix[exact=True]": "ngram+suffix"}
+    # "auto" loads the engine as the planner would (None: the engine's default proposer)
+    assert plan.auto
+    with pytest.raises(InvalidInputError, match="combined configuration"):
+        plan_engine([ConfigSpec.make("auto", {"min_n": 2})])
     # fixed lengths and adaptive control side by side; each suffix configuration gets its
     # own tree so none sees another's answer to the same prompt
     plan = plan_engine([ConfigSpec.make("suffix", {"draft_len": 2, "adaptive": False}),
