@@ -1,28 +1,38 @@
 """`edgespec bench` / `qualify` argument handling (dry runs: no model is loaded)."""
-import pytest
 from click.testing import CliRunner
 
 from edgespec.bench.prompts import SPEC_BENCH_FILE, default_data_dir
 from edgespec.cli import cli
 
-needs_data = pytest.mark.skipif(not (default_data_dir() / SPEC_BENCH_FILE).is_file(),
-                                reason="shared prompt data not present in this checkout")
+
+def run(*args, env=None):
+    return CliRunner().invoke(cli, list(args), env=env)
 
 
-def run(*args):
-    return CliRunner().invoke(cli, list(args))
+def test_the_shipped_prompt_data_is_there():
+    # data/ ships with the repository: its absence fails, it never skips the tests below
+    assert (default_data_dir() / SPEC_BENCH_FILE).is_file()
 
 
-@needs_data
-def test_quick_dry_run_lists_plain_free_proposers_and_the_anchor():
+def test_quick_dry_run_lists_plain_free_proposers_and_the_pld_anchor_with_its_plain_path():
     res = run("bench", "--dry-run")
     assert res.exit_code == 0, res.output
-    assert "configurations: none, ngram, suffix, llama-cpp-pld[num_pred_tokens=10]" in res.output
+    assert "configurations: none, ngram, suffix, llama-pld:0, llama-pld:10" in res.output
     assert "15 prompts (15 turns), 64 new tokens" in res.output
-    assert "64 requests" in res.output  # (15 units + 1 warm-up) x 4 configurations
+    assert "80 requests" in res.output  # (15 units + 1 warm-up) x 5 configurations
 
 
-@needs_data
+def test_standard_and_long_presets():
+    res = run("bench", "--dry-run", "--preset", "standard")
+    assert res.exit_code == 0, res.output
+    assert ("configurations: none, auto, auto[exact=True], llama-completion, llama-lookup"
+            in res.output)
+    assert "49 prompts (49 turns), 128 new tokens" in res.output  # 13 x 3 + 10 HumanEvalFix
+    res = run("bench", "--dry-run", "--preset", "long")
+    assert res.exit_code == 0, res.output
+    assert "6 prompts (6 turns), 128 new tokens" in res.output  # 2k/4k/8k x summary/code
+
+
 def test_full_preset_adds_the_draft_only_with_a_draft_model():
     assert "draft," not in run("bench", "--dry-run", "--preset", "full").output
     res = run("bench", "--dry-run", "--preset", "full", "--draft", "qwen-0.5b")
@@ -30,25 +40,47 @@ def test_full_preset_adds_the_draft_only_with_a_draft_model():
     assert "none, ngram, suffix, draft," in res.output
 
 
-@needs_data
-def test_explicit_configurations_and_prompt_selection():
+def test_explicit_configurations_anchors_and_prompt_selection():
     res = run("bench", "--dry-run", "--proposer", "ngram:min_n=3", "--no-anchor",
               "--categories", "coding,summarization", "--per-category", "2", "--humanevalfix", "0")
     assert res.exit_code == 0, res.output
     assert "configurations: none, ngram[min_n=3]\n" in res.output
     assert "4 prompts" in res.output
+    res = run("bench", "--dry-run", "--proposer", "suffix", "--anchor", "llama-lookup:3",
+              "--anchor", "llama-pld:2", "--categories", "qa", "--humanevalfix", "0")
+    assert res.exit_code == 0, res.output
+    # each speculative anchor brings its own plain path
+    assert ("configurations: none, suffix, llama-completion, llama-lookup:3, llama-pld:0, "
+            "llama-pld:2\n") in res.output
 
 
-def test_user_errors_are_one_line_messages():
+def test_user_errors_are_one_line_messages(tmp_path):
     res = run("bench", "--dry-run", "--proposer", "draft")
     assert res.exit_code == 1 and "needs a draft model" in res.output
     res = run("bench", "--dry-run", "--buckets", "a,b")
     assert res.exit_code == 1 and "--buckets" in res.output
     res = run("bench", "--dry-run", "--categories", "poetry")
     assert res.exit_code == 1 and "unknown Spec-Bench categor" in res.output
+    res = run("bench", "--dry-run", "--anchor", "llama-fast")
+    assert res.exit_code == 1 and "unknown anchor 'llama-fast'; known anchors: llama-completion" \
+        in res.output and "llama-pld[:N]" in res.output
+    res = run("bench", "--dry-run", "--anchor", "10")
+    assert res.exit_code == 1 and "llama-pld:10" in res.output
+    res = run("bench", "--dry-run", "--anchor", "llama-speculative-simple")
+    assert res.exit_code == 1 and "needs a draft model" in res.output
     res = run("bench", "--report-from", __file__)
     assert res.exit_code == 1 and "not a benchmark JSON file" in res.output
     res = run("qualify", "qwen-1.5b", "ngram", "--slices", "poetry")
     assert res.exit_code == 1 and "unknown slice(s) poetry" in res.output
     res = run("qualify", "qwen-1.5b", "telepathy")
     assert res.exit_code == 1 and "no registered pair" in res.output
+
+
+def test_llama_cpp_anchors_not_built_say_how_to_build_them(tmp_path):
+    # refused before any model loads, with the command that builds them
+    res = run("bench", "--target", "smollm2-135m", "--anchor", "llama-lookup", "--categories", "qa",
+              "--humanevalfix", "0", "--out", str(tmp_path / "o"),
+              env={"EDGESPEC_ANCHORS": str(tmp_path / "nothing-here")})
+    assert res.exit_code == 1
+    assert "llama-completion, llama-lookup not found" in res.output and "make anchors" in res.output
+    assert not (tmp_path / "o").exists()

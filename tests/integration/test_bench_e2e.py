@@ -1,11 +1,13 @@
 """A tiny real benchmark on smollm2-135m: CLI -> engine + llama-cpp-python anchor -> JSON + report,
-and a qualification round trip into a throwaway EDGESPEC_HOME."""
+a qualification round trip into a throwaway EDGESPEC_HOME, and (slow) llama.cpp's own
+llama-lookup and llama-completion built by `make anchors`."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
 
+import pytest
 from click.testing import CliRunner
 
 from edgespec.cli import cli
@@ -23,16 +25,17 @@ def test_bench_writes_json_and_report(model_path, tmp_path):
         + json.dumps({"id": "hi", "category": "chat", "prompt": "Say hello."}) + "\n")
     out = tmp_path / "out"
     res = CliRunner().invoke(cli, [
-        "bench", "--target", str(path), "--proposer", "ngram", "--anchor", "2",
+        "bench", "--target", str(path), "--proposer", "ngram", "--anchor", "llama-pld:2",
         "--categories", "none", "--humanevalfix", "0", "--jsonl", str(prompts),
         "--max-tokens", "8", "--warmup", "1", "--threads", THREADS, "--ctx", "512",
         "--out", str(out)])
     assert res.exit_code == 0, res.output
     data = json.loads((out / "bench.json").read_text())
     assert [c["label"] for c in data["matrix"]["configs"]] == [
-        "none", "ngram", "llama-cpp-pld[num_pred_tokens=2]"]
+        "none", "ngram", "llama-pld:0", "llama-pld:2"]
+    assert data["matrix"]["configs"][3]["baseline"] == "llama-pld:0"
     recs = data["records"]
-    assert len(recs) == 6 and data["warmup_discarded"] == 3 and not data["interrupted"]
+    assert len(recs) == 8 and data["warmup_discarded"] == 4 and not data["interrupted"]
     assert all("error" not in r for r in recs), [r.get("error") for r in recs]
     for r in recs:
         assert 1 <= r["generated_tokens"] <= 8 and len(r["tokens"]) == r["generated_tokens"]
@@ -43,9 +46,10 @@ def test_bench_writes_json_and_report(model_path, tmp_path):
     ident = data["identity"]
     assert ident["models"]["target"]["sha256"] and ident["llama_cpp"]["llama_cpp_python"]
     assert ident["machine"]["cpu_model"] and ident["engine"]["threads"] == int(THREADS)
-    assert set(data["load_seconds"]) == {"target", "llama-cpp-pld[num_pred_tokens=2]"}
+    assert set(data["load_seconds"]) == {"target", "llama-pld:0", "llama-pld:2"}
     report = (out / "report.md").read_text()
     assert "## Speedup over the plain path" in report and "(speedup.png)" in report
+    assert "llama-pld:2 (vs llama-pld:0)" in report and "## Verify pass sizes" in report
     assert (out / "speedup.png").stat().st_size > 1000
     # the report can be rebuilt from the JSON alone
     again = CliRunner().invoke(cli, ["bench", "--report-from", str(out / "bench.json"),
@@ -81,3 +85,32 @@ def test_qualify_records_into_the_registry(model_path, tmp_path, monkeypatch):
     assert qa["target_sha256"] == registry.load_registry().get(TARGET).sha256
     assert qa["edgespec_commit"] and qa["evidence"].endswith("bench.json")
     assert (home / "qualification.json").is_file()
+
+
+@pytest.mark.slow
+def test_llama_cpp_lookup_anchor_against_its_own_plain_path(model_path, tmp_path):
+    """Needs `make anchors` (slow tier: `make test` builds nothing new); a missing build fails
+    here with the message that says how to build it."""
+    path = model_path(TARGET)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, [
+        "bench", "--target", str(path), "--proposer", "ngram", "--anchor", "llama-lookup",
+        "--categories", "summarization,coding", "--humanevalfix", "0", "--max-tokens", "16",
+        "--warmup", "0", "--threads", THREADS, "--ctx", "2048", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads((out / "bench.json").read_text())
+    assert [c["label"] for c in data["matrix"]["configs"]] == [
+        "none", "ngram", "llama-completion", "llama-lookup"]
+    tools = [r for r in data["records"] if r["config"] in ("llama-completion", "llama-lookup")]
+    assert len(tools) == 4 and all("error" not in r for r in tools), [r.get("error") for r in tools]
+    plain = {r["prompt_id"]: r for r in data["records"] if r["config"] == "none"}
+    for r in tools:
+        # the tool read exactly the engine's prompt tokens, and generated about what we did
+        assert r["prompt_tokens"] == plain[r["prompt_id"]]["prompt_tokens"]
+        assert r["decode_tokens_per_second"] > 0 and r["prefill_seconds"] > 0
+        assert 1 <= r["generated_tokens"] <= 16 + 4  # lookup may overshoot by a draft
+        assert "system_info" in r["system_info"]
+    lookup = [r for r in tools if r["config"] == "llama-lookup"]
+    assert all(0 <= r["accepted"] <= r["drafted"] for r in lookup)
+    report = (out / "report.md").read_text()
+    assert "llama-lookup (vs llama-completion)" in report and "### Plain paths" in report
