@@ -411,23 +411,61 @@ static PyObject *locked_export(NativeObject *self, export_fn fn, const void *arg
     return raise_status(st, what);
 }
 
+/* A type object over NativeObject: every native type differs only in these. */
+#define NATIVE_TYPE(cname, pyname, doc, methods, getset, init)                  \
+    static PyTypeObject cname = {                                              \
+        PyVarObject_HEAD_INIT(NULL, 0)                                         \
+        .tp_name = "edgespec._native." pyname,                                 \
+        .tp_basicsize = sizeof(NativeObject),                                  \
+        .tp_dealloc = (destructor)native_dealloc,                              \
+        .tp_flags = Py_TPFLAGS_DEFAULT,                                        \
+        .tp_doc = doc,                                                         \
+        .tp_methods = methods,                                                 \
+        .tp_getset = getset,                                                   \
+        .tp_init = (initproc)init,                                             \
+        .tp_new = PyType_GenericNew,                                           \
+    }
+
 /* ------------------------------------------------------------ NgramIndex */
 
-static int Ngram_init(NativeObject *self, PyObject *args, PyObject *kw) {
+/* NgramIndex and NgramStats take the same arguments: min_n, max_n, max_bytes. */
+typedef es_status (*orders_create)(int32_t min_n, int32_t max_n, int64_t max_bytes, void **out);
+
+static es_status ngram_create_v(int32_t lo, int32_t hi, int64_t bytes, void **out) {
+    es_ngram_config cfg = {lo, hi, bytes};
+    es_ngram *ix = NULL;
+    es_status st = es_ngram_create(&cfg, &ix);
+    *out = ix;
+    return st;
+}
+
+static es_status ngstat_create_v(int32_t lo, int32_t hi, int64_t bytes, void **out) {
+    es_ngstat_config cfg = {lo, hi, bytes};
+    es_ngstat *s = NULL;
+    es_status st = es_ngstat_create(&cfg, &s);
+    *out = s;
+    return st;
+}
+
+static int orders_init(NativeObject *self, PyObject *args, PyObject *kw, const native_kind *kind,
+                       int max_order, orders_create create) {
     static char *names[] = {"min_n", "max_n", "max_bytes", NULL};
     int min_n, max_n;
     long long max_bytes;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "iiL", names, &min_n, &max_n, &max_bytes)) return -1;
     if (refuse_reinit(self) < 0) return -1;
-    es_ngram_config cfg = {min_n, max_n, max_bytes};
-    es_ngram *ix = NULL;
-    es_status st = es_ngram_create(&cfg, &ix);
+    void *obj = NULL;
+    es_status st = create(min_n, max_n, max_bytes, &obj);
     if (st == ES_E_ARG) {
         PyErr_Format(PyExc_ValueError, "need 1 <= min_n <= max_n <= %d and max_bytes > 0 "
-                     "(got min_n=%d, max_n=%d, max_bytes=%lld)", ES_MAX_NGRAM, min_n, max_n, max_bytes);
+                     "(got min_n=%d, max_n=%d, max_bytes=%lld)", max_order, min_n, max_n, max_bytes);
         return -1;
     }
-    return native_adopt(self, &NGRAM_KIND, st, ix, NULL, NULL);
+    return native_adopt(self, kind, st, obj, NULL, NULL);
+}
+
+static int Ngram_init(NativeObject *self, PyObject *args, PyObject *kw) {
+    return orders_init(self, args, kw, &NGRAM_KIND, ES_MAX_NGRAM, ngram_create_v);
 }
 
 static int check_k(long k, const char *name) {
@@ -476,18 +514,9 @@ static PyMethodDef Ngram_methods[] = {
 
 static PySequenceMethods Ngram_as_seq = {.sq_length = (lenfunc)Ngram_len};
 
-static PyTypeObject NgramType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "edgespec._native.NgramIndex",
-    .tp_basicsize = sizeof(NativeObject),
-    .tp_dealloc = (destructor)native_dealloc,
-    .tp_as_sequence = &Ngram_as_seq,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "NgramIndex(min_n, max_n, max_bytes): incremental prompt-lookup index.",
-    .tp_methods = Ngram_methods,
-    .tp_init = (initproc)Ngram_init,
-    .tp_new = PyType_GenericNew,
-};
+NATIVE_TYPE(NgramType, "NgramIndex",
+            "NgramIndex(min_n, max_n, max_bytes): incremental prompt-lookup index.",
+            Ngram_methods, NULL, Ngram_init);
 
 /* ------------------------------------------------------------ SuffixTree */
 
@@ -573,18 +602,9 @@ static PyGetSetDef Tree_getset[] = {
      (void *)&TREE_DEPTH},
     {NULL, NULL, NULL, NULL, NULL}};
 
-static PyTypeObject TreeType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "edgespec._native.SuffixTree",
-    .tp_basicsize = sizeof(NativeObject),
-    .tp_dealloc = (destructor)native_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "SuffixTree(max_depth, max_bytes): depth-bounded suffix tree with counts.",
-    .tp_methods = Tree_methods,
-    .tp_getset = Tree_getset,
-    .tp_init = (initproc)Tree_init,
-    .tp_new = PyType_GenericNew,
-};
+NATIVE_TYPE(TreeType, "SuffixTree",
+            "SuffixTree(max_depth, max_bytes): depth-bounded suffix tree with counts.",
+            Tree_methods, Tree_getset, Tree_init);
 
 /* ---------------------------------------------------------- SuffixCursor */
 
@@ -632,37 +652,14 @@ static PyGetSetDef Cursor_getset[] = {
     {"tree", (getter)Cursor_get_tree, NULL, "the tree this cursor follows", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 
-static PyTypeObject CursorType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "edgespec._native.SuffixCursor",
-    .tp_basicsize = sizeof(NativeObject),
-    .tp_dealloc = (destructor)native_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "SuffixCursor(tree): follows a context through a tree it does not modify.",
-    .tp_methods = Cursor_methods,
-    .tp_getset = Cursor_getset,
-    .tp_init = (initproc)Cursor_init,
-    .tp_new = PyType_GenericNew,
-};
+NATIVE_TYPE(CursorType, "SuffixCursor",
+            "SuffixCursor(tree): follows a context through a tree it does not modify.",
+            Cursor_methods, Cursor_getset, Cursor_init);
 
 /* ------------------------------------------------------------ NgramStats */
 
 static int Stats_init(NativeObject *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"min_n", "max_n", "max_bytes", NULL};
-    int min_n, max_n;
-    long long max_bytes;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "iiL", names, &min_n, &max_n, &max_bytes)) return -1;
-    if (refuse_reinit(self) < 0) return -1;
-    es_ngstat_config cfg = {min_n, max_n, max_bytes};
-    es_ngstat *s = NULL;
-    es_status st = es_ngstat_create(&cfg, &s);
-    if (st == ES_E_ARG) {
-        PyErr_Format(PyExc_ValueError, "need 1 <= min_n <= max_n <= %d and max_bytes > 0 "
-                     "(got min_n=%d, max_n=%d, max_bytes=%lld)", ES_NGSTAT_MAX_N, min_n, max_n,
-                     max_bytes);
-        return -1;
-    }
-    return native_adopt(self, &STATS_KIND, st, s, NULL, NULL);
+    return orders_init(self, args, kw, &STATS_KIND, ES_NGSTAT_MAX_N, ngstat_create_v);
 }
 
 static es_status stats_begin_v(void *s, const int32_t *t, int64_t n) { return es_ngstat_begin(s, t, n); }
@@ -748,18 +745,9 @@ static PyGetSetDef Stats_getset[] = {
     {"decays", (getter)native_get_int, NULL, "decays the byte budget forced", (void *)&STATS_DECAYS},
     {NULL, NULL, NULL, NULL, NULL}};
 
-static PyTypeObject StatsType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "edgespec._native.NgramStats",
-    .tp_basicsize = sizeof(NativeObject),
-    .tp_dealloc = (destructor)native_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "NgramStats(min_n, max_n, max_bytes): continuation counts of n-grams.",
-    .tp_methods = Stats_methods,
-    .tp_getset = Stats_getset,
-    .tp_init = (initproc)Stats_init,
-    .tp_new = PyType_GenericNew,
-};
+NATIVE_TYPE(StatsType, "NgramStats",
+            "NgramStats(min_n, max_n, max_bytes): continuation counts of n-grams.",
+            Stats_methods, Stats_getset, Stats_init);
 
 /* ------------------------------------------------------ module functions */
 
@@ -914,6 +902,7 @@ static struct PyModuleDef module_def = {
     module_methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__native(void) {
+    NgramType.tp_as_sequence = &Ngram_as_seq;
     if (PyType_Ready(&NgramType) < 0 || PyType_Ready(&TreeType) < 0 || PyType_Ready(&CursorType) < 0 ||
         PyType_Ready(&StatsType) < 0)
         return NULL;

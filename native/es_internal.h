@@ -41,6 +41,19 @@ static inline uint64_t es_hash_final(uint64_t h) {
  * prepared once to collide in every index. Never changes any result. */
 uint64_t es_fresh_seed(const void *obj);
 
+/* Whether `extra` more bytes keep an object at `used` bytes within its budget. */
+static inline int es_fits(size_t used, size_t extra, int64_t max_bytes) {
+    return (uint64_t)used + (uint64_t)extra <= (uint64_t)max_bytes;
+}
+
+/* A valid order range 1 <= min_n <= max_n <= top and a positive budget. */
+static inline int es_orders_ok(int32_t min_n, int32_t max_n, int32_t top, int64_t max_bytes) {
+    return min_n >= 1 && max_n >= min_n && max_n <= top && max_bytes > 0;
+}
+
+/* Empties a draft; ES_E_ARG if its buffers cannot take max_tokens. */
+es_status es_draft_reset(es_draft *out, int32_t max_tokens);
+
 /* Formats an integrity-check failure into msg and returns ES_E_CORRUPT. */
 es_status es_fail(char *msg, size_t cap, const char *fmt, ...);
 

@@ -34,16 +34,12 @@ struct es_ngram {
 /* Largest index the int32 positions can hold. */
 #define NGRAM_MAX_LEN ((int64_t)INT32_MAX - 1)
 
-static int fits(const es_ngram *ix, size_t extra) {
-    return (uint64_t)ix->bytes + (uint64_t)extra <= (uint64_t)ix->max_bytes;
-}
+static int fits(const es_ngram *ix, size_t extra) { return es_fits(ix->bytes, extra, ix->max_bytes); }
 
 es_status es_ngram_create(const es_ngram_config *cfg, es_ngram **out) {
     if (out == NULL) return ES_E_ARG;
     *out = NULL;
-    if (cfg == NULL || cfg->min_n < 1 || cfg->max_n < cfg->min_n || cfg->max_n > ES_MAX_NGRAM ||
-        cfg->max_bytes <= 0)
-        return ES_E_ARG;
+    if (cfg == NULL || !es_orders_ok(cfg->min_n, cfg->max_n, ES_MAX_NGRAM, cfg->max_bytes)) return ES_E_ARG;
     size_t need = sizeof(es_ngram) + NGRAM_MIN_TOKS * sizeof(int32_t) +
                   NGRAM_MIN_SLOTS * sizeof(ngram_slot);
     if ((uint64_t)need > (uint64_t)cfg->max_bytes) return ES_E_FULL;

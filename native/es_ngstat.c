@@ -28,6 +28,13 @@ typedef struct {
     uint32_t count;
 } pair_t;
 
+/* A linear-probing table whose slots start with a uint32 that is 0 when empty;
+ * capacity a power of two, at most 3/4 full. */
+typedef struct {
+    void *slots;
+    uint64_t mask;
+} table_t;
+
 struct es_ngstat {
     int32_t min_n, max_n;
     int64_t max_bytes;
@@ -43,13 +50,14 @@ struct es_ngstat {
     uint32_t free_head;            /* 1 + first free entry below grams_hw; 0: none */
     int64_t n_free, n_grams;       /* free entries below grams_hw / live entries */
 
-    uint32_t *gidx;  /* 1 + entry index; 0 empty; at most 3/4 full */
-    uint64_t gmask;
-
-    pair_t *pairs;  /* at most 3/4 full */
-    uint64_t pmask;
+    table_t gidx;   /* uint32_t slots: 1 + entry index, 0 empty */
+    table_t pairs;  /* pair_t slots */
     int64_t n_pairs;
 };
+
+/* The typed views of the two tables. */
+static uint32_t *gslots(const es_ngstat *s) { return s->gidx.slots; }
+static pair_t *pslots(const es_ngstat *s) { return s->pairs.slots; }
 
 #define MIN_GRAMS 64
 #define MIN_SLOTS 128
@@ -61,24 +69,20 @@ static size_t bytes_for(uint64_t grams, uint64_t gslots, uint64_t pslots) {
            pslots * sizeof(pair_t);
 }
 
-static int fits(const es_ngstat *s, size_t extra) {
-    return (uint64_t)s->bytes + (uint64_t)extra <= (uint64_t)s->max_bytes;
-}
+static int fits(const es_ngstat *s, size_t extra) { return es_fits(s->bytes, extra, s->max_bytes); }
 
 es_status es_ngstat_create(const es_ngstat_config *cfg, es_ngstat **out) {
     if (out == NULL) return ES_E_ARG;
     *out = NULL;
-    if (cfg == NULL || cfg->min_n < 1 || cfg->max_n < cfg->min_n || cfg->max_n > ES_NGSTAT_MAX_N ||
-        cfg->max_bytes <= 0)
-        return ES_E_ARG;
+    if (cfg == NULL || !es_orders_ok(cfg->min_n, cfg->max_n, ES_NGSTAT_MAX_N, cfg->max_bytes)) return ES_E_ARG;
     size_t need = bytes_for(MIN_GRAMS, MIN_SLOTS, MIN_SLOTS);
     if ((uint64_t)need > (uint64_t)cfg->max_bytes) return ES_E_FULL;
     es_ngstat *s = es_calloc(1, sizeof(*s));
     if (s == NULL) return ES_E_NOMEM;
     s->grams = es_calloc(MIN_GRAMS, sizeof(gram_t));
-    s->gidx = es_calloc(MIN_SLOTS, sizeof(uint32_t));
-    s->pairs = es_calloc(MIN_SLOTS, sizeof(pair_t));
-    if (s->grams == NULL || s->gidx == NULL || s->pairs == NULL) {
+    s->gidx.slots = es_calloc(MIN_SLOTS, sizeof(uint32_t));
+    s->pairs.slots = es_calloc(MIN_SLOTS, sizeof(pair_t));
+    if (s->grams == NULL || s->gidx.slots == NULL || s->pairs.slots == NULL) {
         es_ngstat_destroy(s);
         return ES_E_NOMEM;
     }
@@ -88,8 +92,8 @@ es_status es_ngstat_create(const es_ngstat_config *cfg, es_ngstat **out) {
     s->bytes = need;
     s->seed = es_fresh_seed(s);
     s->grams_cap = MIN_GRAMS;
-    s->gmask = MIN_SLOTS - 1;
-    s->pmask = MIN_SLOTS - 1;
+    s->gidx.mask = MIN_SLOTS - 1;
+    s->pairs.mask = MIN_SLOTS - 1;
     *out = s;
     return ES_OK;
 }
@@ -97,8 +101,8 @@ es_status es_ngstat_create(const es_ngstat_config *cfg, es_ngstat **out) {
 void es_ngstat_destroy(es_ngstat *s) {
     if (s == NULL) return;
     es_free(s->grams);
-    es_free(s->gidx);
-    es_free(s->pairs);
+    es_free(s->gidx.slots);
+    es_free(s->pairs.slots);
     es_free(s);
 }
 
@@ -125,45 +129,50 @@ static int same_gram(const gram_t *e, uint64_t h, const int32_t *g, int32_t n) {
 
 /* The gidx slot of the n-gram, or the empty slot where it would go. */
 static uint32_t *gidx_find(const es_ngstat *s, uint64_t h, const int32_t *g, int32_t n) {
-    uint64_t i = es_hash_final(h) & s->gmask;
+    uint64_t i = es_hash_final(h) & s->gidx.mask;
     for (;;) {
-        uint32_t *slot = &s->gidx[i];
+        uint32_t *slot = &gslots(s)[i];
         if (*slot == 0 || same_gram(&s->grams[*slot - 1], h, g, n)) return slot;
-        i = (i + 1) & s->gmask;
+        i = (i + 1) & s->gidx.mask;
     }
 }
 
 static pair_t *pair_find(const es_ngstat *s, uint32_t gram, int32_t tok) {
-    uint64_t i = pair_key(s, gram, tok) & s->pmask;
+    uint64_t i = pair_key(s, gram, tok) & s->pairs.mask;
     for (;;) {
-        pair_t *p = &s->pairs[i];
+        pair_t *p = &pslots(s)[i];
         if (p->gram == 0 || (p->gram == gram && p->tok == tok)) return p;
-        i = (i + 1) & s->pmask;
+        i = (i + 1) & s->pairs.mask;
     }
 }
 
-/* Home slot of a gidx / pairs slot's content (callers skip empty slots). */
-static uint64_t gidx_home(const es_ngstat *s, const void *slot) {
-    return es_hash_final(s->grams[*(const uint32_t *)slot - 1].hash) & s->gmask;
+/* The full hash of a gidx / pairs slot's content (callers skip empty slots). */
+typedef uint64_t (*slot_hash)(const es_ngstat *s, const void *slot);
+
+static uint64_t gidx_hash(const es_ngstat *s, const void *slot) {
+    uint32_t e;
+    memcpy(&e, slot, sizeof e);
+    return es_hash_final(s->grams[e - 1].hash);
 }
 
-static uint64_t pair_home(const es_ngstat *s, const void *slot) {
+static uint64_t pair_hash(const es_ngstat *s, const void *slot) {
     const pair_t *p = slot;
-    return pair_key(s, p->gram, p->tok) & s->pmask;
+    return pair_key(s, p->gram, p->tok);
 }
 
-/* Backward-shift deletion from a linear-probing table whose empty slots start
- * with a zero uint32: each later entry of the probe run moves into the hole
- * unless its home lies (cyclically) after the hole. */
-static void table_delete(const es_ngstat *s, void *base, size_t size, uint64_t mask, uint64_t i,
-                         uint64_t (*home)(const es_ngstat *, const void *)) {
-    char *b = base;
-    uint64_t hole = i;
-    for (uint64_t j = (i + 1) & mask;; j = (j + 1) & mask) {
-        uint32_t head;
-        memcpy(&head, b + j * size, sizeof head);
-        if (head == 0) break;
-        if (((j - home(s, b + j * size)) & mask) >= ((j - hole) & mask)) {
+static int slot_empty(const char *slot) {
+    uint32_t head;
+    memcpy(&head, slot, sizeof head);
+    return head == 0;
+}
+
+/* Backward-shift deletion of slot i: each later entry of the probe run moves
+ * into the hole unless its home lies (cyclically) after the hole. */
+static void table_delete(const es_ngstat *s, table_t *t, size_t size, uint64_t i, slot_hash hash) {
+    char *b = t->slots;
+    uint64_t mask = t->mask, hole = i;
+    for (uint64_t j = (i + 1) & mask; !slot_empty(b + j * size); j = (j + 1) & mask) {
+        if (((j - (hash(s, b + j * size) & mask)) & mask) >= ((j - hole) & mask)) {
             memcpy(b + hole * size, b + j * size, size);
             hole = j;
         }
@@ -192,52 +201,36 @@ static es_status grow_grams(es_ngstat *s, int64_t want_free) {
     return ES_OK;
 }
 
-static es_status grow_gidx(es_ngstat *s) {
-    uint64_t cap = (s->gmask + 1) * 2;
+/* Doubles a table (the old copy counts against the budget while rehashing). */
+static es_status grow_table(es_ngstat *s, table_t *t, size_t size, slot_hash hash) {
+    uint64_t cap = (t->mask + 1) * 2;
     size_t bytes;
-    if (cap > MAX_SLOTS || !es_mul_size((size_t)cap, sizeof(uint32_t), &bytes) || !fits(s, bytes))
+    if (cap > MAX_SLOTS || !es_mul_size((size_t)cap, size, &bytes) || !fits(s, bytes))
         return ES_E_FULL;
-    uint32_t *fresh = es_calloc((size_t)cap, sizeof(uint32_t));
+    char *fresh = es_calloc((size_t)cap, size);
     if (fresh == NULL) return ES_E_NOMEM;
-    for (uint32_t e = 0; e < s->grams_hw; e++) {
-        if (s->grams[e].order == 0) continue;
-        uint64_t j = es_hash_final(s->grams[e].hash) & (cap - 1);
-        while (fresh[j] != 0) j = (j + 1) & (cap - 1);
-        fresh[j] = e + 1;
+    const char *old = t->slots;
+    for (uint64_t i = 0; i <= t->mask; i++) {
+        const char *slot = old + i * size;
+        if (slot_empty(slot)) continue;
+        uint64_t j = hash(s, slot) & (cap - 1);
+        while (!slot_empty(fresh + j * size)) j = (j + 1) & (cap - 1);
+        memcpy(fresh + j * size, slot, size);
     }
-    es_free(s->gidx);
-    s->bytes = s->bytes - (size_t)(s->gmask + 1) * sizeof(uint32_t) + bytes;
-    s->gidx = fresh;
-    s->gmask = cap - 1;
-    return ES_OK;
-}
-
-static es_status grow_pairs(es_ngstat *s) {
-    uint64_t cap = (s->pmask + 1) * 2;
-    size_t bytes;
-    if (cap > MAX_SLOTS || !es_mul_size((size_t)cap, sizeof(pair_t), &bytes) || !fits(s, bytes))
-        return ES_E_FULL;
-    pair_t *fresh = es_calloc((size_t)cap, sizeof(pair_t));
-    if (fresh == NULL) return ES_E_NOMEM;
-    for (uint64_t i = 0; i <= s->pmask; i++) {
-        const pair_t *p = &s->pairs[i];
-        if (p->gram == 0) continue;
-        uint64_t j = pair_key(s, p->gram, p->tok) & (cap - 1);
-        while (fresh[j].gram != 0) j = (j + 1) & (cap - 1);
-        fresh[j] = *p;
-    }
-    es_free(s->pairs);
-    s->bytes = s->bytes - (size_t)(s->pmask + 1) * sizeof(pair_t) + bytes;
-    s->pairs = fresh;
-    s->pmask = cap - 1;
+    es_free(t->slots);
+    s->bytes = s->bytes - (size_t)(t->mask + 1) * size + bytes;
+    t->slots = fresh;
+    t->mask = cap - 1;
     return ES_OK;
 }
 
 /* Room for k new n-grams and k new pairs without passing 3/4 load. */
 static es_status try_room(es_ngstat *s, int64_t k) {
     es_status st = grow_grams(s, k);
-    while (st == ES_OK && (uint64_t)(s->n_grams + k) * 4 > (s->gmask + 1) * 3) st = grow_gidx(s);
-    while (st == ES_OK && (uint64_t)(s->n_pairs + k) * 4 > (s->pmask + 1) * 3) st = grow_pairs(s);
+    while (st == ES_OK && (uint64_t)(s->n_grams + k) * 4 > (s->gidx.mask + 1) * 3)
+        st = grow_table(s, &s->gidx, sizeof(uint32_t), gidx_hash);
+    while (st == ES_OK && (uint64_t)(s->n_pairs + k) * 4 > (s->pairs.mask + 1) * 3)
+        st = grow_table(s, &s->pairs, sizeof(pair_t), pair_hash);
     return st;
 }
 
@@ -259,8 +252,8 @@ es_status es_ngstat_decay(es_ngstat *s) {
         g->best_count = 0;
         g->best = INT32_MAX;
     }
-    for (uint64_t i = 0; i <= s->pmask; i++) {
-        pair_t *p = &s->pairs[i];
+    for (uint64_t i = 0; i <= s->pairs.mask; i++) {
+        pair_t *p = &pslots(s)[i];
         if (p->gram == 0) continue;
         p->count >>= 1;
         if (p->count == 0) continue;
@@ -269,9 +262,9 @@ es_status es_ngstat_decay(es_ngstat *s) {
         take_best(g, p->tok, p->count);
     }
     /* a deletion refills slot i from later in its run, so look at i again */
-    for (uint64_t i = 0; i <= s->pmask; i++) {
-        while (s->pairs[i].gram != 0 && s->pairs[i].count == 0) {
-            table_delete(s, s->pairs, sizeof(pair_t), s->pmask, i, pair_home);
+    for (uint64_t i = 0; i <= s->pairs.mask; i++) {
+        while (pslots(s)[i].gram != 0 && pslots(s)[i].count == 0) {
+            table_delete(s, &s->pairs, sizeof(pair_t), i, pair_hash);
             s->n_pairs--;
         }
     }
@@ -279,7 +272,7 @@ es_status es_ngstat_decay(es_ngstat *s) {
         gram_t *g = &s->grams[e];
         if (g->order == 0 || g->total > 0) continue;
         uint32_t *slot = gidx_find(s, g->hash, g->tok, g->order);
-        table_delete(s, s->gidx, sizeof(uint32_t), s->gmask, (uint64_t)(slot - s->gidx), gidx_home);
+        table_delete(s, &s->gidx, sizeof(uint32_t), (uint64_t)(slot - gslots(s)), gidx_hash);
         memset(g, 0, sizeof *g);
         g->best = (int32_t)s->free_head;
         s->free_head = e + 1;
@@ -435,8 +428,8 @@ es_status es_ngstat_export(const es_ngstat *s, int32_t *out, int64_t cap, int64_
     if (out == NULL) return ES_OK;
     if (cap < 0 || cap / ES_NGSTAT_RECORD < s->n_pairs) return ES_E_ARG;
     int32_t *r = out;
-    for (uint64_t i = 0; i <= s->pmask; i++) {
-        const pair_t *p = &s->pairs[i];
+    for (uint64_t i = 0; i <= s->pairs.mask; i++) {
+        const pair_t *p = &pslots(s)[i];
         if (p->gram == 0) continue;
         const gram_t *g = &s->grams[p->gram - 1];
         r[0] = g->order;
@@ -503,13 +496,8 @@ static const gram_t *passing(const es_ngstat *s, const es_ngstat_bar *bar, const
 
 es_status es_ngstat_draft(const es_ngstat *context, const es_ngstat *dynamic,
                           const es_ngstat_params *p, es_draft *out) {
-    if (out == NULL || es_ngstat_params_check(p) != ES_OK ||
-        (p->max_tokens > 0 && (out->tokens == NULL || out->probs == NULL)))
+    if (es_ngstat_params_check(p) != ES_OK || es_draft_reset(out, p->max_tokens) != ES_OK)
         return ES_E_ARG;
-    out->n = 0;
-    out->match_len = 0;
-    out->score = 0.0;
-    out->source = ES_SRC_NONE;
     const es_ngstat *hist = context != NULL ? context : dynamic;
     if (hist == NULL) return ES_OK;
     int32_t win[ES_NGSTAT_MAX_N + ES_MAX_DRAFT];
@@ -559,7 +547,7 @@ static es_status check_gram_entry(const es_ngstat *s, uint32_t e, char *msg, siz
 }
 
 static es_status check_pair(const es_ngstat *s, uint64_t i, uint64_t *sum, char *msg, size_t cap) {
-    const pair_t *p = &s->pairs[i];
+    const pair_t *p = &pslots(s)[i];
     if (p->gram > s->grams_hw || s->grams[p->gram - 1].order == 0)
         return es_fail(msg, cap, "pair %llu refers to a free entry", (unsigned long long)i);
     const gram_t *g = &s->grams[p->gram - 1];
@@ -575,7 +563,7 @@ static es_status check_pair(const es_ngstat *s, uint64_t i, uint64_t *sum, char 
 
 es_status es_ngstat_check(const es_ngstat *s, int deep, char *msg, size_t msg_cap) {
     if (s == NULL) return ES_E_ARG;
-    size_t bytes = bytes_for(s->grams_cap, s->gmask + 1, s->pmask + 1);
+    size_t bytes = bytes_for(s->grams_cap, s->gidx.mask + 1, s->pairs.mask + 1);
     if (bytes != s->bytes) return es_fail(msg, msg_cap, "byte count %zu, expected %zu", s->bytes, bytes);
     if ((int64_t)s->bytes > s->max_bytes) return es_fail(msg, msg_cap, "over budget");
     if (s->hist_len < 0 || s->hist_len > ES_NGSTAT_MAX_N) return es_fail(msg, msg_cap, "history length");
@@ -584,7 +572,8 @@ es_status es_ngstat_check(const es_ngstat *s, int deep, char *msg, size_t msg_ca
     if (s->grams_hw > s->grams_cap || s->n_grams + s->n_free != (int64_t)s->grams_hw)
         return es_fail(msg, msg_cap, "entries: %lld live + %lld free != %u used", (long long)s->n_grams,
                        (long long)s->n_free, s->grams_hw);
-    if ((uint64_t)s->n_grams * 4 > (s->gmask + 1) * 3 || (uint64_t)s->n_pairs * 4 > (s->pmask + 1) * 3)
+    if ((uint64_t)s->n_grams * 4 > (s->gidx.mask + 1) * 3 ||
+        (uint64_t)s->n_pairs * 4 > (s->pairs.mask + 1) * 3)
         return es_fail(msg, msg_cap, "a table is over-full");
     if (!deep) return ES_OK;
     int64_t free_n = 0;
@@ -604,14 +593,15 @@ es_status es_ngstat_check(const es_ngstat *s, int deep, char *msg, size_t msg_ca
             return es_fail(msg, msg_cap, "entry %u's best continuation is not counted as such", e);
     }
     int64_t slots = 0, pairs = 0;
-    for (uint64_t i = 0; i <= s->gmask; i++) {
-        if (s->gidx[i] == 0) continue;
+    for (uint64_t i = 0; i <= s->gidx.mask; i++) {
+        uint32_t e = gslots(s)[i];
+        if (e == 0) continue;
         slots++;
-        if (s->gidx[i] > s->grams_hw || s->grams[s->gidx[i] - 1].order == 0)
+        if (e > s->grams_hw || s->grams[e - 1].order == 0)
             return es_fail(msg, msg_cap, "index slot %llu refers to a free entry", (unsigned long long)i);
     }
-    for (uint64_t i = 0; i <= s->pmask; i++) {
-        if (s->pairs[i].gram == 0) continue;
+    for (uint64_t i = 0; i <= s->pairs.mask; i++) {
+        if (pslots(s)[i].gram == 0) continue;
         pairs++;
         es_status st = check_pair(s, i, &counts, msg, msg_cap);
         if (st != ES_OK) return st;

@@ -817,13 +817,7 @@ static int params_ok(const es_spec_params *p) {
 
 es_status es_speculate(const es_stree *request, es_cursor *global, const es_spec_params *p,
                        es_draft *out) {
-    if (out == NULL || !params_ok(p) ||
-        (p->max_tokens > 0 && (out->tokens == NULL || out->probs == NULL)))
-        return ES_E_ARG;
-    out->n = 0;
-    out->match_len = 0;
-    out->score = 0.0;
-    out->source = ES_SRC_NONE;
+    if (!params_ok(p) || es_draft_reset(out, p->max_tokens) != ES_OK) return ES_E_ARG;
     if (p->max_tokens == 0) return ES_OK;
     spec_best best = {0, 0, 0.0};
     if (request != NULL && request->open_seq != NIL) {

@@ -49,6 +49,15 @@ es_status es_fail(char *msg, size_t cap, const char *fmt, ...) {
     return ES_E_CORRUPT;
 }
 
+es_status es_draft_reset(es_draft *out, int32_t max_tokens) {
+    if (out == NULL || (max_tokens > 0 && (out->tokens == NULL || out->probs == NULL))) return ES_E_ARG;
+    out->n = 0;
+    out->match_len = 0;
+    out->score = 0.0;
+    out->source = ES_SRC_NONE;
+    return ES_OK;
+}
+
 const char *es_strerror(es_status st) {
     switch (st) {
     case ES_OK: return "ok";

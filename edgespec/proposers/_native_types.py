@@ -28,7 +28,8 @@ from ..native import (MAX_DEPTH, MAX_DRAFT, MAX_NGRAM, NGSTAT_MAX_N, NGSTAT_RECO
 from .base import EMPTY_DRAFT, Draft
 
 __all__ = ["NgramIndex", "NgramStats", "SuffixTree", "SuffixCursor", "DraftBar", "ngram_draft",
-           "speculate", "check_int", "check_spec_params", "draft_from_native"]
+           "speculate", "check_int", "check_fraction", "check_spec_params", "draft_from_native",
+           "extend_or_drop"]
 
 #: the native source codes, by index (native/es_native.h ES_SRC_*)
 SOURCES = ("", "request", "global", "context", "dynamic")
@@ -58,6 +59,20 @@ def draft_from_native(result: tuple) -> Draft:
     if not toks:
         return EMPTY_DRAFT
     return Draft(tokens=toks, confidence=conf, source=SOURCES[src], match_length=m, score=score)
+
+
+def extend_or_drop(obj, tokens: Tokens):
+    """``obj.extend(tokens)``, returning obj; None when the native object could not keep
+    up (over its byte cap, or the allocator refused): it no longer follows the context,
+    so the session stops drafting from it (output is unaffected). Bad tokens still raise
+    InvalidInputError."""
+    if obj is None:
+        return None
+    try:
+        obj.extend(tokens)
+        return obj
+    except MemoryError:  # CapacityError included
+        return None
 
 
 def _budget_error(what: str, max_bytes: int) -> InvalidInputError:

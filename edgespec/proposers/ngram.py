@@ -32,7 +32,7 @@ from ..errors import InvalidInputError
 from ..native import MAX_DRAFT, MAX_NGRAM, NGSTAT_MAX_N, as_tokens
 from ..params import SamplingParams
 from ._native_types import (DraftBar, NgramIndex, NgramStats, check_fraction, check_int,
-                            ngram_draft)
+                            extend_or_drop, ngram_draft)
 from .base import EMPTY_DRAFT, Draft
 from .ngram_stats import DynamicStats, stats_file
 
@@ -126,17 +126,8 @@ class NgramSession:
         self._prompt = as_tokens(prompt_tokens)
         self._output: list[int] = []
         self._closed = False
-        self._extend(self._prompt)
-
-    def _extend(self, tokens) -> None:
-        if self._context is None:
-            return
-        try:
-            self._context.extend(tokens)
-        except MemoryError:
-            # the allocator refused (the byte cap itself decays, never fails): the
-            # statistics no longer follow the context, so stop drafting from them
-            self._context = None
+        # over its byte cap the table decays; only a refusing allocator drops it
+        self._context = extend_or_drop(self._context, self._prompt)
 
     def propose(self, k: int) -> Draft:
         k = min(k, self._p.max_draft)
@@ -147,7 +138,7 @@ class NgramSession:
     def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None:
         if self._closed:
             return
-        self._extend(tokens)
+        self._context = extend_or_drop(self._context, tokens)
         self._output.extend(tokens)
 
     def memory_usage(self) -> int:
@@ -172,16 +163,7 @@ class LookupSession:
         self._index: NgramIndex | None = NgramIndex(proposer.min_n, proposer.max_n,
                                                     proposer.max_bytes)
         self._max_draft = proposer.max_draft
-        self._extend(prompt_tokens)
-
-    def _extend(self, tokens) -> None:
-        if self._index is None:
-            return
-        try:
-            self._index.extend(tokens)
-        except MemoryError:
-            # over its cap the index no longer covers the context: stop drafting
-            self._index = None
+        self._index = extend_or_drop(self._index, prompt_tokens)
 
     def propose(self, k: int) -> Draft:
         if self._index is None or k <= 0:
@@ -189,7 +171,7 @@ class LookupSession:
         return self._index.propose(min(k, self._max_draft))
 
     def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None:
-        self._extend(tokens)
+        self._index = extend_or_drop(self._index, tokens)
 
     def close(self, completed: bool) -> None:
         self._index = None

@@ -33,7 +33,7 @@ from ..errors import InvalidInputError
 from ..native import MAX_DEPTH, MAX_DRAFT, CapacityError, as_tokens
 from ..params import SamplingParams
 from ._native_types import (SuffixCursor, SuffixTree, check_int, check_spec_params,
-                            draft_from_native)
+                            draft_from_native, extend_or_drop)
 from .base import EMPTY_DRAFT, Draft
 
 
@@ -114,35 +114,22 @@ class SuffixProposer:
 
 
 class SuffixSession:
-    __slots__ = ("_p", "_request", "_req", "_cursor", "_cur", "_response", "_closed")
+    __slots__ = ("_p", "_request", "_cursor", "_response", "_closed")
 
     def __init__(self, proposer: SuffixProposer, prompt_tokens: Sequence[int]):
         self._p = proposer
         prompt = as_tokens(prompt_tokens)
-        self._request = SuffixTree(proposer.max_depth, proposer.request_bytes)
+        self._request: SuffixTree | None = SuffixTree(proposer.max_depth, proposer.request_bytes)
         self._request.begin()
-        self._req = self._request._t  # per-step verbs call the binding directly
-        self._cursor = None
-        self._cur = None
+        self._cursor: SuffixCursor | None = None
         self._response: list[int] = []
         self._closed = False
-        self._extend_request(prompt)
+        # over its cap the request tree no longer ends where the context does: dropped
+        self._request = extend_or_drop(self._request, prompt)
         if proposer.global_tree is not None:
             self._cursor = SuffixCursor(proposer.global_tree)
-            self._cur = self._cursor._c
             # the cursor only looks at the last max_depth tokens
-            self._cur.extend(prompt[-proposer.max_depth:])
-
-    def _extend_request(self, tokens) -> None:
-        if self._req is None:
-            return
-        try:
-            self._req.extend(tokens)
-        except CapacityError:
-            # over its cap the request tree no longer ends where the context does
-            self._req = None
-        except (TypeError, ValueError) as e:
-            raise InvalidInputError(str(e)) from None
+            self._cursor.extend(prompt[-proposer.max_depth:])
 
     def propose(self, k: int) -> Draft:
         p = self._p
@@ -150,15 +137,17 @@ class SuffixSession:
         if k <= 0 or self._closed:
             return EMPTY_DRAFT
         # the knobs were validated once, in the proposer: straight to the binding
-        return draft_from_native(_native.speculate(self._req, self._cur, k, p.factor, p.offset,
-                                                   p.min_token_prob))
+        return draft_from_native(_native.speculate(
+            self._request._t if self._request is not None else None,
+            self._cursor._c if self._cursor is not None else None,
+            k, p.factor, p.offset, p.min_token_prob))
 
     def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None:
         if self._closed:
             return
-        self._extend_request(tokens)
-        if self._cur is not None:
-            self._cur.extend(tokens)
+        self._request = extend_or_drop(self._request, tokens)
+        if self._cursor is not None:
+            self._cursor.extend(tokens)
         self._response.extend(tokens)
 
     def memory_usage(self) -> int:
@@ -171,6 +160,5 @@ class SuffixSession:
         self._closed = True
         if completed:
             self._p.remember(self._response)
-        self._req = self._cur = None
         self._request = self._cursor = None
         self._response = []
