@@ -4,8 +4,9 @@ For contexts of 1k, 8k and 32k tokens (the same synthetic input-grounded
 streams for everyone: Zipf-distributed tokens with spans copied from earlier in
 the stream) it reports:
 
-* propose / speculate latency per call, through the binding (the C call plus
-  the Python boundary) and through a proposer session (what the engine pays);
+* propose / speculate / n-gram-statistics draft latency per call, through the
+  binding (the C call plus the Python boundary) and through a proposer session
+  (what the engine pays);
 * the cost of extending the index per token: in bulk (the prompt) and one
   step at a time at that context length (accept() in the decode loop);
 * ``LlamaPromptLookupDecoding`` (llama_cpp.llama_speculative) per call on the
@@ -83,9 +84,24 @@ def bench_size(L: int, calls: int) -> dict:
     ix12.extend(ctx)
     res["ngram12_propose_us"] = best_per_call(lambda i: ix12.propose(K), calls) * 1e6
 
+    # --- n-gram statistics (the ngram proposer's default): build, draft --------------
+    t0 = CLOCK()
+    st = _native.NgramStats(2, 6, 1 << 30)
+    st.extend(ctx)
+    res["stats_build_ns_per_token"] = (CLOCK() - t0) / L * 1e9
+    res["stats_memory_bytes_per_token"] = st.memory_usage() / L
+    bar = _native.ngram_params([0], [1], [0.5, 0.6, 0.7, 0.8, 0.9, 1.0], [2], [0.66])
+    res["stats_draft_us"] = best_per_call(lambda i: _native.ngram_draft(st, None, K, bar), calls) * 1e6
+
     # the engine's view: one propose and one accept per step through the session
-    sess = NgramProposer(max_draft=K).open(ctx, SamplingParams())
+    prop = NgramProposer(max_draft=K)
+    for r in range(40):  # earlier generations for the dynamic statistics
+        prop.dynamic.remember([0], make_stream(500, seed=20_000 + r).tolist())
+    sess = prop.open(ctx, SamplingParams())
     res["ngram_session_step_us"] = best_per_call(
+        lambda i: (sess.propose(K), sess.accept(tail[i:i + 1], 0)), calls, repeats=1) * 1e6
+    sess = NgramProposer(max_draft=K, statistics=False).open(ctx, SamplingParams())
+    res["lookup_session_step_us"] = best_per_call(
         lambda i: (sess.propose(K), sess.accept(tail[i:i + 1], 0)), calls, repeats=1) * 1e6
 
     # --- suffix: request tree and global tree ----------------------------------------
@@ -119,17 +135,21 @@ def bench_size(L: int, calls: int) -> dict:
         n = max(5, min(calls, 200_000 // max(L, 1)))
         res["llama_lookup_us"] = best_per_call(lambda i: lookup(ids), n, repeats=3) * 1e6
         res["speedup_vs_llama"] = res["llama_lookup_us"] / res["ngram12_propose_us"]
-        res["speedup_vs_llama_session"] = res["llama_lookup_us"] / res["ngram_session_step_us"]
+        res["speedup_vs_llama_session"] = res["llama_lookup_us"] / res["lookup_session_step_us"]
     return res
 
 
 ROWS = [
     ("n-gram propose (C via binding, n=2..5)", "ngram_propose_us", "µs"),
     ("n-gram propose (C via binding, n=1..2)", "ngram12_propose_us", "µs"),
-    ("n-gram session step: propose + accept", "ngram_session_step_us", "µs"),
+    ("prompt-lookup session step: propose + accept", "lookup_session_step_us", "µs"),
     ("n-gram extend, one token per call", "ngram_extend_us_per_token", "µs"),
     ("n-gram build, bulk", "ngram_build_ns_per_token", "ns/token"),
     ("n-gram index memory", "ngram_memory_bytes_per_token", "B/token"),
+    ("n-gram statistics draft (C via binding, n=2..6)", "stats_draft_us", "µs"),
+    ("n-gram statistics session step (context + dynamic)", "ngram_session_step_us", "µs"),
+    ("n-gram statistics build, bulk", "stats_build_ns_per_token", "ns/token"),
+    ("n-gram statistics memory", "stats_memory_bytes_per_token", "B/token"),
     ("suffix speculate, request tree (binding)", "suffix_speculate_us", "µs"),
     ("suffix propose, request + global tree", "suffix_speculate_both_us", "µs"),
     ("suffix session step: propose + accept", "suffix_session_step_us", "µs"),
@@ -138,7 +158,7 @@ ROWS = [
     ("suffix request tree memory", "suffix_memory_bytes_per_token", "B/token"),
     ("LlamaPromptLookupDecoding call (n=1..2)", "llama_lookup_us", "µs"),
     ("speed-up, n-gram propose vs llama", "speedup_vs_llama", "×"),
-    ("speed-up, n-gram session step vs llama", "speedup_vs_llama_session", "×"),
+    ("speed-up, prompt-lookup session step vs llama", "speedup_vs_llama_session", "×"),
 ]
 
 
