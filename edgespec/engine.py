@@ -121,8 +121,10 @@ class Engine:
                 stack.callback(dmodel.close)
                 check_compatible(tmodel, dmodel)
             user_len = config.control is not None or config.draft_len is not None
+            from .calibration import model_identity
             loaded = _build_proposers(config, stack, BuildContext(
-                target=tmodel, draft_model=dmodel, n_ctx=n_ctx, threads=config.threads))
+                target=tmodel, draft_model=dmodel, n_ctx=n_ctx, threads=config.threads,
+                target_digest=model_identity(tpath)["sha256"]))
             default = _default_label(config, plan, loaded)
             config = replace(config, n_ctx=n_ctx,
                              control=(config.control or

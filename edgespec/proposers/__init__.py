@@ -56,6 +56,7 @@ class BuildContext:
     draft_model: Any = None
     n_ctx: int = 4096
     threads: int | None = None
+    target_digest: str | None = None  # sha256 of the target file, keys persisted statistics
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,11 @@ class ProposerSpec:
 
 def _ngram(ctx: BuildContext, opts: dict) -> Proposer:
     from .ngram import NgramProposer
+    # Statistics of past generations only mean something under the same vocabulary:
+    # they persist keyed by the target's digest.
+    opts = {**opts, "stats_path": opts.get("stats_path") or None}
+    if opts["stats_path"] is None and ctx.target_digest:
+        opts["model_digest"] = ctx.target_digest
     return NgramProposer(**opts)
 
 
@@ -111,10 +117,21 @@ REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
     ProposerSpec(
         "ngram", "prompt lookup: what followed the latest earlier occurrence of the context's tail",
         costly=False, needs=("native",), factory=_ngram, options={
-            "min_n": Option(int, 2, "shortest n-gram order tried"),
-            "max_n": Option(int, 5, "longest n-gram order tried"),
+            "min_n": Option(int, 2, "shortest n-gram order counted and matched"),
+            "max_n": Option(int, 6, "longest n-gram order (at most 8)"),
             "max_draft": Option(int, 10, "most tokens per draft"),
-            "max_bytes": Option(int, 256 << 20, "memory cap per request, bytes"),
+            "max_bytes": Option(int, 64 << 20, "memory cap of each request's statistics, bytes"),
+            "min_count": Option(int, 1, "samples an n-gram needs behind the first draft token"),
+            "count_step": Option(int, 0, "more samples needed per later draft position"),
+            "min_share": Option(float, 0.5, "share the best continuation needs at position 1"),
+            "share_step": Option(float, 0.1, "share bar added per later draft position"),
+            "dynamic_count": Option(int, 2, "samples needed from past generations' statistics"),
+            "dynamic_share": Option(float, 0.66, "share needed from past generations' statistics"),
+            "use_dynamic": Option(bool, True, "learn from past generations across requests"),
+            "dynamic_bytes": Option(int, 32 << 20, "memory cap of past generations' statistics"),
+            "statistics": Option(bool, True, "off: plain prompt lookup (the baseline)"),
+            "stats_path": Option(str, "", "file for past generations' statistics "
+                                 "(default: keyed by the target's digest)"),
         }),
     ProposerSpec(
         "suffix", "suffix decoding: the most frequent continuation in per-request and global "
