@@ -73,6 +73,7 @@ def prior_step_seconds(weight_bytes: float) -> float:
     """The documented CPU step scaled to a model's size: decode is bandwidth-bound."""
     return PRIOR_CPU_STEP_SECONDS * weight_bytes / PRIOR_CPU_WEIGHT_BYTES
 
+
 #: bump when the file layout or what is measured changes: older files are measured again
 _FORMAT = 2
 

@@ -1,0 +1,42 @@
+"""The exactness probe on real models: which verify passes give bitwise the plain path's
+logits on this device (docs/parity.md measured the same by hand)."""
+from __future__ import annotations
+
+import pytest
+
+from edgespec import backend, calibration
+from edgespec.config import KernelConfig
+
+
+@pytest.fixture(scope="module")
+def smollm(model_path):
+    m = backend.load_model(model_path("smollm2-135m"), use_extra_bufts=True)
+    yield m
+    m.close()
+
+
+def test_smollm2_q4_1_is_exact_at_every_size(smollm):
+    # Q4_1 weights take no batch-dependent kernel; flash attention with a Q8_0 cache keeps
+    # single-token decodes on the batches' attention path at long context too
+    assert calibration.probe_exactness(smollm, n_threads=1, kernel=KernelConfig()) == 16
+
+
+def test_exact_cap_is_probed_once_and_cached_with_the_calibration(smollm, tmp_path, monkeypatch):
+    monkeypatch.setattr(calibration, "machine_busy", lambda: 0.0)  # the cache must answer
+    kernel = KernelConfig()
+    assert calibration.exact_cap(smollm, kernel, 1, home=tmp_path) == 15
+    cal = calibration.cached(smollm.path, n_threads=1, kernel=kernel, home=tmp_path)
+    assert cal is not None and cal.exact_max_tokens == 16
+    assert cal.device["kernel"] == kernel.key() and cal.device["threads"] == "1"
+    monkeypatch.setattr(calibration, "measure", lambda *a, **k: pytest.fail("measured again"))
+    assert calibration.exact_cap(smollm, kernel, 1, home=tmp_path) == 15
+
+
+@pytest.mark.slow
+def test_qwen_repacked_weights_are_exact_below_the_4_column_gemm(model_path):
+    # Q4_K/Q6_K repacked: gemv below 4 columns, gemm from 4 (docs/parity.md)
+    m = backend.load_model(model_path("qwen-1.5b"), use_extra_bufts=True)
+    try:
+        assert calibration.probe_exactness(m, n_threads=2, kernel=KernelConfig()) == 3
+    finally:
+        m.close()
