@@ -37,3 +37,25 @@ def test_fixed_draft_length_is_honoured(model_path):
         evs = _events(eng, COPY, "ngram", n=48)
     drafted = [e.drafted for e in evs if isinstance(e, Step) and e.drafted]
     assert drafted and max(drafted) <= 2
+
+
+def test_both_free_proposers_are_consulted_every_step(engine_factory):
+    # one request, two free proposers: every step the controller sees both candidates and
+    # verifies the better one; greedy output is still the plain path's
+    eng = engine_factory("smollm2-135m", adaptive=True)
+    plain = [e for e in _events(eng, COPY, "none") if isinstance(e, Finished)][0]
+    evs = _events(eng, COPY, "ngram+suffix")
+    fin = [e for e in evs if isinstance(e, Finished)][0]
+    assert fin.tokens == plain.tokens
+    used = {e.proposer for e in evs if isinstance(e, Step) and e.drafted}
+    assert used and used <= {"ngram", "suffix"}
+    assert fin.stats.accepted > 0
+
+
+def test_exact_mode_drafts_within_the_probed_cap(engine_factory):
+    eng = engine_factory("smollm2-135m", adaptive=True, exact=True)
+    cap = eng.exact_max_draft()
+    assert cap == 15  # SmolLM2's Q4_1 weights: every pass size up to 16 tokens is exact
+    drafted = [e.drafted for e in _events(eng, COPY, "ngram") if isinstance(e, Step)]
+    # longer passes than the old fixed cap of 2 drafts, never past the probed one
+    assert 2 < max(drafted) <= cap
