@@ -82,7 +82,7 @@ fuzz-smoke:
 # llama.cpp's own llama-completion, llama-lookup and llama-speculative-simple, built from the
 # llama.cpp that the installed llama-cpp-python vendors with the same flags, for
 # `edgespec bench --anchor ...` (into $EDGESPEC_HOME/anchors/<version>/bin or $EDGESPEC_ANCHORS;
-# about 6 min on 2 cores; a second run with the same flags does nothing).
+# 12 min on this 2-core machine; a second run with the same flags does nothing).
 anchors: install
 	nice $(PY) -m edgespec.bench.anchors_build --cmake-args "$(LLAMA_CMAKE_ARGS)"
 

@@ -336,8 +336,8 @@ def _speedup_section(run, cats, others, m) -> list[str]:
              f"Decode tokens/s relative to the plain path on the same prompt and turn: per category "
              f"the median of the per-prompt ratios, over all prompts their geometric mean, each "
              f"with a [{conf}% bootstrap interval over prompts]; n = paired requests. One prompt "
-             "gives no interval. An anchor is paired with its own plain path (in brackets in its "
-             "column), so its ratio measures its speculation, not its runtime. End-to-end "
+             "gives no interval. An anchor is paired with its own plain path (named in its "
+             "column's heading), so its ratio measures its speculation, not its runtime. End-to-end "
              "(prefill included) below.", ""]
     table = speedup_table(run, "category", cats)
     heads = [_header(run, c) for c in others]
