@@ -48,6 +48,9 @@ class KernelConfig:
         _guard(self.kv_type in KV_TYPES,
                f"unknown KV cache type {self.kv_type!r}; choose one of {', '.join(KV_TYPES)}")
         _guard(self.n_batch >= 1, f"batch size must be >= 1 (got {self.n_batch})")
+        _guard(self.flash_attn or self.kv_type == "f16",
+               f"a {self.kv_type} KV cache needs flash attention (llama.cpp refuses a quantized "
+               "V cache without it); use kv_type f16 or keep flash attention on")
         return self
 
     @property

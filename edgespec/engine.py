@@ -101,7 +101,8 @@ class Engine:
             tpath = registry.resolve(config.target, pull=config.pull)
             registry.check_gguf(tpath)
             tmodel = backend.load_model(tpath, n_gpu_layers=config.n_gpu_layers,
-                                        use_extra_bufts=config.kernel.repack)
+                                        use_extra_bufts=config.kernel.repack,
+                                        use_mmap=config.kernel.use_mmap)
             stack.callback(tmodel.close)
             n_ctx = config.n_ctx or min(DEFAULT_CTX, tmodel.n_ctx_train)
             if n_ctx > tmodel.n_ctx_train:
@@ -117,13 +118,16 @@ class Engine:
                 from .proposers.draft import check_compatible
                 dpath = registry.resolve(config.draft, pull=config.pull)
                 registry.check_gguf(dpath)
-                dmodel = backend.load_model(dpath, n_gpu_layers=config.draft_gpu_layers)
+                dmodel = backend.load_model(dpath, n_gpu_layers=config.draft_gpu_layers,
+                                            use_extra_bufts=config.kernel.repack,
+                                            use_mmap=config.kernel.use_mmap)
                 stack.callback(dmodel.close)
                 check_compatible(tmodel, dmodel)
             user_len = config.control is not None or config.draft_len is not None
             from .calibration import model_identity
             loaded = _build_proposers(config, stack, BuildContext(
                 target=tmodel, draft_model=dmodel, n_ctx=n_ctx, threads=config.threads,
+                kernel=config.kernel,
                 target_digest=model_identity(tpath)["sha256"]))
             default = _default_label(config, plan, loaded)
             config = replace(config, n_ctx=n_ctx,

@@ -17,6 +17,12 @@ def calibration_trust(cal, expected_step: float) -> tuple[bool, str]:
     """
     if cal is None:
         return False, ""
+    busy = float(getattr(cal, "busy", 0.0) or 0.0)
+    if busy > 1.0:
+        # More runnable threads than cores while timing: llama.cpp's threads wait for each
+        # other, so every pass looks several times slower and the curve's shape is noise.
+        return False, (f"it was timed while the machine was busy (load {busy:.1f} per CPU); "
+                       "`edgespec plan --recalibrate` on a quiet machine measures it again")
     spreads = []
     for samples in (getattr(cal, "samples", None) or {}).values():
         if len(samples) >= 3:

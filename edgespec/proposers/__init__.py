@@ -57,6 +57,7 @@ class BuildContext:
     n_ctx: int = 4096
     threads: int | None = None
     target_digest: str | None = None  # sha256 of the target file, keys persisted statistics
+    kernel: Any = None  # the engine's KernelConfig (a draft model's context follows it)
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ def _suffix(ctx: BuildContext, opts: dict) -> Proposer:
 
 def _draft(ctx: BuildContext, opts: dict) -> Proposer:
     from .draft import DraftModelProposer
-    return DraftModelProposer(ctx.draft_model, n_ctx=ctx.n_ctx, n_threads=ctx.threads, **opts)
+    return DraftModelProposer(ctx.draft_model, n_ctx=ctx.n_ctx, n_threads=ctx.threads,
+                              kernel=ctx.kernel, **opts)
 
 
 REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
@@ -147,7 +149,7 @@ REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
     ProposerSpec(
         "draft", "a GGUF draft model sharing the target's vocabulary", costly=True,
         needs=("draft_model",), factory=_draft, options={
-            "n_batch": Option(int, 512, "draft context batch size"),
+            "n_batch": Option(int, 0, "draft context batch size (0: the engine's)"),
         }),
 )}
 

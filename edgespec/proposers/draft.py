@@ -21,9 +21,14 @@ class DraftModelProposer:
     name = "draft"
     costly = True
 
-    def __init__(self, model, n_ctx: int, n_threads: int | None = None, n_batch: int = 512) -> None:
+    def __init__(self, model, n_ctx: int, n_threads: int | None = None, n_batch: int = 0,
+                 kernel=None) -> None:
+        from ..config import KernelConfig
+        k = kernel or KernelConfig()
         self.model = model
-        self.ctx = model.new_context(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+        self.ctx = model.new_context(n_ctx=n_ctx, n_batch=n_batch or k.n_batch, n_threads=n_threads,
+                                     flash_attn=int(k.flash_attn), type_k=k.kv_ggml_type,
+                                     type_v=k.kv_ggml_type)
         self.seconds_per_token = 0.0  # running estimate, read by the controller
         self._busy = False
 

@@ -106,12 +106,14 @@ def test_draft_proposer_without_draft_model(runner, model_path):
 
 
 def test_fixed_draft_longer_than_exact_mode_allows_is_refused(runner, model_path):
-    r = _gen(runner, model_path("smollm2-135m"), "--proposer", "ngram", "--no-adaptive",
-             "--draft-len", "5", "hi")
+    # Qwen's repacked Q4_K weights are bitwise batch-invariant only up to 3-token passes
+    # (probed at calibration), so 5 fixed drafts cannot be verified exactly.
+    r = _gen(runner, model_path("qwen-0.5b"), "--proposer", "ngram", "--no-adaptive",
+             "--draft-len", "5", "--exact", "hi")
     assert r.exit_code == 1
-    assert "--no-exact" in r.output and "Traceback" not in r.output
-    ok = _gen(runner, model_path("smollm2-135m"), "--proposer", "ngram", "--no-adaptive",
-              "--draft-len", "5", "--no-exact", "--max-tokens", "4", "hi")
+    assert "--exact" in r.output and "Traceback" not in r.output
+    ok = _gen(runner, model_path("qwen-0.5b"), "--proposer", "ngram", "--no-adaptive",
+              "--draft-len", "5", "--max-tokens", "4", "hi")
     assert ok.exit_code == 0, ok.output
 
 

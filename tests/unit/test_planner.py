@@ -310,17 +310,6 @@ def test_probe_this_machine():
     assert all(a.kind in ("gpu", "igpu", "accel") for a in d.accelerators)
 
 
-def test_plan_for_real_models_on_this_machine_and_a_described_gpu(model_path, tmp_path):
-    t, d = str(model_path("qwen-1.5b")), str(model_path("qwen-0.5b"))
-    here = planner.plan_for(t, d, device=cpu(synthetic=False))
-    assert here.proposer in ("suffix", "ngram")
-    spec = tmp_path / "gpu.json"
-    spec.write_text(json.dumps({"gpus": [{"name": "GPU", "free": "8GiB"}], "speed": FAST_GPU}))
-    there = planner.plan_for(t, d, device=devmod.from_json(spec))
-    assert there.proposer == "draft" and there.draft == d
-    assert there.n_gpu_layers == 29 and there.draft_gpu_layers == 25
-
-
 def test_plain_decoding_wins_when_verifying_costs_as_much_as_decoding():
     steep = {"verify_costs": {str(n): float(n) for n in range(2, 17)}}
     p = planner.plan(QWEN_15, QWEN_05, device=cpu(speed=steep))
@@ -354,6 +343,15 @@ def test_noisy_calibration_is_ignored_for_the_prior():
     assert "ignored the cached calibration" in p.speed.source and "prior" in p.speed.source
     ok, why = planner.calibration_trust(_cal(0.086, flat, spread=0.01), 0.086)
     assert ok and why == ""
+
+
+def test_calibration_timed_on_a_busy_machine_is_refused():
+    from dataclasses import replace
+    costs = {1: 1.0, 2: 1.5, 4: 1.9}
+    quiet = _cal(0.086, costs)
+    assert planner.calibration_trust(quiet, 0.086) == (True, "")
+    ok, why = planner.calibration_trust(replace(quiet, busy=3.2), 0.086)
+    assert not ok and "busy" in why and "--recalibrate" in why
 
 
 def test_calibration_far_from_the_size_estimate():
