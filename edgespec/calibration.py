@@ -104,7 +104,7 @@ class Calibration:
     measured_at: float = 0.0
     # 1-minute load average per logical CPU when the measurement started; above 1 the
     # machine was oversubscribed and the numbers are suspect (see load_or_measure)
-    busy: float = 0.0
+    busy: float = 0.0  # other processes' share of the CPUs while it was timed
     exact_max_tokens: int | None = None
 
     def __post_init__(self) -> None:
@@ -232,7 +232,10 @@ def measure(model, *, n_threads: int | None = None, ks: Sequence[int] = DEFAULT_
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     kmax = ks[-1]
-    busy = machine_busy()
+    try:
+        watch = CpuWatch()
+    except (ImportError, OSError):
+        watch = None
     ctx = model.new_context(n_ctx=prefix_tokens + kmax + 8, n_batch=max(kmax, prefix_tokens),
                             n_threads=n_threads, **context_options(kernel))
     try:
@@ -250,6 +253,7 @@ def measure(model, *, n_threads: int | None = None, ks: Sequence[int] = DEFAULT_
                     samples[k].append(dt)
     finally:
         _close(ctx)
+    busy = watch.share() if watch is not None else 0.0
     med = {k: statistics.median(v) for k, v in samples.items()}
     base = med[1]
     if not base > 0:
@@ -471,7 +475,7 @@ def load_or_measure(model_path: str | os.PathLike, *, n_threads: int | None = No
     key = cache_key(device, ident)
     if not force:
         cal = load_cached(key, home, device["build"])
-        if cal is not None and not (cal.busy > 1.0 and machine_busy() <= 0.5):
+        if cal is not None and not (cal.busy > BUSY_LIMIT and machine_busy() <= BUSY_LIMIT / 2):
             return cal
     owned = model is None
     if owned:
@@ -507,12 +511,50 @@ def exact_cap(model, kernel: KernelConfig, n_threads: int | None, *, sha256: str
     return cal.exact_max_drafts
 
 
-def machine_busy() -> float:
-    """1-minute load average per logical CPU (0.0 where the OS does not say)."""
+#: Other processes' share of the CPUs above which a timing is not trusted: llama.cpp's
+#: threads wait for each other, so a core taken by someone else slows every pass.
+BUSY_LIMIT = 0.25
+
+
+class CpuWatch:
+    """Other processes' share of this machine's CPUs between start and :meth:`share`.
+
+    The load average lags by minutes (a machine that just went quiet still reads busy);
+    this counts the CPU time actually spent by everyone else while we measured."""
+
+    def __init__(self) -> None:
+        import psutil
+        self._psutil = psutil
+        self._me = psutil.Process()
+        self._t0 = time.perf_counter()
+        self._all0 = self._busy_all()
+        self._me0 = self._busy_me()
+
+    def _busy_all(self) -> float:
+        t = self._psutil.cpu_times()
+        return t.user + t.system + getattr(t, "nice", 0.0) + getattr(t, "irq", 0.0) + \
+            getattr(t, "softirq", 0.0) + getattr(t, "steal", 0.0)
+
+    def _busy_me(self) -> float:
+        t = self._me.cpu_times()
+        return t.user + t.system
+
+    def share(self) -> float:
+        wall = time.perf_counter() - self._t0
+        if wall <= 0:
+            return 0.0
+        others = (self._busy_all() - self._all0) - (self._busy_me() - self._me0)
+        return max(0.0, others / (wall * (os.cpu_count() or 1)))
+
+
+def machine_busy(seconds: float = 0.3) -> float:
+    """Other processes' share of the CPUs over the next ``seconds`` (0.0 where unknown)."""
     try:
-        return os.getloadavg()[0] / max(os.cpu_count() or 1, 1)
-    except (AttributeError, OSError):
+        w = CpuWatch()
+    except (ImportError, OSError):
         return 0.0
+    time.sleep(seconds)
+    return w.share()
 
 
 def _cpu_model() -> str:
@@ -567,5 +609,6 @@ def _cached_digest(path: Path, st: os.stat_result, store: Path) -> str:
 def summarize(cal: Calibration, ns: Iterable[int] = DEFAULT_KS) -> str:
     """One line for logs and `edgespec plan`: step time and the relative costs."""
     parts = " ".join(f"{n}:{cal.cost(n):.2f}" for n in ns)
-    note = f", measured under load {cal.busy:.1f}/CPU" if cal.busy > 1.0 else ""
+    note = (f", measured under load (others used {cal.busy:.0%} of the CPUs)"
+            if cal.busy > BUSY_LIMIT else "")
     return f"1-token pass {cal.step_seconds * 1000:.1f} ms; cost by batch size {parts} ({cal.source}{note})"

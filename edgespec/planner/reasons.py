@@ -72,7 +72,11 @@ def explain_choice(best, cands: Sequence, dev: Device, budgets, target: ModelFac
                 f"(range {c.draft_len[0]}-{c.draft_len[1]}; {acc})")
 
     r.append(f"chosen {pitch(best)}")
-    if "+" in label:
+    if best.proposer == PLAIN and label != PLAIN:
+        r.append(f"runs {label} anyway: free proposers cost microseconds, and the adaptive "
+                 "controller drafts only where this request's measured acceptance beats a plain "
+                 "step on the verify-cost curve (input-grounded text: summaries, code edits)")
+    elif "+" in label:
         r.append(f"runs {label}: the engine asks each of them every step and verifies the "
                  "better-scoring draft")
     for c in cands:

@@ -268,8 +268,9 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
         # range their own prediction prefers rather than a draft length of zero.
         draft_len = max(free, key=lambda c: c.speedup).draft_len
     chosen_draft = draft if _costly(best.proposer) else None
-    label = _label(proposer, best, free)
     base = base or EngineConfig(target=target.path, draft=draft.path if draft else None)
+    adaptive = base.control.adaptive if base.control is not None else base.adaptive
+    label = _label(proposer, best, free, adaptive)
     config = replace(
         base, proposer=label,
         draft=(draft_name or (draft.path if draft else None)) if chosen_draft is not None else
@@ -292,13 +293,15 @@ def _costly(name: str) -> bool:
     return name != PLAIN and proposers.needs_model(name)
 
 
-def _label(asked: str, best: Candidate, free: Sequence[Candidate]) -> str:
+def _label(asked: str, best: Candidate, free: Sequence[Candidate], adaptive: bool) -> str:
     """The proposer label the engine runs: what was asked, or for "auto" every free proposer
     that fits (the engine consults each per step and verifies the better draft) plus the
-    draft model when it won; the plain path when nothing is predicted to pay."""
+    draft model when it won. Free proposers cost microseconds and the adaptive controller
+    drafts only where this request's measured acceptance pays, so they stay on even when the
+    priors predict nothing; without adaptive control a predicted loss means the plain path."""
     if asked != AUTO:
         return asked
-    if best.proposer == PLAIN:
+    if best.proposer == PLAIN and not (adaptive and free):
         return PLAIN
     names = [c.proposer for c in free]
     if _costly(best.proposer):

@@ -17,11 +17,13 @@ def calibration_trust(cal, expected_step: float) -> tuple[bool, str]:
     """
     if cal is None:
         return False, ""
+    from ..calibration import BUSY_LIMIT
     busy = float(getattr(cal, "busy", 0.0) or 0.0)
-    if busy > 1.0:
-        # More runnable threads than cores while timing: llama.cpp's threads wait for each
-        # other, so every pass looks several times slower and the curve's shape is noise.
-        return False, (f"it was timed while the machine was busy (load {busy:.1f} per CPU); "
+    if busy > BUSY_LIMIT:
+        # Other work on the cores while timing: llama.cpp's threads wait for each other,
+        # so every pass looks several times slower and the curve's shape is noise.
+        return False, (f"it was timed while the machine was busy (other processes used "
+                       f"{busy:.0%} of the CPUs); "
                        "`edgespec plan --recalibrate` on a quiet machine measures it again")
     spreads = []
     for samples in (getattr(cal, "samples", None) or {}).values():
