@@ -82,6 +82,7 @@ class Engine:
         self._cancel = threading.Event()
         self._ids = itertools.count(1)
         self._template = target.chat_template()
+        self._proposer_options: dict[str, dict] = {}  # what each loaded kind was built with
         self._loop = Loop(target, ctx, target_name=self.target_name, draft_name=self.draft_name,
                           sinks=self.sinks, cancelled=self._cancel)
 
@@ -125,7 +126,8 @@ class Engine:
                 check_compatible(tmodel, dmodel)
             user_len = config.control is not None or config.draft_len is not None
             from .calibration import model_identity
-            loaded = _build_proposers(config, stack, BuildContext(
+            options = _proposer_options(config)
+            loaded = _build_proposers(config, options, stack, BuildContext(
                 target=tmodel, draft_model=dmodel, n_ctx=n_ctx, threads=config.threads,
                 kernel=config.kernel,
                 target_digest=model_identity(tpath)["sha256"]))
@@ -136,6 +138,7 @@ class Engine:
             cal = _calibration(tmodel, config.threads, k) if config.control.adaptive else None
             eng = cls(tmodel, ctx, config=config, proposers=loaded, calibration=cal, sinks=sinks,
                       plan=plan, default_proposer=default)
+            eng._proposer_options = options
             if not user_len and config.exact:
                 # a default fixed length shrinks to what exact mode verifies; a user's is refused
                 cap = max(1, eng.exact_max_draft())
@@ -281,10 +284,25 @@ class Engine:
 
     def add_proposer(self, name: str, proposer: Proposer) -> None:
         """Make another proposer (e.g. the same kind with other knobs) available to requests."""
-        if name in (PLAIN, AUTO) or "+" in name or name in self.proposers:
+        if name in (PLAIN, AUTO) or "+" in name or not name or name in self.proposers:
             raise InvalidInputError(f"a proposer named {name!r} is already loaded or reserved")
         self.proposers[name] = proposer
         self._resources.callback(proposer.close)
+
+    def clone_proposer(self, name: str, as_name: str, **overrides) -> str:
+        """Load a fresh instance of loaded proposer ``name`` (the options the engine gave it,
+        ``overrides`` on top) under ``as_name``. A benchmark gives each configuration its own
+        instances, so a proposer that learns across requests (suffix trees, n-gram
+        statistics) never sees another configuration's answer to the same prompt."""
+        if name not in self.proposers:
+            raise InvalidInputError(f"proposer {name!r} is not loaded in this engine")
+        kind = getattr(self.proposers[name], "name", name)
+        spec = registry_of_proposers.spec(kind)
+        if spec.costly:
+            raise InvalidInputError(f"the {kind} proposer holds a model and cannot be cloned")
+        options = {**self._proposer_options.get(kind, {}), **overrides}
+        self.add_proposer(as_name, spec.build(BuildContext(), options))
+        return as_name
 
     def calibration(self, threads: int | None = None):
         """This device's verify-cost curve for the target (measured once, cached on disk)."""
@@ -350,16 +368,20 @@ def _planned_draft_len(plan) -> int | None:
     return int(dl[1] if isinstance(dl, (tuple, list)) else dl)
 
 
-def _build_proposers(config: EngineConfig, stack: ExitStack,
-                     ctx: BuildContext) -> dict[str, Proposer]:
-    """Every free proposer (cheap), plus the draft model's when one was loaded. A free one
-    that cannot be built (no native library) is an error only if it was asked for."""
-    wanted = set(split_proposers(config.proposer)) if config.proposer != AUTO else set()
+def _proposer_options(config: EngineConfig) -> dict[str, dict]:
     options = {name: dict(o) for name, o in config.proposer_options.items()}
     if (config.control.adaptive if config.control is not None else config.adaptive):
         # The controller cuts drafts itself; a suffix draft capped at its match length
         # would leave long copied spans on the table.
         options.setdefault("suffix", {}).setdefault("factor", 3.0)
+    return options
+
+
+def _build_proposers(config: EngineConfig, options: Mapping[str, dict], stack: ExitStack,
+                     ctx: BuildContext) -> dict[str, Proposer]:
+    """Every free proposer (cheap), plus the draft model's when one was loaded. A free one
+    that cannot be built (no native library) is an error only if it was asked for."""
+    wanted = set(split_proposers(config.proposer)) if config.proposer != AUTO else set()
     out: dict[str, Proposer] = {}
     for name, spec in registry_of_proposers.REGISTRY.items():
         if "draft_model" in spec.needs and ctx.draft_model is None:

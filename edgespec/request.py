@@ -19,7 +19,7 @@ share one llama.cpp context as separate sequences.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
@@ -63,15 +63,6 @@ class Request:
         self.sessions.clear()
 
 
-def truncate(draft: Draft, k: int) -> Draft:
-    """The first k tokens of a draft, with their distributions and confidences."""
-    if len(draft.tokens) <= k:
-        return draft
-    return replace(draft, tokens=draft.tokens[:k],
-                   probs=None if draft.probs is None else draft.probs[:k],
-                   confidence=None if draft.confidence is None else draft.confidence[:k])
-
-
 class Loop:
     """Runs requests against one target context. The engine owns it; it owns no resources."""
 
@@ -83,7 +74,7 @@ class Loop:
         self.cancelled = cancelled  # a threading.Event set by Engine.cancel()
 
     def serve(self, req: Request) -> Iterator[Event]:
-        from .control import Outcome, StepView
+        from .control import Outcome, StepView, truncate
 
         p = req.params
         req.t0 = time.perf_counter()
@@ -122,8 +113,11 @@ class Loop:
                 cands = {n: s.propose(limit) for n, s in req.sessions.items()
                          if n not in req.costly and limit > 0}
                 t_draft = time.perf_counter() - t_a
+                # what can still be emitted: the max_tokens budget, or the context's room
+                # (the pending token plus `room` drafts)
                 d = req.controller.decide(StepView(generated=len(req.generated),
-                                                   remaining=remaining, candidates=cands))
+                                                   remaining=min(remaining, room + 1),
+                                                   candidates=cands))
                 for rec in req.controller.drain_events():
                     req.stats.observe_control(rec.kind)
                     yield Control(req.id, rec.kind, rec.reason,

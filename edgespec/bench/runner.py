@@ -144,24 +144,46 @@ def control_settings(base, knobs: dict):
 
 
 def load_engine(m: Matrix, plan: EnginePlan):
-    from ..engine import Engine
+    """Load the engine, then give every configuration its own instances of the free
+    proposers it consults: a proposer that learns across requests (suffix trees, n-gram
+    statistics) must not see another configuration's answer to the same prompt, nor the
+    statistics an earlier run saved on disk."""
+    from ..engine import Engine, split_proposers
     from ..proposers import free_proposer
 
     engine = Engine.load(m.target, draft=m.draft, proposer=AUTO if plan.auto else BASELINE,
                          n_ctx=m.n_ctx, threads=m.threads, proposer_options=plan.proposer_options)
-    for label, (name, options) in plan.extra.items():
-        # The engine's proposer table is keyed by request name, so a knob variant is just
-        # one more entry; the controller and stats see it under its label.
-        engine.add_proposer(label, free_proposer(name, **options))
-    missing = [c.label for c in m.engine_configs
-               if plan.request_name[c.label] not in (BASELINE, None)
-               and any(n not in engine.proposers for n in plan.request_name[c.label].split("+"))]
-    if missing:
+    try:
+        for label, (name, options) in plan.extra.items():
+            engine.add_proposer(label, free_proposer(name, **options))
+        for c in m.engine_configs:
+            asked = plan.request_name[c.label]
+            if asked == BASELINE:
+                continue
+            label = asked or engine.default_proposer
+            missing = [n for n in split_proposers(label) if n not in engine.proposers]
+            if missing:
+                raise EdgespecError(
+                    f"the engine could not load {c.label} ({', '.join(missing)}; loaded: "
+                    f"{', '.join(engine.proposers) or 'none'}); is the native library built "
+                    "(`make install`)?")
+            parts = []
+            for n in split_proposers(label):
+                if engine.proposers[n].costly:
+                    parts.append(n)  # one model; it learns nothing across requests
+                else:
+                    parts.append(engine.clone_proposer(n, f"{c.label}/{n}", **_no_persistence(
+                        getattr(engine.proposers[n], "name", n))))
+            plan.request_name[c.label] = "+".join(parts) if parts else BASELINE
+    except BaseException:
         engine.close()
-        raise EdgespecError(f"the engine could not load {', '.join(missing)} (loaded: "
-                            f"{', '.join(engine.proposers) or 'none'}); is the native library built "
-                            "(`make install`)?")
+        raise
     return engine
+
+
+def _no_persistence(kind: str) -> dict:
+    """Options that keep a fresh instance from reading or writing statistics on disk."""
+    return {"stats_path": ""} if kind == "ngram" else {}
 
 
 def total_requests(m: Matrix, prompts: Sequence[BenchPrompt]) -> int:

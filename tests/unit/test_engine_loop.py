@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from edgespec.control import ControlSettings
-from edgespec.errors import ContextOverflowError, UnsupportedError
+from edgespec.errors import ContextOverflowError, InvalidInputError, UnsupportedError
 from edgespec.events import Control, Finished, PrefillDone, RequestStarted, Step
 from edgespec.params import GenerationParams, SamplingParams
 from edgespec.stats import MemorySink
@@ -425,3 +425,25 @@ def test_exact_mode_without_an_exact_batch_only_runs_the_plain_path(probed_cap, 
         eng.stream("a", raw())
     _, fin = run(eng, params=raw(max_tokens=5), proposer="none")
     assert fin.tokens == plain(params=raw(max_tokens=5)).tokens
+
+
+# --- fresh proposer instances for benchmarks (issue 12: no cross-configuration learning) ---
+def test_a_cloned_proposer_is_a_fresh_instance_with_the_engine_options():
+    from edgespec.proposers import free_proposer
+
+    model = FakeModel()
+    eng = fake_engine(model, {"suffix": free_proposer("suffix", factor=3.0)},
+                      control=ControlSettings(max_draft=6))
+    eng._proposer_options = {"suffix": {"factor": 3.0}}
+    name = eng.clone_proposer("suffix", "cfg/suffix", min_token_prob=0.2)
+    clone = eng.proposers[name]
+    assert clone is not eng.proposers["suffix"]
+    assert (clone.factor, clone.min_token_prob) == (3.0, 0.2)
+    # what the original learnt across requests is not in the clone
+    eng.generate("a b a b", raw(max_tokens=6), proposer="suffix")
+    assert eng.proposers["suffix"].global_tree.num_sequences >= 1
+    assert clone.global_tree.num_sequences == 0
+    with pytest.raises(InvalidInputError, match="not loaded"):
+        eng.clone_proposer("ngram", "x")
+    with pytest.raises(InvalidInputError, match="already loaded"):
+        eng.clone_proposer("suffix", "cfg/suffix")
