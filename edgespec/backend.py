@@ -313,6 +313,32 @@ class Context:
     def clear(self) -> None:
         _ll.llama_memory_clear(self._mem, True)
 
+    # per-sequence state: what edgespec.kvcache keeps in RAM and edgespec.sessions on disk
+    def state_get(self, seq_id: int = 0) -> bytes:
+        """A copy of one sequence's KV state (llama.cpp's versioned sequence format)."""
+        size = int(_ll.llama_state_seq_get_size(self._c, seq_id))
+        buf = (ctypes.c_uint8 * max(size, 1))()
+        n = int(_ll.llama_state_seq_get_data(self._c, buf, size, seq_id))
+        if n == 0 and size:
+            raise EdgespecError(f"llama.cpp could not copy the state of sequence {seq_id}: "
+                                f"{recent_log(3)}")
+        return bytes(memoryview(buf)[:n])
+
+    def state_set(self, state: bytes, seq_id: int = 0) -> None:
+        """Replace sequence ``seq_id`` with a state from :meth:`state_get` of a context of the
+        same model and configuration; on failure the sequence is left empty."""
+        self.trim(seq_id, 0)
+        buf = (ctypes.c_uint8 * max(len(state), 1)).from_buffer_copy(state or b"\0")
+        n = int(_ll.llama_state_seq_set_data(self._c, buf, len(state), seq_id))
+        if n == 0:
+            self.trim(seq_id, 0)
+            raise EdgespecError(f"llama.cpp refused a saved state for sequence {seq_id} "
+                                f"({len(state)} bytes): {recent_log(3)}")
+
+    def seq_pos_max(self, seq_id: int = 0) -> int:
+        """The last position sequence ``seq_id`` holds (-1 when empty)."""
+        return int(_ll.llama_memory_seq_pos_max(self._mem, seq_id))
+
     def close(self) -> None:
         if not self._closed:
             _ll.llama_batch_free(self._batch)
