@@ -31,6 +31,7 @@ GGML_TYPE_Q8_0 = 8
 _init_lock = threading.Lock()
 _initialised = False
 _LOG: deque[str] = deque(maxlen=200)
+_LOG_COUNT = [0]  # messages ever logged: what one call logged is the tail past a mark
 
 
 def _require() -> None:
@@ -45,6 +46,7 @@ if _ll is not None:
     def _log_callback(level, text, user_data):  # noqa: ARG001
         try:
             _LOG.append(text.decode("utf-8", "replace"))
+            _LOG_COUNT[0] += 1
         except Exception:
             pass
         if os.environ.get("EDGESPEC_LLAMA_LOG"):
@@ -159,6 +161,16 @@ class Model:
         buf = ctypes.create_string_buffer(4096)
         n = _ll.llama_model_meta_val_str(self._m, key.encode(), buf, 4096)
         return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    # grammars ----------------------------------------------------------------
+    def grammar(self, gbnf: str, root: str = "root") -> "Grammar":
+        """A fresh llama.cpp grammar state over this vocabulary (edgespec.grammar drives it)."""
+        handle = _ll.llama_sampler_init_grammar(self._vocab, gbnf.encode("utf-8"),
+                                                root.encode("utf-8"))
+        if not handle:
+            raise EdgespecError(f"llama.cpp refused the grammar for {self.path.name}: "
+                                f"{_grammar_log_error()}")
+        return Grammar(handle)
 
     # contexts ----------------------------------------------------------------
     def new_context(self, n_ctx: int, n_batch: int = 512, n_threads: int | None = None,
@@ -350,6 +362,123 @@ class Context:
             self.close()
         except Exception:
             pass
+
+
+# --- grammars: llama.cpp's own grammar engine --------------------------------------
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+class Grammar:
+    """One llama.cpp grammar sampler: which tokens may come next, advanced token by token.
+
+    ``accept`` must only be given a token ``allowed`` admits: llama.cpp throws a C++
+    exception for any other, which no ctypes caller can catch (the process aborts).
+    """
+
+    def __init__(self, handle) -> None:
+        self._s = handle
+        self._buf = np.zeros(0, dtype=_TOKEN_DATA)
+
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        """For each token id, whether the grammar admits it next (EOG only where complete)."""
+        n = int(ids.shape[0])
+        if self._buf.shape[0] < n:
+            self._buf = np.zeros(max(n, 2 * self._buf.shape[0]), dtype=_TOKEN_DATA)
+        buf = self._buf[:n]
+        buf["id"] = ids
+        buf["logit"] = 0.0
+        arr = _ll.llama_token_data_array(
+            data=buf.ctypes.data_as(_ll.llama_token_data_p), size=n, selected=-1, sorted=False)
+        _ll.llama_sampler_apply(self._s, ctypes.byref(arr))
+        # the sampler keeps the array's order and sets a rejected token's logit to -inf
+        return np.isfinite(buf["logit"])
+
+    def accept(self, token: int) -> None:
+        _ll.llama_sampler_accept(self._s, int(token))
+
+    def clone(self) -> "Grammar":
+        return Grammar(_ll.llama_sampler_clone(self._s))
+
+    def reset(self) -> None:
+        """Back to the grammar's start (as if no token had been accepted)."""
+        _ll.llama_sampler_reset(self._s)
+
+    def close(self) -> None:
+        if self._s:
+            _ll.llama_sampler_free(self._s)
+            self._s = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def grammar_error(gbnf: str, root: str = "root") -> str | None:
+    """Why llama.cpp's grammar parser refuses ``gbnf`` (None when it parses). No model needed."""
+    _ensure_init()
+    mark = _LOG_COUNT[0]
+    with _captured_stderr() as err:  # the parser prints its reason to stderr, not to the log
+        handle = _ll.llama_sampler_init_grammar(None, gbnf.encode("utf-8"), root.encode("utf-8"))
+    if handle:
+        _ll.llama_sampler_free(handle)
+        return None
+    return _grammar_log_error(err.getvalue(), mark)
+
+
+class _Captured:
+    def __init__(self) -> None:
+        self.data = b""
+
+    def getvalue(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+
+class _captured_stderr:
+    """File descriptor 2 into a buffer for the duration (C code writes there directly)."""
+
+    def __enter__(self) -> _Captured:
+        import tempfile
+        self.out = _Captured()
+        self.tmp = tempfile.TemporaryFile()
+        self.saved = os.dup(2)
+        os.dup2(self.tmp.fileno(), 2)
+        return self.out
+
+    def __exit__(self, *exc) -> None:
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        self.tmp.seek(0)
+        self.out.data = self.tmp.read()
+        self.tmp.close()
+
+
+def _grammar_log_error(stderr_text: str = "", mark: int | None = None) -> str:
+    """The parser's reason, without the grammar it echoes after it."""
+    n_new = len(_LOG) if mark is None else min(len(_LOG), _LOG_COUNT[0] - mark)
+    logged = "".join(list(_LOG)[len(_LOG) - n_new:]) if n_new > 0 else ""
+    for line in (stderr_text + "\n" + logged).splitlines():
+        if "error parsing grammar: " in line:
+            return line.split("error parsing grammar: ", 1)[1].strip()
+    for line in logged.splitlines():
+        if line.strip() and "failed to parse grammar" not in line:
+            return line.strip()
+    return "llama.cpp could not parse it"
+
+
+def json_schema_to_gbnf(schema_json: str) -> str:
+    """llama-cpp-python's JSON-schema-to-GBNF converter (llama.cpp's, in Python)."""
+    _require()
+    from llama_cpp.llama_grammar import json_schema_to_gbnf as convert
+    return convert(schema_json)
+
+
+def json_object_gbnf() -> str:
+    """llama.cpp's grammar for any JSON object (what OpenAI-style JSON mode produces)."""
+    _require()
+    from llama_cpp.llama_grammar import JSON_GBNF
+    return JSON_GBNF
 
 
 # --- benchmark anchor: llama-cpp-python's own speculation -----------------------------
