@@ -83,8 +83,15 @@ class Engine:
         self._ids = itertools.count(1)
         self._template = target.chat_template()
         self._proposer_options: dict[str, dict] = {}  # what each loaded kind was built with
+        from .kvcache import PrefixCache, StateCache
+        # prefix reuse across requests: what the target's KV holds, plus earlier
+        # conversations' states in RAM (kv_cache.ram.budget_bytes; 0 turns it off)
+        self.kv_cache = PrefixCache(ctx, ram=StateCache())
+        #: requests reuse the KV cache's longest common prefix unless they say otherwise;
+        #: off by default so benchmarks and parity runs prefill every prompt
+        self.reuse = False
         self._loop = Loop(target, ctx, target_name=self.target_name, draft_name=self.draft_name,
-                          sinks=self.sinks, cancelled=self._cancel)
+                          sinks=self.sinks, cancelled=self._cancel, kv=self.kv_cache)
 
     # --- construction -----------------------------------------------------------
     @classmethod
@@ -258,15 +265,26 @@ class Engine:
         return Result(text=fin.text, tokens=fin.tokens, stop_reason=fin.stop_reason,
                       stats=fin.stats, logprobs=tuple(fin.logprobs))
 
+    def chat(self, messages: Sequence[dict], params: GenerationParams | None = None,
+             proposer: str | None = None, control=None, exact: bool | None = None,
+             reuse: bool = True) -> Iterator[Event]:
+        """Stream the assistant's answer to a conversation (``[{"role", "content"}, ...]``),
+        reusing the KV of the longest prefix an earlier request left (the conversation so
+        far). :class:`edgespec.conversation.Conversation` keeps the history for you."""
+        return self.stream(list(messages), replace(params or GenerationParams(), chat=True),
+                           proposer=proposer, control=control, exact=exact, reuse=reuse)
+
     def stream(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
                proposer: str | None = None, control=None,
-               exact: bool | None = None) -> Iterator[Event]:
+               exact: bool | None = None, reuse: bool | None = None) -> Iterator[Event]:
         """Run one request, yielding RequestStarted, PrefillDone, Step..., Control..., Finished.
 
         ``proposer`` (a loaded name, several joined by ``+``, or ``"none"``), ``control``
         (a :class:`edgespec.control.ControlSettings`) and ``exact`` override the engine's
         defaults for this request only, so a benchmark can compare the plain path, fixed
-        draft lengths and adaptive control on one loaded model.
+        draft lengths and adaptive control on one loaded model. ``reuse`` (default: the
+        engine's ``reuse``) starts from the longest token prefix of the prompt that the KV
+        cache already holds and prefills only the rest (edgespec.kvcache).
         """
         params = (params or GenerationParams()).validate()
         exact = self.exact if exact is None else exact
@@ -280,7 +298,8 @@ class Engine:
             raise ContextOverflowError(
                 f"the prompt is {len(prompt_tokens)} tokens but the context holds {self.ctx.n_ctx}; "
                 "raise --ctx (up to the model's trained context) or shorten the prompt")
-        return self._run(prompt_tokens, params, label, control)
+        return self._run(prompt_tokens, params, label, control,
+                         self.reuse if reuse is None else reuse)
 
     def add_proposer(self, name: str, proposer: Proposer) -> None:
         """Make another proposer (e.g. the same kind with other knobs) available to requests."""
@@ -319,14 +338,14 @@ class Engine:
                                     f"(loaded: {', '.join([PLAIN, *self.proposers])})")
 
     def _run(self, prompt_tokens: list[int], params: GenerationParams, label: str,
-             control) -> Iterator[Event]:
+             control, reuse: bool = False) -> Iterator[Event]:
         from .control import make_controller
 
         with self._lock:
             self._cancel.clear()
             req = Request(id=next(self._ids), params=params, proposer_label=label,
                           tokens=list(prompt_tokens), n_prompt=len(prompt_tokens),
-                          text=TextAssembler(params.stop))
+                          text=TextAssembler(params.stop), reuse=reuse)
             req.stats.proposer = label
             if not params.sampling.greedy:
                 req.rng = sampling.make_rng(params.sampling.seed)

@@ -48,6 +48,8 @@ class Request:
     max_draft: int = 0  # candidates are proposed at this length
     seq_id: int = 0
     n_past: int = 0  # positions of `tokens` already in the target's KV cache
+    reuse: bool = False  # start from the longest prefix of `tokens` the KV cache already holds
+    in_flight: bool = False  # a pass has written positions past n_past that are not trimmed yet
     rng: np.random.Generator | None = None
     stats: RequestStats = field(default_factory=RequestStats)
     text: TextAssembler = field(default_factory=TextAssembler)
@@ -67,27 +69,48 @@ class Loop:
     """Runs requests against one target context. The engine owns it; it owns no resources."""
 
     def __init__(self, target, ctx, *, target_name: str, draft_name: str | None, sinks,
-                 cancelled) -> None:
+                 cancelled, kv=None) -> None:
+        from .kvcache import PrefixCache
+
         self.target, self.ctx = target, ctx
+        self.kv = kv if kv is not None else PrefixCache(ctx)  # what the target's KV holds
         self.target_name, self.draft_name = target_name, draft_name
         self.sinks = sinks
         self.cancelled = cancelled  # a threading.Event set by Engine.cancel()
 
     def serve(self, req: Request) -> Iterator[Event]:
-        from .control import Outcome, StepView, truncate
-
-        p = req.params
         req.t0 = time.perf_counter()
         yield RequestStarted(req.id, req.n_prompt, req.proposer_label, self.target_name,
                              self.draft_name if any(n in req.costly for n in req.sessions) else None)
-        self.ctx.clear()
-        logits = self.ctx.decode(req.tokens, 0, req.seq_id, logits="last")
+        try:
+            yield from self._serve(req)
+        finally:
+            # whatever ended the request (finished, cancelled, the consumer stopped reading,
+            # an error between a pass and its trim), the KV cache keeps exactly what it
+            # evaluated of the request's tokens, for the next request to reuse
+            # (a stop inside an accepted draft leaves drafted positions past the last token)
+            keep = min(req.n_past, len(req.tokens))
+            try:
+                if req.in_flight or keep < req.n_past:
+                    self.ctx.trim(req.seq_id, keep)
+                self.kv.commit(req.tokens[:keep])
+            except Exception:
+                self.kv.invalidate()
+
+    def _serve(self, req: Request) -> Iterator[Event]:
+        from .control import Outcome, StepView, truncate
+
+        p = req.params
+        pre = self.kv.prefill(req.tokens, reuse=req.reuse)
+        logits = pre.logits
         req.n_past = len(req.tokens)
         # Opening a session indexes the prompt (a draft model prefills it): part of TTFT.
         for n, prop in req.proposers.items():
+            if hasattr(prop, "reuse_prefix"):
+                prop.reuse_prefix = req.reuse
             req.sessions[n] = prop.open(req.tokens, p.sampling)
         t_prefill = time.perf_counter() - req.t0
-        req.stats.observe_prefill(req.n_prompt, t_prefill)
+        req.stats.observe_prefill(req.n_prompt, t_prefill, reused=pre.reused)
         yield PrefillDone(req.id, req.n_prompt, t_prefill)
 
         first = self._choose_plain(req, logits[0])
@@ -134,12 +157,14 @@ class Loop:
                         t_draft += time.perf_counter() - t_b
             t_c = time.perf_counter()
             batch = [req.tokens[-1], *draft.tokens]
+            req.in_flight = True
             rows = self.ctx.decode(batch, req.n_past, req.seq_id,
                                    logits="all" if draft.tokens else "last")
             n_acc, nxt = self._verify(req, draft, rows)
             req.n_past += 1 + n_acc
             if n_acc < len(draft.tokens):
                 self.ctx.trim(req.seq_id, req.n_past)
+            req.in_flight = False
             t_verify = time.perf_counter() - t_c
             new = [*draft.tokens[:n_acc], nxt]
             used = used if draft.tokens else None

@@ -18,6 +18,7 @@ from typing import Callable, Protocol
 @dataclass
 class RequestStats:
     prompt_tokens: int = 0
+    prompt_reused: int = 0  # prompt tokens whose KV came from an earlier request (prefix reuse)
     generated_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -40,8 +41,9 @@ class RequestStats:
     proposer: str = "none"
 
     # --- observation -------------------------------------------------------
-    def observe_prefill(self, n_tokens: int, seconds: float) -> None:
+    def observe_prefill(self, n_tokens: int, seconds: float, reused: int = 0) -> None:
         self.prompt_tokens = n_tokens
+        self.prompt_reused = reused
         self.prefill_seconds += seconds
 
     def observe_step(self, *, proposer: str | None, drafted: int, accepted: int,
@@ -82,6 +84,11 @@ class RequestStats:
         self.total_seconds = total_seconds
 
     # --- derived -----------------------------------------------------------
+    @property
+    def prompt_computed(self) -> int:
+        """Prompt tokens this request evaluated (the rest were reused)."""
+        return self.prompt_tokens - self.prompt_reused
+
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
@@ -145,6 +152,8 @@ class RequestStats:
         return {
             "proposer": self.proposer,
             "prompt_tokens": self.prompt_tokens,
+            "prompt_reused": self.prompt_reused,
+            "prompt_computed": self.prompt_computed,
             "generated_tokens": self.generated_tokens,
             "stop_reason": self.stop_reason,
             "drafted": self.drafted,
@@ -183,7 +192,8 @@ class RequestStats:
             f"({self.verify_passes} verify, {self.plain_steps} plain)",
             f"accepted-length histogram {hist}",
             "acceptance by position " + " ".join(f"{a:.0%}" for a in self.position_acceptance[:16]),
-            f"time: prefill {self.prefill_seconds * 1000:.0f} ms ({self.prompt_tokens} tok), "
+            f"time: prefill {self.prefill_seconds * 1000:.0f} ms ({self.prompt_computed} tok"
+            f"{f', {self.prompt_reused} reused' if self.prompt_reused else ''}), "
             f"draft {self.draft_seconds * 1000:.0f} ms, verify {self.verify_seconds * 1000:.0f} ms, "
             f"plain {self.plain_seconds * 1000:.0f} ms, other {self.other_seconds * 1000:.0f} ms; "
             f"TTFT {ttft}, ITL p50 {d['itl_p50'] * 1000:.0f} ms p95 {d['itl_p95'] * 1000:.0f} ms",

@@ -31,21 +31,35 @@ class DraftModelProposer:
                                      type_v=k.kv_ggml_type)
         self.seconds_per_token = 0.0  # running estimate, read by the controller
         self._busy = False
+        #: set per request by the engine: start from the longest prefix the KV cache holds
+        self.reuse_prefix = False
+        self._held: list[int] = []  # what the draft's KV cache holds between requests
+        self.last_reused = 0
 
     def open(self, prompt_tokens: Sequence[int], sampling: SamplingParams) -> "DraftSession":
         if self._busy:
             raise RuntimeError("the draft model serves one request at a time")
         self._busy = True
-        self.ctx.clear()
+        from ..kvcache import common_prefix
         session = DraftSession(self, list(prompt_tokens), sampling)
+        # the last prompt token is fed with the first proposal, so it is never reused
+        n = min(common_prefix(self._held, session.seq), len(session.seq) - 1) \
+            if self.reuse_prefix else 0
+        self._held = []
         try:
+            if n == 0:
+                self.ctx.clear()
+            else:
+                self.ctx.trim(0, n)
             # Prefill now, not in the first propose(): it is part of the time to first token.
-            if len(session.seq) > 1:
-                self.ctx.decode(session.seq[:-1], 0, logits="none")
-                session.kv_len = len(session.seq) - 1
+            if len(session.seq) - 1 > n:
+                self.ctx.decode(session.seq[n:-1], n, logits="none")
+            session.kv_len = max(len(session.seq) - 1, 0)
         except BaseException:
+            self.ctx.clear()
             self._busy = False
             raise
+        self.last_reused = n
         return session
 
     def _release(self) -> None:
@@ -121,6 +135,15 @@ class DraftSession:
         self.pending = []
 
     def close(self, completed: bool) -> None:  # noqa: ARG002
+        # a proposal not yet accepted left its tokens past kv_len: drop them, so the KV
+        # holds exactly seq[:kv_len] for the next request to reuse
+        try:
+            if self.pending:
+                self.owner.ctx.trim(0, self.kv_len)
+            self.owner._held = self.seq[:self.kv_len]
+        except Exception:
+            self.owner._held = []
+        self.pending = []
         self.owner._release()
 
 

@@ -1,0 +1,209 @@
+"""Prefix reuse: a request prefills only what the KV cache does not already hold.
+
+A chat client sends the whole conversation every turn; turn 10 would re-read every
+earlier turn. :class:`PrefixCache` remembers which tokens one sequence of a context
+holds, position by position, and a new prompt
+
+    reuses  the longest common token prefix with what is held (the working sequence,
+            or a sequence state kept in RAM by :class:`StateCache`, whichever is longer),
+    trims   every held position past it,
+    decodes only the rest, with logits at the last prompt token.
+
+At least the last prompt token is always decoded, because its logits choose the first
+new token. Positions stay what they were when the tokens were first evaluated, so a
+reused prefix means exactly what it meant then.
+
+What is held after a request is the prompt and the generated tokens the target has
+evaluated (the pending last token is not): the next turn of the conversation, whose
+prompt starts with the same rendered history, reuses all of it up to the first token
+where the chat template's retokenization of the answer differs from the tokens the
+model generated.
+
+:class:`StateCache` keeps several sequences' states (the last turns of several
+conversations) in a byte budget with least-recently-used eviction, through llama.cpp's
+per-sequence state API (``Context.state_get`` / ``state_set``).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .errors import EdgespecError
+
+#: a held sequence about to lose at least this many positions is saved to the RAM cache
+#: first (a conversation being switched away from); a few retokenized tokens are not
+SAVE_MIN_DROPPED = 32
+#: a state shorter than this is cheaper to prefill than to keep
+MIN_STATE_TOKENS = 16
+DEFAULT_RAM_BYTES = 256 << 20
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences.
+
+    >>> common_prefix([1, 2, 3], [1, 2, 4, 5])
+    2
+    """
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n
+
+
+@dataclass
+class StateEntry:
+    tokens: tuple[int, ...]  # what the state holds, position by position
+    state: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.state)
+
+
+class StateCache:
+    """Sequence states within a byte budget, least recently used evicted first.
+
+    An entry whose tokens are a prefix of a newer entry's is dropped: the newer one
+    serves every prompt the older one could (the earlier turn of the same conversation).
+    """
+
+    def __init__(self, budget_bytes: int = DEFAULT_RAM_BYTES) -> None:
+        if budget_bytes < 0:
+            raise EdgespecError(f"the KV state cache budget must be >= 0 bytes (got {budget_bytes})")
+        self.budget_bytes = int(budget_bytes)
+        self._entries: OrderedDict[tuple[int, ...], StateEntry] = OrderedDict()
+        self.nbytes = 0
+        self.hits = self.misses = self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def entries(self) -> list[StateEntry]:
+        """Oldest first."""
+        return list(self._entries.values())
+
+    def put(self, tokens: Sequence[int], state: bytes) -> bool:
+        """Keep ``state`` (which holds ``tokens``); False when it cannot fit the budget."""
+        key = tuple(int(t) for t in tokens)
+        if len(state) > self.budget_bytes or len(key) < MIN_STATE_TOKENS:
+            return False
+        for k in [k for k in self._entries if len(k) <= len(key) and key[:len(k)] == k]:
+            self._drop(k)
+        if any(len(k) > len(key) and k[:len(key)] == key for k in self._entries):
+            return False  # a longer state of the same conversation already serves it
+        self._entries[key] = StateEntry(key, state)
+        self.nbytes += len(state)
+        while self.nbytes > self.budget_bytes:
+            self._drop(next(iter(self._entries)))
+            self.evictions += 1
+        return True
+
+    def best(self, prompt: Sequence[int]) -> tuple[StateEntry | None, int]:
+        """The entry sharing the longest prefix with ``prompt``, and that length (touched
+        as most recently used)."""
+        best, n = None, 0
+        for e in self._entries.values():
+            m = common_prefix(e.tokens, prompt)
+            if m > n:
+                best, n = e, m
+        if best is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+            self._entries.move_to_end(best.tokens)
+        return best, n
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.nbytes = 0
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        self.nbytes -= self._entries.pop(key).nbytes
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """What a prefill reused and computed; ``logits`` is the last prompt token's row."""
+
+    logits: np.ndarray
+    reused: int
+    computed: int
+    restored: bool  # the reused prefix came from the RAM state cache
+
+
+class PrefixCache:
+    """The tokens one sequence of a context holds, and prefix reuse over them.
+
+    ``ram`` (a :class:`StateCache`) is optional; a context without the state API (the
+    fake backend) works without it. Whoever decodes into the sequence reports what it
+    holds afterwards with :meth:`commit`; after an error, :meth:`invalidate`.
+    """
+
+    def __init__(self, ctx, seq_id: int = 0, ram: StateCache | None = None) -> None:
+        self.ctx, self.seq_id = ctx, seq_id
+        self.ram = ram if hasattr(ctx, "state_get") else None
+        self.held: list[int] = []
+
+    def prefill(self, prompt: Sequence[int], reuse: bool = True) -> Prefill:
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise EdgespecError("prefill called with an empty prompt")
+        n, restored = 0, False
+        if reuse:
+            n = min(common_prefix(self.held, prompt), len(prompt) - 1)
+            if self.ram is not None:
+                if len(self.held) - n >= SAVE_MIN_DROPPED:
+                    self.save()
+                entry, m = self.ram.best(prompt)
+                m = min(m, len(prompt) - 1)
+                if entry is not None and m > n:
+                    n, restored = self._restore(entry, m), True
+        elif self.ram is not None and len(self.held) >= SAVE_MIN_DROPPED:
+            self.save()  # a request that does not reuse still leaves the conversation findable
+        try:
+            if n == 0:
+                self.ctx.clear()
+            elif n < len(self.held):
+                self.ctx.trim(self.seq_id, n)
+            self.held = prompt[:n]
+            logits = self.ctx.decode(prompt[n:], n, self.seq_id, logits="last")
+        except BaseException:
+            self.invalidate()
+            raise
+        self.held = prompt
+        return Prefill(logits=logits, reused=n, computed=len(prompt) - n, restored=restored)
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        """The sequence holds exactly ``tokens`` now (positions 0..len-1)."""
+        self.held = [int(t) for t in tokens]
+
+    def invalidate(self) -> None:
+        """Forget what the sequence holds (after an error left it unknown)."""
+        self.held = []
+        try:
+            self.ctx.clear()
+        except Exception:  # pragma: no cover - a closed context holds nothing anyway
+            pass
+
+    def save(self) -> bool:
+        """Copy the held sequence into the RAM cache (False when there is none or it does
+        not fit)."""
+        if self.ram is None or len(self.held) < MIN_STATE_TOKENS:
+            return False
+        return self.ram.put(self.held, self.ctx.state_get(self.seq_id))
+
+    def _restore(self, entry: StateEntry, m: int) -> int:
+        try:
+            self.ctx.state_set(entry.state, self.seq_id)
+        except EdgespecError:
+            self.held = []
+            self.ram._drop(entry.tokens)
+            return 0
+        self.held = list(entry.tokens)
+        return m
