@@ -256,9 +256,11 @@ class Engine:
         return self.target.tokenize(prompt, add_special=True, parse_special=False)
 
     def generate(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
-                 proposer: str | None = None, control=None, exact: bool | None = None) -> Result:
+                 proposer: str | None = None, control=None, exact: bool | None = None,
+                 reuse: bool | None = None) -> Result:
         fin = None
-        for ev in self.stream(prompt, params, proposer=proposer, control=control, exact=exact):
+        for ev in self.stream(prompt, params, proposer=proposer, control=control, exact=exact,
+                              reuse=reuse):
             if isinstance(ev, Finished):
                 fin = ev
         assert fin is not None
