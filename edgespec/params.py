@@ -3,12 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import InvalidInputError, UnsupportedError
-
-
-GRAMMAR_UNSUPPORTED = (
-    "grammar-constrained decoding (GBNF / JSON schema) is not supported by edgespec yet, on the "
-    "plain or the speculative path; run without --grammar, or use llama.cpp's own grammar sampling")
+from .errors import InvalidInputError
 
 
 @dataclass(frozen=True)
@@ -60,18 +55,25 @@ class GenerationParams:
     chat: bool = True  # apply the target's own GGUF chat template
     system: str | None = None
     logprobs: int | None = None  # None = off; N = report the top-N alternatives too
-    grammar: str | None = None  # GBNF text (or JSON schema converted to it): refused for now
+    # structured output (at most one): GBNF text, a JSON schema (dict or JSON text), or any
+    # JSON object; enforced exactly on every path (edgespec.grammar)
+    grammar: str | None = None
+    json_schema: str | dict | None = None
+    json_mode: bool = False
 
     def validate(self) -> "GenerationParams":
         _guard(self.max_tokens >= 1, f"max_tokens must be >= 1 (got {self.max_tokens})")
         _guard(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty")
         self.sampling.validate()
-        if self.grammar is not None:
-            # Never silently unconstrained: until the grammar state is advanced over accepted
-            # tokens only (and drafts it forbids are cut), constrained decoding is refused,
-            # here, so every entry point refuses before any model loads.
-            raise UnsupportedError(GRAMMAR_UNSUPPORTED)
+        # an unparsable grammar, an invalid schema or one with keywords the converter would
+        # drop is refused here, before any model loads: never an unconstrained answer
+        self.constraint()
         return self
+
+    def constraint(self):
+        """The request's :class:`edgespec.grammar.Constraint`, or None (validated, cached)."""
+        from .grammar import constraint_of
+        return constraint_of(self.grammar, self.json_schema, self.json_mode)
 
 
 def _guard(ok: bool, message: str) -> None:

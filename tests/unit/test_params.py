@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.errors import EdgespecError, InvalidInputError, UnsupportedError
+from edgespec.errors import EdgespecError, InvalidInputError
 from edgespec.params import GenerationParams, SamplingParams
 
 
@@ -13,20 +13,17 @@ def test_defaults_validate_and_return_themselves():
     assert p.sampling.greedy
 
 
-def test_a_grammar_is_refused_by_validation_not_ignored():
-    p = GenerationParams(grammar='root ::= "yes" | "no"')
-    with pytest.raises(UnsupportedError) as e:
-        p.validate()
-    msg = str(e.value)
-    # the message names the feature and says what to do instead
-    assert "grammar-constrained decoding" in msg and "not supported" in msg
-    assert "run without --grammar" in msg
+def test_a_grammar_that_does_not_parse_is_refused_by_validation_not_ignored():
+    # tests/unit/test_grammar.py covers grammars and schemas in depth
+    with pytest.raises(InvalidInputError, match="cannot parse the grammar") as e:
+        GenerationParams(grammar='root ::= "yes" | [a-').validate()
     assert isinstance(e.value, EdgespecError)
+    assert GenerationParams(grammar='root ::= "yes" | "no"').validate().constraint() is not None
 
 
 def test_an_empty_grammar_is_still_a_grammar():
-    # "" is a request for a (degenerate) grammar, not "no grammar": refuse it too
-    with pytest.raises(UnsupportedError):
+    # "" is a request for a (degenerate) grammar, not "no grammar": refuse it, never ignore it
+    with pytest.raises(InvalidInputError, match="empty"):
         GenerationParams(grammar="").validate()
 
 

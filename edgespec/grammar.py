@@ -1,0 +1,425 @@
+"""Structured output: GBNF grammars and JSON schemas, enforced exactly under speculation.
+
+A request may carry one constraint (``GenerationParams.grammar`` GBNF text,
+``.json_schema`` or ``.json_mode``). :func:`constraint_of` turns it into GBNF and
+refuses, before any model loads, what cannot be enforced exactly: text llama.cpp's
+parser rejects, a schema that is not a valid JSON schema, a schema keyword the
+converter (llama-cpp-python's port of llama.cpp's ``json_schema_to_grammar``) would
+silently drop. Grammars are llama.cpp's own engine (``backend.Grammar``); nothing here
+parses GBNF.
+
+Semantics (the same on the plain and the speculative path, so greedy output is equal):
+
+* the constrained distribution at a position is the target's logits with every token
+  the grammar does not admit set to ``-inf`` *first*, then the usual processing
+  (bias, penalties, top-k/p, min-p, temperature): llama.cpp's ``grammar_first`` order;
+* greedy picks the best admissible token (:meth:`GrammarState.best` checks the argmax
+  alone first and widens only when the grammar forbids it: exact, and cheap where
+  the model already follows the grammar);
+* the grammar advances over *emitted* tokens only; verification forks it per draft
+  position (:meth:`GrammarState.fork`), so a rejected draft never touches it;
+* an end-of-generation token is admissible only where the grammar is complete
+  (llama.cpp's rule), and a position with nothing admissible ends the request with
+  ``stop_reason == "grammar"``.
+
+Drafting under a grammar: candidates are cut at their first token the grammar forbids
+(:meth:`GrammarState.admissible_prefix`), and where the grammar forces a literal (a
+fixed key, a closing bracket) :meth:`GrammarState.forced` drafts it at no proposer
+cost. "Exactly one admissible *token*" almost never holds with a BPE vocabulary (a
+literal ``"name"`` admits ``"``, ``"n``, ``"name`` ...), so forcing is found per
+*character*: the grammar is applied to the ~100 single-character tokens only, and a
+forced run of characters is tokenized as the model's tokenizer would.
+"""
+from __future__ import annotations
+
+import json
+import time
+import weakref
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+from .errors import EdgespecError, InvalidInputError, UnsupportedError
+
+#: longest literal probed per step; longer forced runs continue next step
+MAX_FORCED_CHARS = 32
+
+#: JSON Schema keywords that constrain a value (annotations such as title are not here)
+_VALIDATION_KEYWORDS = frozenset({
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
+    "exclusiveMinimum", "maxLength", "minLength", "pattern", "maxItems", "minItems",
+    "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties", "required",
+    "dependentRequired", "dependencies", "items", "prefixItems", "additionalItems", "contains",
+    "properties", "patternProperties", "additionalProperties", "propertyNames",
+    "unevaluatedItems", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "not", "if", "then",
+    "else", "dependentSchemas", "$ref", "$dynamicRef", "format", "contentEncoding",
+    "contentMediaType",
+})
+_PRIMITIVES = frozenset({"string", "number", "integer", "boolean", "null", "object", "array"})
+_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4",
+                      "uuid5"})
+
+
+class GrammarError(InvalidInputError):
+    """A grammar or JSON schema that cannot be parsed or enforced."""
+
+
+# --- compile: params -> GBNF, refused before any load -------------------------------------
+@dataclass(frozen=True)
+class Constraint:
+    kind: str  # "grammar" | "json_schema" | "json"
+    gbnf: str
+    schema: str | None = None  # the JSON schema's text, for validating outputs
+    root: str = "root"
+
+    def output_error(self, text: str) -> str | None:
+        """Why ``text`` is not valid JSON for this constraint's schema (None: valid or not JSON
+        mode). A safety net for callers: a complete grammar-constrained output always passes."""
+        if self.kind == "grammar":
+            return None
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            return f"not JSON: {e}"
+        if self.kind == "json":
+            return None if isinstance(value, dict) else "not a JSON object"
+        import jsonschema
+        err = jsonschema.exceptions.best_match(
+            jsonschema.validators.validator_for(json.loads(self.schema))(
+                json.loads(self.schema)).iter_errors(value))
+        return None if err is None else err.message
+
+
+def constraint_of(grammar: str | None = None, json_schema: str | dict | None = None,
+                  json_mode: bool = False) -> Constraint | None:
+    """The request's constraint as GBNF, or None; raises GrammarError / UnsupportedError."""
+    given = [n for n, v in (("grammar", grammar is not None), ("json_schema", json_schema is not None),
+                            ("json_mode", json_mode)) if v]
+    if len(given) > 1:
+        raise InvalidInputError(f"give one of grammar, json_schema and json_mode (got "
+                                f"{' and '.join(given)})")
+    if grammar is not None:
+        return _from_gbnf(grammar)
+    if json_schema is not None:
+        text = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+        return _from_schema(text)
+    if json_mode:
+        from . import backend
+        return Constraint("json", backend.json_object_gbnf())
+    return None
+
+
+@lru_cache(maxsize=64)
+def _from_gbnf(text: str) -> Constraint:
+    from . import backend
+    if not isinstance(text, str) or not text.strip():
+        raise GrammarError("the grammar is empty; give GBNF text with a `root ::= ...` rule")
+    why = backend.grammar_error(text, "root")
+    if why is not None:
+        raise GrammarError(f"llama.cpp cannot parse the grammar: {why}. Check the GBNF syntax "
+                           "(llama.cpp's grammars/README.md); the start rule must be `root`")
+    return Constraint("grammar", text)
+
+
+@lru_cache(maxsize=64)
+def _from_schema(text: str) -> Constraint:
+    from . import backend
+    try:
+        schema = json.loads(text)
+    except ValueError as e:
+        raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise GrammarError("a JSON schema must be an object (or true/false)")
+    import jsonschema
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.exceptions.SchemaError as e:
+        raise GrammarError(f"the JSON schema is invalid at {_where(e.path)}: {e.message}") from None
+    check_schema_supported(schema)
+    try:
+        gbnf = backend.json_schema_to_gbnf(text)
+    except Exception as e:  # the converter asserts and raises ValueError/KeyError
+        raise UnsupportedError(f"the JSON schema cannot be turned into a grammar ({type(e).__name__}: "
+                               f"{e}); simplify it (docs/parity.md lists what is enforced)") from None
+    why = backend.grammar_error(gbnf, "root")
+    if why is not None:  # a converter bug, not the user's: still never unconstrained
+        raise UnsupportedError(f"the grammar converted from the JSON schema does not parse ({why})")
+    return Constraint("json_schema", gbnf, schema=text)
+
+
+def check_schema_supported(schema) -> None:
+    """Refuse every validation keyword the converter would not enforce.
+
+    Mirrors the converter's dispatch (``SchemaConverter.visit``): each kind of schema
+    honours only some keywords, and the rest would be dropped without a word, so an
+    output could break the schema. Refusing them keeps "every output validates" true.
+    """
+    _check(schema, schema, (), set())
+
+
+def _check(node, root, path: tuple, seen: set) -> None:
+    if node is True or node == {}:
+        return
+    if node is False:
+        _unsupported(path, "false", "a schema that admits nothing")
+    if not isinstance(node, dict):
+        raise GrammarError(f"the JSON schema at {_where(path)} is not an object")
+    t = node.get("type")
+    if "$ref" in node:
+        ok = {"$ref"}
+        ref = node["$ref"]
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            _unsupported(path, "$ref", f"the reference {ref!r} (only local '#/...' references)")
+        if ref not in seen:
+            seen.add(ref)
+            target = root
+            for part in ref[2:].split("/"):
+                if not isinstance(target, dict) or part not in target:
+                    raise GrammarError(f"the JSON schema's reference {ref!r} points nowhere")
+                target = target[part]
+            _check(target, root, (ref,), seen)
+    elif "oneOf" in node:
+        _unsupported(path, "oneOf", "oneOf", "the grammar would admit any branch, so an output "
+                     "could match two; use anyOf")
+    elif "anyOf" in node:
+        ok = {"anyOf"}
+        for i, sub in enumerate(node["anyOf"]):
+            _check(sub, root, (*path, "anyOf", i), seen)
+    elif isinstance(t, list):
+        ok = {"type"}
+        for name in t:
+            if name not in _PRIMITIVES:
+                _unsupported(path, "type", f"the type {name!r}")
+    elif "const" in node or "enum" in node:
+        ok = {"const" if "const" in node else "enum", "type"}
+    elif t in (None, "object") and ("properties" in node or (
+            "additionalProperties" in node and node["additionalProperties"] is not True)):
+        ok = {"type", "properties", "required", "additionalProperties"}
+        props = node.get("properties", {})
+        missing = [r for r in node.get("required", []) if r not in props]
+        if missing:
+            _unsupported(path, "required", f"required properties without a schema ({missing})")
+        for name, sub in props.items():
+            _check(sub, root, (*path, name), seen)
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict):
+            _check(extra, root, (*path, "additionalProperties"), seen)
+    elif t in (None, "object") and "allOf" in node:
+        _unsupported(path, "allOf", "allOf", "the converter merges only their properties; merge "
+                     "the subschemas into one")
+    elif t in (None, "array") and ("items" in node or "prefixItems" in node):
+        items = node.get("items") or node["prefixItems"]
+        if isinstance(items, list):
+            ok = {"type", "items" if "items" in node else "prefixItems"}
+            for i, sub in enumerate(items):
+                _check(sub, root, (*path, i), seen)
+        else:
+            ok = {"type", "items", "minItems", "maxItems"}
+            _check(items, root, (*path, "items"), seen)
+    elif t in (None, "string") and "pattern" in node:
+        ok = {"type", "pattern"}
+    elif t in (None, "string") and node.get("format") in _FORMATS:
+        ok = {"type", "format"}
+    elif t == "string" and ("minLength" in node or "maxLength" in node):
+        ok = {"type", "minLength", "maxLength"}
+    elif t in _PRIMITIVES or (t is None and not (set(node) & _VALIDATION_KEYWORDS)):
+        ok = {"type"}
+    else:
+        _unsupported(path, "type", f"the schema {json.dumps(node)[:80]}")
+    dropped = sorted((set(node) & _VALIDATION_KEYWORDS) - ok)
+    if dropped:
+        _unsupported(path, dropped[0], f"the keyword {dropped[0]!r}"
+                     + (f" (with {node.get('format')!r})" if dropped[0] == "format" else ""))
+
+
+def _unsupported(path: tuple, keyword: str, what: str, hint: str = "") -> None:
+    raise UnsupportedError(
+        f"the JSON schema at {_where(path)} uses {what}, which the grammar converter cannot "
+        "enforce; an output could then break the schema, so it is refused. "
+        + (hint[0].upper() + hint[1:] + "." if hint else
+           "Remove it or express it another way (docs/parity.md lists what is enforced)."))
+
+
+def _where(path) -> str:
+    return "/" + "/".join(str(p) for p in path) if path else "the top level"
+
+
+# --- runtime: one request's grammar state ---------------------------------------------------
+_PROBES: "weakref.WeakKeyDictionary[object, tuple[np.ndarray, tuple[bytes, ...], int]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def _probe_tokens(model) -> tuple[np.ndarray, tuple[bytes, ...], int]:
+    """The model's single-character tokens for printable ASCII, then its EOG tokens."""
+    hit = _PROBES.get(model)
+    if hit is None:
+        ids, pieces = [], []
+        for c in [*(chr(i) for i in range(0x20, 0x7F)), "\n", "\t"]:
+            try:
+                toks = model.tokenize(c, add_special=False, parse_special=False)
+            except (ValueError, EdgespecError):
+                continue
+            if len(toks) == 1 and model.token_piece(toks[0]) == c.encode() and toks[0] not in ids:
+                ids.append(toks[0])
+                pieces.append(c.encode())
+        n_chars = len(ids)
+        ids.extend(t for t in model.eog_tokens if t not in ids)
+        hit = (np.asarray(ids, dtype=np.int32), tuple(pieces), n_chars)
+        _PROBES[model] = hit
+    return hit
+
+
+class GrammarState:
+    """A request's position in its grammar, over the target's vocabulary.
+
+    ``seconds`` accumulates the time spent in grammar work (masking, forks, probes), so
+    its cost per step can be reported.
+    """
+
+    def __init__(self, grammar, model, clock: list[float] | None = None) -> None:
+        self._g = grammar
+        self.model = model
+        self._all: np.ndarray | None = None
+        self._clock = clock if clock is not None else [0.0]
+
+    @classmethod
+    def open(cls, constraint: Constraint, model) -> "GrammarState":
+        """A fresh state; refuses a grammar that admits no token of this vocabulary at all."""
+        try:
+            g = model.grammar(constraint.gbnf, constraint.root)
+        except EdgespecError as e:
+            raise GrammarError(str(e)) from None
+        st = cls(g, model)
+        if not st._g.allowed(np.arange(model.n_vocab, dtype=np.int32)).any():
+            st.close()
+            raise GrammarError(f"the grammar admits no token of {model.path.name}'s vocabulary "
+                               "at its start, so nothing could be generated; check its root rule")
+        return st
+
+    @property
+    def seconds(self) -> float:
+        return self._clock[0]
+
+    # --- choosing ---------------------------------------------------------------------
+    def best(self, x: np.ndarray) -> int | None:
+        """argmax of ``x`` over the admissible tokens (lowest id on ties), None if none is."""
+        t0 = time.perf_counter()
+        try:
+            top = int(np.argmax(x))
+            if not np.isfinite(x[top]):
+                return None
+            if self._g.allowed(np.array([top], dtype=np.int32))[0]:
+                return top
+            n = x.shape[0]
+            width = 64
+            while True:
+                if width >= n:
+                    ids = np.flatnonzero(np.isfinite(x))
+                else:
+                    # every id at or above the width-th best value: ties at the cut stay in
+                    thr = np.partition(x, n - width)[n - width]
+                    ids = np.flatnonzero(x >= thr)
+                    ids = ids[np.isfinite(x[ids])]
+                ok = self._g.allowed(ids.astype(np.int32))
+                if ok.any():
+                    cand = ids[ok]
+                    return int(cand[np.argmax(x[cand])])
+                if width >= n:
+                    return None
+                width *= 16
+        finally:
+            self._clock[0] += time.perf_counter() - t0
+
+    def mask(self, logits: np.ndarray) -> np.ndarray:
+        """A float64 copy of ``logits`` with every token the grammar forbids at ``-inf``."""
+        t0 = time.perf_counter()
+        if self._all is None:
+            self._all = np.arange(logits.shape[0], dtype=np.int32)
+        out = np.array(logits, dtype=np.float64, copy=True)
+        out[~self._g.allowed(self._all)] = -np.inf
+        self._clock[0] += time.perf_counter() - t0
+        return out
+
+    # --- drafting ---------------------------------------------------------------------
+    def admissible_prefix(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` the grammar admits in order (an EOG token ends it)."""
+        if not tokens:
+            return 0
+        t0 = time.perf_counter()
+        g = self._g.clone()
+        try:
+            for i, t in enumerate(tokens):
+                if not g.allowed(np.array([t], dtype=np.int32))[0]:
+                    return i
+                if self.model.is_eog(t):
+                    return i + 1
+                g.accept(t)
+            return len(tokens)
+        finally:
+            g.close()
+            self._clock[0] += time.perf_counter() - t0
+
+    def forced(self, max_tokens: int) -> tuple[int, ...]:
+        """Tokens of the literal the grammar forces next, at most ``max_tokens`` (maybe none).
+
+        The last token of a run that the grammar leaves open is dropped: the model's own
+        tokenization may merge it with what follows (``"`` + ``:`` -> ``":``).
+        """
+        if max_tokens <= 0:
+            return ()
+        t0 = time.perf_counter()
+        ids, pieces, n_chars = _probe_tokens(self.model)
+        g = self._g.clone()
+        text = b""
+        closed = False
+        try:
+            while len(text) < MAX_FORCED_CHARS:
+                ok = np.flatnonzero(g.allowed(ids))
+                if ok.shape[0] != 1:
+                    break
+                if ok[0] >= n_chars:  # only end-of-generation: the grammar is complete
+                    closed = True
+                    break
+                g.accept(int(ids[ok[0]]))
+                text += pieces[ok[0]]
+        finally:
+            g.close()
+        toks: tuple[int, ...] = ()
+        if text:
+            toks = tuple(self.model.tokenize(text.decode("ascii"), add_special=False,
+                                             parse_special=False))
+            if not closed:
+                toks = toks[:-1]
+            toks = toks[:max_tokens]
+        self._clock[0] += time.perf_counter() - t0
+        if toks:
+            toks = toks[: self.admissible_prefix(toks)]
+        return toks
+
+    # --- advancing --------------------------------------------------------------------
+    def advance(self, tokens: Sequence[int]) -> None:
+        """Accept emitted tokens (EOG tokens end a request and are not accepted)."""
+        t0 = time.perf_counter()
+        for t in tokens:
+            if self.model.is_eog(t):
+                continue
+            # llama.cpp aborts the process on a token its grammar forbids: check first
+            if not self._g.allowed(np.array([t], dtype=np.int32))[0]:
+                raise EdgespecError(f"internal error: token {t} was emitted against the grammar")
+            self._g.accept(int(t))
+        self._clock[0] += time.perf_counter() - t0
+
+    def fork(self) -> "GrammarState":
+        """An independent copy at the same position (shares the cost clock)."""
+        t0 = time.perf_counter()
+        st = GrammarState(self._g.clone(), self.model, self._clock)
+        st._all = self._all
+        self._clock[0] += time.perf_counter() - t0
+        return st
+
+    def close(self) -> None:
+        if self._g is not None:
+            self._g.close()
+            self._g = None
