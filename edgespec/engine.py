@@ -20,7 +20,7 @@ from typing import Iterator, Mapping, Sequence
 from . import backend, chat, proposers as registry_of_proposers, sampling
 from .config import AUTO, PLAIN, EngineConfig, KernelConfig
 from .errors import ContextOverflowError, EdgespecError, InvalidInputError, UnsupportedError
-from .events import Event, Finished, TokenLogprob
+from .events import Control, Event, Finished, RequestStarted, TokenLogprob
 from .params import GenerationParams
 from .proposers import BuildContext, Proposer
 from .request import Loop, Request
@@ -77,6 +77,7 @@ class Engine:
             calibration.step_seconds if calibration is not None else None))
         self.sinks = list(sinks)
         self.plan = plan
+        self._identity = None  # edgespec.identity.Identity, computed on first use
         self._resources = resources or ExitStack()
         self._lock = threading.Lock()
         self._cancel = threading.Event()
@@ -257,10 +258,10 @@ class Engine:
 
     def generate(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
                  proposer: str | None = None, control=None, exact: bool | None = None,
-                 reuse: bool | None = None) -> Result:
+                 traffic: str = "default") -> Result:
         fin = None
         for ev in self.stream(prompt, params, proposer=proposer, control=control, exact=exact,
-                              reuse=reuse):
+                              traffic=traffic):
             if isinstance(ev, Finished):
                 fin = ev
         assert fin is not None
@@ -278,7 +279,8 @@ class Engine:
 
     def stream(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
                proposer: str | None = None, control=None,
-               exact: bool | None = None, reuse: bool | None = None) -> Iterator[Event]:
+               exact: bool | None = None, reuse: bool | None = None,
+               traffic: str = "default") -> Iterator[Event]:
         """Run one request, yielding RequestStarted, PrefillDone, Step..., Control..., Finished.
 
         ``proposer`` (a loaded name, several joined by ``+``, or ``"none"``), ``control``
@@ -286,7 +288,8 @@ class Engine:
         defaults for this request only, so a benchmark can compare the plain path, fixed
         draft lengths and adaptive control on one loaded model. ``reuse`` (default: the
         engine's ``reuse``) starts from the longest token prefix of the prompt that the KV
-        cache already holds and prefills only the rest (edgespec.kvcache).
+        cache already holds and prefills only the rest (edgespec.kvcache). ``traffic`` names
+        the request's traffic slice: the goodput guard and the canary judge per slice.
         """
         params = (params or GenerationParams()).validate()
         exact = self.exact if exact is None else exact
@@ -301,13 +304,14 @@ class Engine:
                 f"the prompt is {len(prompt_tokens)} tokens but the context holds {self.ctx.n_ctx}; "
                 "raise --ctx (up to the model's trained context) or shorten the prompt")
         return self._run(prompt_tokens, params, label, control,
-                         self.reuse if reuse is None else reuse)
+                         self.reuse if reuse is None else reuse, traffic)
 
     def add_proposer(self, name: str, proposer: Proposer) -> None:
         """Make another proposer (e.g. the same kind with other knobs) available to requests."""
         if name in (PLAIN, AUTO) or "+" in name or not name or name in self.proposers:
             raise InvalidInputError(f"a proposer named {name!r} is already loaded or reserved")
         self.proposers[name] = proposer
+        self._identity = None  # the feature matrix changed
         self._resources.callback(proposer.close)
 
     def clone_proposer(self, name: str, as_name: str, **overrides) -> str:
@@ -325,6 +329,16 @@ class Engine:
         self.add_proposer(as_name, spec.build(BuildContext(), options))
         return as_name
 
+    @property
+    def identity(self):
+        """This engine's release identity (:mod:`edgespec.identity`): every component its
+        speed and output depend on, and their hash. Computed once (about a second the
+        first time a model is seen: its vocabulary is digested, then cached)."""
+        if self._identity is None:
+            from .identity import collect
+            self._identity = collect(self)
+        return self._identity
+
     def calibration(self, threads: int | None = None):
         """This device's verify-cost curve for the target (measured once, cached on disk)."""
         if self._calibration is None:
@@ -340,15 +354,19 @@ class Engine:
                                     f"(loaded: {', '.join([PLAIN, *self.proposers])})")
 
     def _run(self, prompt_tokens: list[int], params: GenerationParams, label: str,
-             control, reuse: bool = False) -> Iterator[Event]:
+             control, reuse: bool = False, traffic: str = "default") -> Iterator[Event]:
         from .control import make_controller
 
         with self._lock:
             self._cancel.clear()
+            route = self.guard.route(traffic, label)  # the canary decision (plain or as asked)
+            label = route.label
             req = Request(id=next(self._ids), params=params, proposer_label=label,
                           tokens=list(prompt_tokens), n_prompt=len(prompt_tokens),
                           text=TextAssembler(params.stop), reuse=reuse)
             req.stats.proposer = label
+            if self.sinks:  # records leaving the process name the release they measured
+                req.stats.identity = self._announce_identity()
             if not params.sampling.greedy:
                 req.rng = sampling.make_rng(params.sampling.seed)
             try:
@@ -361,13 +379,41 @@ class Engine:
                                      for n in req.costly}
                     req.controller = make_controller(
                         replace(control, proposer=names[0]) if not control.adaptive else control,
-                        {n: n in req.costly for n in names}, cal, self.guard, "default",
+                        {n: n in req.costly for n in names}, cal, self.guard, traffic,
                         {n: s for n, s in token_seconds.items() if s} or None)
                     req.max_draft = (control.max_draft if control.adaptive
                                      else control.draft_length)
-                yield from self._loop.serve(req)
+                yield from self._canary_events(self._loop.serve(req), req, route, traffic)
             finally:
                 req.close()
+
+    def _canary_events(self, events: Iterator[Event], req: Request, route,
+                       traffic: str) -> Iterator[Event]:
+        """The canary's part of a request: a Control event saying why it runs the plain path
+        (or probes), and its decode rate reported to the guard when it finishes, with a
+        Control event when that switches speculation off or on for the slice."""
+        for ev in events:
+            if isinstance(ev, Finished):
+                rec = self.guard.observe_request(traffic, route, ev.stats.decode_tokens,
+                                                 ev.stats.decode_seconds)
+                if rec is not None:
+                    req.stats.observe_control(rec.kind)
+                    yield Control(req.id, rec.kind, rec.reason, proposer=rec.proposer)
+            yield ev
+            if isinstance(ev, RequestStarted) and route.reason:
+                kind = "canary" if route.arm == "canary" else f"canary_{route.arm}"
+                req.stats.observe_control(kind)
+                yield Control(req.id, kind, route.reason, proposer=route.label)
+
+    def _announce_identity(self) -> str:
+        """The identity's hash for a stats record; sinks that keep full records
+        (``announce``) are shown the whole identity and write it once per run."""
+        ident = self.identity
+        for sink in self.sinks:
+            announce = getattr(sink, "announce", None)
+            if announce is not None:
+                announce(ident)
+        return ident.hash
 
 
 # --- builder steps -------------------------------------------------------------------

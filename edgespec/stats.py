@@ -39,6 +39,7 @@ class RequestStats:
     token_times: list[float] = field(default_factory=list)  # emission time of each token since start
     stop_reason: str = ""
     proposer: str = "none"
+    identity: str | None = None  # hash of the engine's release identity (edgespec.identity)
 
     # --- observation -------------------------------------------------------
     def observe_prefill(self, n_tokens: int, seconds: float, reused: int = 0) -> None:
@@ -178,6 +179,7 @@ class RequestStats:
             "itl_p50": _pct(itl, 50),
             "itl_p95": _pct(itl, 95),
             "itl_p99": _pct(itl, 99),
+            "identity": self.identity,
         }
 
     def summary(self) -> str:
@@ -229,10 +231,21 @@ class LogSink:
 
 
 class JsonlSink:
-    """Appends one JSON record per request to a file."""
+    """Appends one JSON record per request to a file; each carries the hash of the engine's
+    release identity, whose full record is written once, before the first request it
+    measured (``{"kind": "identity", ...}``)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self._announced: set[str] = set()
+
+    def announce(self, identity) -> None:
+        if identity.hash in self._announced:
+            return
+        self._announced.add(identity.hash)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"kind": "identity", "time": time.time(), **identity.to_dict()})
+                    + "\n")
 
     def emit(self, stats: RequestStats) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
@@ -244,6 +257,10 @@ class MemorySink:
 
     def __init__(self) -> None:
         self.records: list[RequestStats] = []
+        self.identities: dict[str, object] = {}  # hash -> edgespec.identity.Identity
+
+    def announce(self, identity) -> None:
+        self.identities.setdefault(identity.hash, identity)
 
     def emit(self, stats: RequestStats) -> None:
         self.records.append(stats)
