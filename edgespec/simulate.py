@@ -235,6 +235,30 @@ def compare(traces: Sequence[Trace], cal: Calibration,
     return table
 
 
+def foresight(trace: Trace, cal: Calibration, proposers: Mapping[str, ProposeFn],
+              max_draft: int = 15) -> float:
+    """Speedup of a controller that knows the future: each step it verifies exactly the
+    prefix of a candidate the target will accept, cut to the length with the best tokens
+    per second on the curve, or takes a plain step. No controller over these proposers
+    can beat it, so it says what a device's cost curve allows them at most."""
+    hist, out, i, seconds = list(trace.prompt), trace.output, 0, 0.0
+    while i < len(out):
+        best_rate, best_d = 1.0 / cal.seconds(1), 0
+        for propose in proposers.values():
+            draft = propose(hist, max_draft).tokens
+            a = 0
+            while a < len(draft) and i + a < len(out) and draft[a] == out[i + a]:
+                a += 1
+            for d in range(1, a + 1):
+                rate = (d + 1) / cal.seconds(d + 1)
+                if rate > best_rate:
+                    best_rate, best_d = rate, d
+        seconds += cal.seconds(best_d + 1)
+        hist += list(out[i:i + best_d + 1])
+        i += best_d + 1
+    return len(out) * cal.seconds(1) / seconds if seconds else 1.0
+
+
 def geomean(values: Iterable[float]) -> float:
     v = [x for x in values if x > 0]
     return math.exp(sum(math.log(x) for x in v) / len(v)) if v else math.nan
@@ -303,6 +327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the controller cuts drafts itself, so let suffix drafts run past the match length
     opts = {"ngram": {"max_draft": 15}, "suffix": {"max_draft": 15, "use_global": False, "factor": 3.0}}
     table = compare(traces, cal, native_proposers(names, opts), standard_configs(cal, names))
+    make = native_proposers(names, opts)
+    table["foresight (bound)"] = {t.name: foresight(t, cal, make(t)) for t in traces}
     print(format_table(table, traces))
     return 0
 

@@ -105,3 +105,17 @@ def test_adaptive_control_on_recorded_generations():
     assert min(by_cat.values()) >= 0.98 and by_cat["summarization"] >= 1.2, by_cat
     best_fixed = max(geomean(row.values()) for name, row in table.items() if name != "adaptive")
     assert geomean(table["adaptive"].values()) >= best_fixed + 0.01
+
+
+def test_foresight_bounds_every_controller_and_is_plain_without_matches():
+    from edgespec.simulate import foresight
+    cal = Calibration.from_costs({1: 1.0, 2: 1.5, 4: 1.9, 8: 3.0, 16: 3.4}, step_seconds=0.1)
+    # a repetitive output the n-gram proposer can copy from the prompt
+    t = Trace("t", prompt=tuple([5, 6, 7, 8, 9] * 6), output=tuple([5, 6, 7, 8, 9] * 4))
+    bound = foresight(t, cal, native_proposers(["ngram"])(t))
+    adaptive = compare([t], cal, native_proposers(["ngram"]),
+                       standard_configs(cal, ["ngram"]))["adaptive"]["t"]
+    assert bound > 1.5 and bound >= adaptive - 1e-9
+    # nothing to copy: the bound is the plain path
+    t2 = Trace("t2", prompt=(1, 2, 3), output=(11, 12, 13, 14))
+    assert foresight(t2, cal, native_proposers(["ngram"])(t2)) == 1.0
