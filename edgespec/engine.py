@@ -21,6 +21,7 @@ from . import backend, chat, proposers as registry_of_proposers, sampling
 from .config import AUTO, PLAIN, EngineConfig, KernelConfig
 from .errors import ContextOverflowError, EdgespecError, InvalidInputError, UnsupportedError
 from .events import Control, Event, Finished, RequestStarted, TokenLogprob
+from .grammar import GrammarState
 from .params import GenerationParams
 from .proposers import BuildContext, Proposer
 from .request import Loop, Request
@@ -303,8 +304,11 @@ class Engine:
             raise ContextOverflowError(
                 f"the prompt is {len(prompt_tokens)} tokens but the context holds {self.ctx.n_ctx}; "
                 "raise --ctx (up to the model's trained context) or shorten the prompt")
+        constraint = params.constraint()
+        # opened here, so a grammar this vocabulary cannot start is refused before generation
+        state = GrammarState.open(constraint, self.target) if constraint is not None else None
         return self._run(prompt_tokens, params, label, control,
-                         self.reuse if reuse is None else reuse, traffic)
+                         self.reuse if reuse is None else reuse, traffic, grammar=state)
 
     def add_proposer(self, name: str, proposer: Proposer) -> None:
         """Make another proposer (e.g. the same kind with other knobs) available to requests."""
@@ -354,7 +358,8 @@ class Engine:
                                     f"(loaded: {', '.join([PLAIN, *self.proposers])})")
 
     def _run(self, prompt_tokens: list[int], params: GenerationParams, label: str,
-             control, reuse: bool = False, traffic: str = "default") -> Iterator[Event]:
+             control, reuse: bool = False, traffic: str = "default",
+             grammar: GrammarState | None = None) -> Iterator[Event]:
         from .control import make_controller
 
         with self._lock:
@@ -363,7 +368,7 @@ class Engine:
             label = route.label
             req = Request(id=next(self._ids), params=params, proposer_label=label,
                           tokens=list(prompt_tokens), n_prompt=len(prompt_tokens),
-                          text=TextAssembler(params.stop), reuse=reuse)
+                          text=TextAssembler(params.stop), reuse=reuse, grammar=grammar)
             req.stats.proposer = label
             if self.sinks:  # records leaving the process name the release they measured
                 req.stats.identity = self._announce_identity()

@@ -423,3 +423,96 @@ class GrammarState:
         if self._g is not None:
             self._g.close()
             self._g = None
+
+
+# --- the grammar's side of verification (edgespec.request calls these) ---------------------
+#: the label of steps whose draft is the grammar's forced literal
+FORCED = "grammar"
+
+
+class NothingAdmissible(Exception):
+    """No token is admissible (nothing the grammar allows survives the sampling settings)."""
+
+
+def choose(state: GrammarState, row: np.ndarray, history: Sequence[int], params,
+           rng) -> int | None:
+    """The plain path's constrained choice at one position (None: nothing admissible)."""
+    from . import sampling
+    if params.greedy:
+        x = row if not (params.logit_bias or params.has_penalties) else \
+            sampling.process_logits(row, history, params)
+        return state.best(x)
+    try:
+        return sampling.sample(distribution(state, row, history, params), rng)
+    except NothingAdmissible:
+        return None
+
+
+def distribution(state: GrammarState, row: np.ndarray, history: Sequence[int],
+                 params) -> np.ndarray:
+    """The constrained distribution: mask first, then llama.cpp's processing chain."""
+    from . import sampling
+    masked = state.mask(row)
+    try:
+        return sampling.distribution(masked, history, params)
+    except ValueError:  # every token masked or banned
+        raise NothingAdmissible() from None
+
+
+def verify(state: GrammarState, draft, rows: np.ndarray, history: Sequence[int], params,
+           rng) -> tuple[int, int | None, GrammarState]:
+    """Verify ``draft`` under the grammar: (accepted, next token or None, state after them).
+
+    Row ``i`` is judged at the grammar's position after ``draft[:i]`` (a fork of
+    ``state``, which is left untouched), so each row is exactly the plain path's
+    constrained choice there. The returned state has accepted the accepted drafts and
+    the next token; the caller replaces its state with it.
+    """
+    from . import verify as spec
+    d = draft.tokens
+    work = state.fork()
+    try:
+        if params.greedy:
+            ys: list[int] = []
+            for i in range(len(d) + 1):
+                y = choose(work, rows[i], [*history, *d[:i]], params, None)
+                if y is None:
+                    return i, None, work
+                ys.append(y)
+                if i == len(d) or y != d[i]:
+                    break
+                work.advance([y])
+            n, nxt = spec.verify_greedy(d, ys)
+        else:
+            target = _ConstrainedRows(work, rows, history, d, params)
+            try:
+                n, nxt = spec.verify_sampling(d, draft.probs, target, rng)
+            except NothingAdmissible:
+                return target.at, None, work
+            target.advance_to(n)
+        work.advance([nxt])
+        return n, nxt, work
+    except BaseException:
+        work.close()
+        raise
+
+
+class _ConstrainedRows:
+    """Constrained target distributions per draft position, computed in order when read."""
+
+    def __init__(self, state: GrammarState, rows, history, draft, params) -> None:
+        self.state, self.rows, self.history, self.draft, self.params = \
+            state, rows, history, draft, params
+        self.at = 0  # the state has accepted draft[:at]
+
+    def advance_to(self, i: int) -> None:
+        self.state.advance(self.draft[self.at:i])
+        self.at = max(self.at, i)
+
+    def __len__(self) -> int:
+        return len(self.draft) + 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        self.advance_to(i)
+        return distribution(self.state, self.rows[i], [*self.history, *self.draft[:i]],
+                            self.params)

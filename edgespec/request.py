@@ -24,7 +24,8 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import sampling, verify
+from . import grammar, sampling, verify
+from .grammar import FORCED
 from .events import Control, Event, Finished, PrefillDone, RequestStarted, Step, TokenLogprob
 from .params import GenerationParams
 from .proposers import EMPTY_DRAFT, Draft, ProposerSession
@@ -51,6 +52,7 @@ class Request:
     reuse: bool = False  # start from the longest prefix of `tokens` the KV cache already holds
     in_flight: bool = False  # a pass has written positions past n_past that are not trimmed yet
     rng: np.random.Generator | None = None
+    grammar: object | None = None  # edgespec.grammar.GrammarState of a constrained request
     stats: RequestStats = field(default_factory=RequestStats)
     text: TextAssembler = field(default_factory=TextAssembler)
     generated: list[int] = field(default_factory=list)
@@ -63,6 +65,8 @@ class Request:
         for s in self.sessions.values():
             s.close(completed)
         self.sessions.clear()
+        if self.grammar is not None:
+            self.grammar.close()
 
 
 class Loop:
@@ -114,10 +118,12 @@ class Loop:
         yield PrefillDone(req.id, req.n_prompt, t_prefill)
 
         first = self._choose_plain(req, logits[0])
-        step = self._emit(req, [first], logits[:1], n_acc=0, proposer=None, drafted=0,
-                          draft_s=0.0, verify_s=0.0)
+        step = self._emit(req, [first] if first is not None else [], logits[:1], n_acc=0,
+                          proposer=None, drafted=0, draft_s=0.0, verify_s=0.0)
+        if first is None:
+            req.stop_reason = req.stop_reason or "grammar"
         for s in req.sessions.values():
-            s.accept([first], 0)
+            s.accept([first] if first is not None else [], 0)
         yield step
 
         while not req.stop_reason:
@@ -135,6 +141,9 @@ class Loop:
                 t_a = time.perf_counter()
                 cands = {n: s.propose(limit) for n, s in req.sessions.items()
                          if n not in req.costly and limit > 0}
+                if req.grammar is not None:  # the controller sees only what the grammar admits
+                    cands = {n: truncate(c, req.grammar.admissible_prefix(c.tokens))
+                             for n, c in cands.items()}
                 t_draft = time.perf_counter() - t_a
                 # what can still be emitted: the max_tokens budget, or the context's room
                 # (the pending token plus `room` drafts)
@@ -154,7 +163,16 @@ class Loop:
                     else:
                         t_b = time.perf_counter()
                         draft = req.sessions[used].propose(k)
+                        if req.grammar is not None:
+                            draft = truncate(draft, req.grammar.admissible_prefix(draft.tokens))
                         t_draft += time.perf_counter() - t_b
+                if req.grammar is not None and not draft.tokens and limit > 0:
+                    # a literal the grammar forces costs no proposer: draft it
+                    t_b = time.perf_counter()
+                    forced = req.grammar.forced(limit)
+                    t_draft += time.perf_counter() - t_b
+                    if forced:
+                        draft, used = Draft(tokens=forced, source=FORCED), FORCED
             t_c = time.perf_counter()
             batch = [req.tokens[-1], *draft.tokens]
             req.in_flight = True
@@ -166,18 +184,25 @@ class Loop:
                 self.ctx.trim(req.seq_id, req.n_past)
             req.in_flight = False
             t_verify = time.perf_counter() - t_c
-            new = [*draft.tokens[:n_acc], nxt]
+            new = [*draft.tokens[:n_acc], *([] if nxt is None else [nxt])]
             used = used if draft.tokens else None
             for n, s in req.sessions.items():
                 s.accept(new, n_acc if n == used else 0)
             if req.controller is not None:
+                # a forced literal is no proposer's draft: the controller sees a step
+                # without timing evidence, so neither its cost curve nor a proposer's
+                # acceptance is skewed
+                mine = used != FORCED
                 req.controller.observe(Outcome(
-                    proposer=used, drafted=len(draft.tokens), accepted=n_acc,
-                    draft_seconds=t_draft, verify_seconds=t_verify, tokens=tuple(new),
-                    confidence=draft.confidence if used else None,
-                    match_length=draft.match_length if used else 0))
+                    proposer=used if mine else None, drafted=len(draft.tokens) if mine else 0,
+                    accepted=n_acc if mine else 0, draft_seconds=t_draft,
+                    verify_seconds=t_verify if mine else 0.0, tokens=tuple(new),
+                    confidence=draft.confidence if used and mine else None,
+                    match_length=draft.match_length if used and mine else 0))
             yield self._emit(req, new, rows[: n_acc + 1], n_acc=n_acc, proposer=used,
                              drafted=len(draft.tokens), draft_s=t_draft, verify_s=t_verify)
+            if nxt is None and not req.stop_reason:
+                req.stop_reason = "grammar"  # nothing the grammar admits can come next
 
         tail = req.text.flush()
         total = time.perf_counter() - req.t0
@@ -190,17 +215,27 @@ class Loop:
                        logprobs=tuple(req.logprobs))
 
     # --- verification ----------------------------------------------------------------
-    def _choose_plain(self, req: Request, row: np.ndarray) -> int:
+    def _choose_plain(self, req: Request, row: np.ndarray) -> int | None:
         s = req.params.sampling
+        if req.grammar is not None:  # None: nothing the grammar admits
+            y = grammar.choose(req.grammar, row, req.tokens, s, req.rng)
+            if y is not None:
+                req.grammar.advance([y])
+            return y
         if s.greedy:
             return sampling.greedy_token(row, req.tokens, s)
         return sampling.sample(sampling.distribution(row, req.tokens, s), req.rng)
 
-    def _verify(self, req: Request, draft: Draft, rows: np.ndarray) -> tuple[int, int]:
+    def _verify(self, req: Request, draft: Draft, rows: np.ndarray) -> tuple[int, int | None]:
         s = req.params.sampling
         d = draft.tokens
         if not d:
             return 0, self._choose_plain(req, rows[0])
+        if req.grammar is not None:
+            n, nxt, after = grammar.verify(req.grammar, draft, rows, req.tokens, s, req.rng)
+            req.grammar.close()
+            req.grammar = after
+            return n, nxt
         if s.greedy:
             # Row i predicts the token after d[:i]; stop at the first disagreement.
             ys = []

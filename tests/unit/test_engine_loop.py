@@ -302,10 +302,11 @@ def test_stream_with_params_omitted_uses_the_defaults(fake_model):
     assert eng.generate("a").tokens == fin.tokens
 
 
-def test_a_grammar_is_refused_before_anything_is_decoded(fake_model):
+def test_a_grammar_that_does_not_parse_is_refused_before_anything_is_decoded(fake_model):
+    # constrained decoding itself: tests/unit/test_grammar_loop.py
     eng = fake_engine(fake_model, {})
-    with pytest.raises(UnsupportedError, match="grammar"):
-        eng.stream("a", raw(grammar='root ::= "a"'))
+    with pytest.raises(InvalidInputError, match="grammar"):
+        eng.stream("a", raw(grammar='root ::= "a'))
     assert eng.ctx.calls == []
 
 
