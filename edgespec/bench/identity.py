@@ -1,4 +1,5 @@
-"""Run identity: everything needed to say what a benchmark number was measured on."""
+"""Run identity: the engine's release identity plus what a benchmark run adds (anchors,
+load, date, command)."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,29 +7,10 @@ import dataclasses
 import datetime as _dt
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
 from .matrix import Matrix
-
-_REPO = Path(__file__).resolve().parents[2]
-
-
-def git_commit(repo: Path = _REPO) -> dict:
-    """HEAD of the checkout the package runs from, and whether tracked files differ from it."""
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                                 timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    if commit is None:
-        return {"commit": None, "dirty": None}
-    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
 def cpu_model() -> str:
@@ -60,20 +42,6 @@ def machine() -> dict:
     }
 
 
-def model_identity(name: str, path: Path) -> dict:
-    """Registry models carry their pinned digest (resolve() verified the file against it);
-    a local path is hashed here."""
-    from .. import registry
-
-    info = {"name": name, "path": str(path), "size": path.stat().st_size}
-    reg = registry.load_registry()
-    if name in reg.models:
-        info.update(sha256=reg.get(name).sha256, digest="registry-verified")
-    else:
-        info.update(sha256=registry.sha256_file(path), digest="computed")
-    return info
-
-
 def anchor_identity(a) -> dict:
     from .tools import ToolAnchor
 
@@ -90,15 +58,25 @@ def anchor_identity(a) -> dict:
 
 
 def collect_identity(m: Matrix, engine, anchors: dict, engine_knobs: dict | None = None) -> dict:
-    from .. import __version__, backend
-
-    models = {"target": model_identity(m.target, Path(engine.target.path))}
-    draft = engine.proposers.get("draft")
-    if draft is not None and m.draft is not None:
-        models["draft"] = model_identity(m.draft, Path(draft.model.path))
+    """The run's identity: the engine's release identity (edgespec.identity, the one record
+    every output carries) under ``release``, its hash, and what is particular to a run (the
+    anchors, the machine's load, the date, the command line). The other keys are views of
+    the release record that the report and `edgespec qualify` read."""
+    release = engine.identity
+    comps, ctx = release.components, release.context
+    models = {}
+    for role in ("target", "draft"):
+        if comps.get(role) and role in ctx:
+            c = comps[role]
+            models[role] = {"name": ctx[role]["name"], "path": ctx[role]["path"], "size": c["size"],
+                            "sha256": c["sha256"], "digest": c["digest"],
+                            "file_type": c.get("file_type")}
+    es = comps["edgespec"]
     return {
-        "edgespec": {"version": __version__, **git_commit()},
-        "llama_cpp": backend.system_info(),
+        "release_hash": release.hash,
+        "release": release.to_dict(),
+        "edgespec": {"version": es["version"], "commit": es["commit"], "dirty": es["dirty"]},
+        "llama_cpp": {k: v for k, v in comps["llama_cpp"].items() if k != "cmake"},
         "models": models,
         "engine": {
             "n_ctx": engine.ctx.n_ctx,

@@ -88,6 +88,10 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_to
             rec = {"text": fin.text, "tokens": list(fin.tokens), "stop_reason": fin.stop_reason,
                    "target": target, "proposer": engine.default_proposer,
                    "stats": fin.stats.to_dict(), "control": controls}
+            # the release this record measured: its hash, and the full record (once per run)
+            ident = engine.identity
+            rec["identity"] = ident.hash
+            rec["identity_record"] = ident.to_dict()
             if logprobs is not None:
                 rec["logprobs"] = [{"token": lp.token, "logprob": lp.logprob,
                                     "top": [[t, v] for t, v in lp.top]} for lp in fin.logprobs]

@@ -1,0 +1,32 @@
+"""`edgespec identity`: the release identity of the engine the same flags would run."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from .common import handle_errors
+from .options import engine_config, engine_options
+
+
+@click.command("identity")
+@engine_options
+@click.option("--json", "as_json", is_flag=True, help="Print the full record as JSON.")
+@handle_errors
+def identity_command(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget,
+                     as_json):
+    """Load the engine generate would run and print its release identity: every component
+    its speed and output depend on (models, tokenizers, code, llama.cpp build, kernels,
+    threads, policy, features, hardware) and their hash."""
+    from ..engine import Engine
+
+    engine = Engine.from_config(engine_config(target, draft, proposer, draft_len, adaptive, exact,
+                                              n_ctx, threads, budget))
+    try:
+        ident = engine.identity
+    finally:
+        engine.close()
+    if as_json:
+        click.echo(json.dumps(ident.to_dict(), indent=2))
+    else:
+        click.echo(ident.summary())
