@@ -4,6 +4,7 @@
       models/                       e.g. ~/.cache/edgespec on Linux, ~/Library/Caches/edgespec
       calibration/                  on macOS; XDG_CACHE_HOME is honoured on Linux
       ngram/                        persisted n-gram statistics of past generations
+      sessions/                     saved conversations (KV state + messages), edgespec chat
       qualification.json
 """
 from __future__ import annotations
@@ -32,3 +33,7 @@ def calibration_dir() -> Path:
 
 def ngram_dir() -> Path:
     return edgespec_home() / "ngram"
+
+
+def sessions_dir() -> Path:
+    return edgespec_home() / "sessions"
