@@ -123,7 +123,8 @@ class Loop:
         if first is None:
             req.stop_reason = req.stop_reason or "grammar"
         for s in req.sessions.values():
-            s.accept([first] if first is not None else [], 0)
+            if first is not None:
+                s.accept([first], 0)
         yield step
 
         while not req.stop_reason:
@@ -187,7 +188,8 @@ class Loop:
             new = [*draft.tokens[:n_acc], *([] if nxt is None else [nxt])]
             used = used if draft.tokens else None
             for n, s in req.sessions.items():
-                s.accept(new, n_acc if n == used else 0)
+                if new:  # empty only where the grammar admits nothing more
+                    s.accept(new, n_acc if n == used else 0)
             if req.controller is not None:
                 # a forced literal is no proposer's draft: the controller sees a step
                 # without timing evidence, so neither its cost curve nor a proposer's
