@@ -198,6 +198,25 @@ class PrefixCache:
             return False
         return self.ram.put(self.held, self.ctx.state_get(self.seq_id))
 
+    def adopt(self, tokens: Sequence[int], state: bytes) -> bool:
+        """Make the working sequence hold a saved ``state`` of ``tokens`` (a session from
+        disk, already checked against this model and configuration). False, with the
+        sequence empty, when llama.cpp refuses it or it does not hold what it claims."""
+        if not hasattr(self.ctx, "state_set") or not 0 < len(tokens) < self.ctx.n_ctx:
+            return False
+        if len(self.held) >= SAVE_MIN_DROPPED:
+            self.save()
+        try:
+            self.ctx.state_set(state, self.seq_id)
+            pos_max = getattr(self.ctx, "seq_pos_max", None)
+            if pos_max is not None and pos_max(self.seq_id) != len(tokens) - 1:
+                raise EdgespecError("the restored state does not hold the saved tokens")
+        except EdgespecError:
+            self.invalidate()
+            return False
+        self.held = [int(t) for t in tokens]
+        return True
+
     def _restore(self, entry: StateEntry, m: int) -> int:
         try:
             self.ctx.state_set(entry.state, self.seq_id)
