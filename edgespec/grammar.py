@@ -227,7 +227,8 @@ def _check(node, root, path: tuple, seen: set) -> None:
     elif t in _PRIMITIVES or (t is None and not (set(node) & _VALIDATION_KEYWORDS)):
         ok = {"type"}
     else:
-        _unsupported(path, "type", f"the schema {json.dumps(node)[:80]}")
+        kw = sorted((set(node) & _VALIDATION_KEYWORDS) - {"type"}) or ["type"]
+        _unsupported(path, kw[0], f"the keyword {kw[0]!r}")
     dropped = sorted((set(node) & _VALIDATION_KEYWORDS) - ok)
     if dropped:
         _unsupported(path, dropped[0], f"the keyword {dropped[0]!r}"
