@@ -47,13 +47,18 @@ def read_prompt(prompt: str | None) -> str:
 @click.option("--logprobs", type=click.IntRange(0, 20), default=None,
               help="Report each token's log-probability and N alternatives (with --json).")
 @click.option("--grammar", "grammar_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="GBNF grammar file (refused for now, before any model loads: see docs/parity.md).")
+              help="Constrain the output to a GBNF grammar file (llama.cpp's format).")
+@click.option("--json-schema", "schema_file", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="Constrain the output to JSON valid under this JSON schema file.")
+@click.option("--json-mode", is_flag=True,
+              help="Constrain the output to one JSON object (--json is the output record flag).")
 @click.option("--stats", "show_stats", is_flag=True, help="Print a stats summary to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record instead of streaming text.")
 @handle_errors
 def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_tokens, temperature, top_k,
              top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty, seed, stop, chat,
-             system, n_ctx, threads, budget, logprobs, grammar_file, show_stats, as_json):
+             system, n_ctx, threads, budget, logprobs, grammar_file, schema_file, json_mode,
+             show_stats, as_json):
     """Generate a completion for PROMPT (or stdin)."""
     from ..engine import Engine
     from ..events import Control, Finished, Step
@@ -62,6 +67,8 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_to
     params = GenerationParams(
         max_tokens=max_tokens, stop=tuple(stop), chat=chat, system=system, logprobs=logprobs,
         grammar=open(grammar_file, encoding="utf-8").read() if grammar_file else None,
+        json_schema=open(schema_file, encoding="utf-8").read() if schema_file else None,
+        json_mode=json_mode,
         sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
                                 frequency_penalty=frequency_penalty, seed=seed),
@@ -100,8 +107,20 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_to
             click.echo()
         if show_stats:
             click.echo(fin.stats.summary(), err=True)
+        _warn_unfinished(params, fin)
     finally:
         engine.close()
+
+
+def _warn_unfinished(params: GenerationParams, fin) -> None:
+    """A constrained output cut short is not valid under its grammar: say so, and why."""
+    if params.constraint() is None or fin.stop_reason == "eos":
+        return
+    why = {"length": "--max-tokens was reached; raise it",
+           "grammar": "no token of this model can continue the grammar here",
+           "stop": "a --stop string ended it", "context": "the context is full; raise --ctx"}
+    click.echo(f"[grammar] the output is incomplete under the grammar: "
+               f"{why.get(fin.stop_reason, fin.stop_reason)}", err=True)
 
 
 def _plan_line(plan) -> str:

@@ -117,10 +117,12 @@ def test_fixed_draft_longer_than_exact_mode_allows_is_refused(runner, model_path
     assert ok.exit_code == 0, ok.output
 
 
-def test_grammar_is_refused_not_ignored(runner, model_path, tmp_path):
-    g = tmp_path / "yes.gbnf"
-    g.write_text('root ::= "yes" | "no"\n')
+def test_an_unparsable_grammar_is_refused_not_ignored(runner, model_path, tmp_path):
+    # constrained generation itself: tests/cli/test_grammar_cli.py
+    g = tmp_path / "bad.gbnf"
+    g.write_text('root ::= "yes" | [no\n')
     for p in ("none", "ngram"):
         r = _gen(runner, model_path("smollm2-135m"), "--proposer", p, "--grammar", str(g), "hi")
         assert r.exit_code == 1, r.output
-        assert "grammar" in r.output and "not supported" in r.output
+        assert "cannot parse the grammar" in r.output and "Traceback" not in r.output
+
