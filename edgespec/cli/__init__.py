@@ -33,6 +33,9 @@ from .bench import bench, qualify  # noqa: E402
 
 cli.add_command(bench)
 cli.add_command(qualify)
+from .chat import chat  # noqa: E402
+
+cli.add_command(chat)
 from .identity import identity_command  # noqa: E402
 
 cli.add_command(identity_command)

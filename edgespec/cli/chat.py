@@ -1,0 +1,192 @@
+"""`edgespec chat`: a multi-turn conversation in the terminal over edgespec.conversation.
+
+Each turn reuses the KV cache of the conversation so far and prefills only the new
+message. Commands: /stats, /reset, /save NAME, /load NAME, /system TEXT, /quit.
+Ctrl-C cancels the current turn, not the conversation. When stdin is not a terminal,
+each line is one user message (or command); with --json each turn prints one record.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import warnings
+from contextlib import contextmanager
+
+import click
+
+from .common import handle_errors
+from .options import engine_config, engine_options
+from ..errors import EdgespecError
+from ..params import GenerationParams, SamplingParams
+
+HELP = "commands: /stats  /reset  /save NAME  /load NAME  /system TEXT  /quit"
+
+
+@click.command("chat")
+@engine_options
+@click.option("--max-tokens", type=click.IntRange(1), default=512, show_default=True,
+              help="Most tokens per answer.")
+@click.option("--temperature", type=click.FloatRange(0.0), default=0.0, show_default=True,
+              help="0 = greedy.")
+@click.option("--seed", type=int, default=None)
+@click.option("--system", default=None, help="System message.")
+@click.option("--session", "resume", default=None, help="Resume a saved session (/save NAME).")
+@click.option("--kv-cache-mib", type=click.IntRange(0), default=256, show_default=True,
+              help="RAM for the KV states of earlier conversations (0: keep only the current).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON record per turn on stdout.")
+@handle_errors
+def chat(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget, max_tokens,
+         temperature, seed, system, resume, kv_cache_mib, as_json):
+    """Chat with a model; the conversation's KV cache is reused from turn to turn."""
+    from ..conversation import Conversation
+    from ..engine import Engine
+
+    params = GenerationParams(max_tokens=max_tokens, sampling=SamplingParams(
+        temperature=temperature, seed=seed)).validate()
+    engine = Engine.from_config(engine_config(target, draft, proposer, draft_len, adaptive, exact,
+                                              n_ctx, threads, budget))
+    try:
+        engine.kv_cache.ram.budget_bytes = kv_cache_mib << 20
+        ui = _Ui(as_json)
+        conv = Conversation(engine, system=system, params=params)
+        if resume:
+            conv = _load(engine, conv, resume, ui)
+        interactive = sys.stdin.isatty()
+        if interactive:
+            ui.note(f"{engine.target_name} · proposer {engine.default_proposer} · {HELP}")
+        while True:
+            line = _read(interactive)
+            if line is None:
+                break
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/"):
+                conv = _command(line, conv, engine, ui)
+                if conv is None:
+                    break
+                continue
+            try:
+                _turn(conv, line, engine, ui)
+            except EdgespecError as e:  # a refused message ends the turn, not the chat
+                ui.error(str(e))
+    finally:
+        engine.close()
+
+
+def _read(interactive: bool) -> str | None:
+    try:
+        if interactive:
+            return input("\n> ")
+        line = sys.stdin.readline()
+        return line if line else None
+    except EOFError:
+        return None
+
+
+@contextmanager
+def _ctrl_c_cancels(engine):
+    """While a turn runs, Ctrl-C cancels it; at the prompt it ends the chat as usual."""
+    try:
+        old = signal.signal(signal.SIGINT, lambda *_: engine.cancel())
+    except ValueError:  # not the main thread: no handler to install
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _turn(conv, text: str, engine, ui: "_Ui") -> None:
+    from ..events import Step
+
+    with _ctrl_c_cancels(engine):
+        for ev in conv.send(text):
+            if isinstance(ev, Step) and ev.text and not ui.as_json:
+                click.echo(ev.text, nl=False)
+                sys.stdout.flush()
+    turn = conv.turns[-1]
+    s = turn.stats
+    if ui.as_json:
+        click.echo(json.dumps({
+            "turn": len(conv.turns), "text": turn.text, "stop_reason": turn.stop_reason,
+            "prompt_tokens": s.prompt_tokens, "prompt_reused": s.prompt_reused,
+            "prompt_computed": s.prompt_computed, "ttft_seconds": s.ttft_seconds,
+            "generated_tokens": s.generated_tokens,
+            "decode_tokens_per_second": s.decode_tokens_per_second,
+            "acceptance_rate": s.acceptance_rate, "proposer": s.proposer}))
+    else:
+        click.echo()
+        if turn.stop_reason == "cancelled":
+            ui.note("(cancelled)")
+
+
+def _command(line: str, conv, engine, ui: "_Ui"):
+    from .. import sessions
+
+    cmd, _, arg = line.partition(" ")
+    arg = arg.strip()
+    try:
+        if cmd in ("/quit", "/exit"):
+            return None
+        if cmd == "/stats":
+            if not conv.turns:
+                ui.result(cmd, "no turn yet")
+            elif ui.as_json:
+                ui.result(cmd, conv.turns[-1].stats.to_dict())
+            else:
+                ui.note(conv.turns[-1].stats.summary())
+        elif cmd == "/reset":
+            conv.reset()
+            ui.result(cmd, "conversation cleared")
+        elif cmd == "/system":
+            conv.set_system(arg or None)
+            ui.result(cmd, f"system message {'set' if arg else 'cleared'}")
+        elif cmd == "/save":
+            path = _with_warnings(ui, sessions.save, engine, conv, arg)
+            ui.result(cmd, str(path))
+        elif cmd == "/load":
+            conv = _load(engine, conv, arg, ui)
+        else:
+            ui.error(f"unknown command {cmd}; {HELP}")
+    except EdgespecError as e:
+        ui.error(str(e))
+    return conv
+
+
+def _load(engine, conv, name: str, ui: "_Ui"):
+    from .. import sessions
+
+    new, got = _with_warnings(ui, sessions.load_conversation, engine, name, params=conv.params,
+                              proposer=conv.proposer)
+    ui.result("/load", f"{name}: {len(got.messages)} messages, {got.restored} tokens of KV "
+                       "state restored")
+    return new
+
+
+def _with_warnings(ui, fn, *args, **kw):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fn(*args, **kw)
+    for w in caught:
+        ui.error(f"warning: {w.message}")
+    return out
+
+
+class _Ui:
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def note(self, text: str) -> None:
+        click.echo(text, err=True)
+
+    def error(self, text: str) -> None:
+        click.echo(text, err=True)
+
+    def result(self, cmd: str, value) -> None:
+        if self.as_json:
+            click.echo(json.dumps({"command": cmd, "result": value}))
+        else:
+            click.echo(value if isinstance(value, str) else json.dumps(value), err=True)
