@@ -39,6 +39,12 @@ cli.add_command(chat)
 from .identity import identity_command  # noqa: E402
 
 cli.add_command(identity_command)
+from .attribute import attribute_command  # noqa: E402
+
+cli.add_command(attribute_command)
+from .export import export_command  # noqa: E402
+
+cli.add_command(export_command)
 
 
 def main() -> None:
