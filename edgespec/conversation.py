@@ -38,8 +38,9 @@ class Turn:
 class Conversation:
     def __init__(self, engine, system: str | None = None,
                  params: GenerationParams | None = None, proposer: str | None = None,
-                 messages: list[dict] | None = None) -> None:
+                 messages: list[dict] | None = None, exact: bool | None = None) -> None:
         self.engine = engine
+        self.exact = exact  # None: the engine's mode
         self.params = replace(params or GenerationParams(), chat=True, system=None).validate()
         self.proposer = proposer
         self.system = system
@@ -70,7 +71,7 @@ class Conversation:
         p = replace(params, chat=True, system=None).validate() if params else self.params
         msgs = [*self.history(), {"role": "user", "content": text}]
         # validated and tokenized now, so a bad message leaves the history as it was
-        stream = self.engine.chat(msgs, p, proposer=self.proposer)
+        stream = self.engine.chat(msgs, p, proposer=self.proposer, exact=self.exact)
         return self._run(text, stream)
 
     def ask(self, text: str, params: GenerationParams | None = None) -> Turn:

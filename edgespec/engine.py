@@ -259,10 +259,10 @@ class Engine:
 
     def generate(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
                  proposer: str | None = None, control=None, exact: bool | None = None,
-                 traffic: str = "default") -> Result:
+                 traffic: str = "default", reuse: bool | None = None) -> Result:
         fin = None
         for ev in self.stream(prompt, params, proposer=proposer, control=control, exact=exact,
-                              traffic=traffic):
+                              traffic=traffic, reuse=reuse):
             if isinstance(ev, Finished):
                 fin = ev
         assert fin is not None
@@ -308,7 +308,8 @@ class Engine:
         # opened here, so a grammar this vocabulary cannot start is refused before generation
         state = GrammarState.open(constraint, self.target) if constraint is not None else None
         return self._run(prompt_tokens, params, label, control,
-                         self.reuse if reuse is None else reuse, traffic, grammar=state)
+                         self.reuse if reuse is None else reuse, traffic, grammar=state,
+                         exact=exact)
 
     def add_proposer(self, name: str, proposer: Proposer) -> None:
         """Make another proposer (e.g. the same kind with other knobs) available to requests."""
@@ -359,7 +360,7 @@ class Engine:
 
     def _run(self, prompt_tokens: list[int], params: GenerationParams, label: str,
              control, reuse: bool = False, traffic: str = "default",
-             grammar: GrammarState | None = None) -> Iterator[Event]:
+             grammar: GrammarState | None = None, exact: bool = False) -> Iterator[Event]:
         from .control import make_controller
 
         with self._lock:
@@ -368,7 +369,8 @@ class Engine:
             label = route.label
             req = Request(id=next(self._ids), params=params, proposer_label=label,
                           tokens=list(prompt_tokens), n_prompt=len(prompt_tokens),
-                          text=TextAssembler(params.stop), reuse=reuse, grammar=grammar)
+                          text=TextAssembler(params.stop), reuse=reuse, grammar=grammar,
+                          exact=exact)
             req.stats.proposer = label
             if self.sinks:  # records leaving the process name the release they measured
                 req.stats.identity = self._announce_identity()

@@ -10,7 +10,12 @@ holds, position by position, and a new prompt
     decodes only the rest, with logits at the last prompt token.
 
 At least the last prompt token is always decoded, because its logits choose the first
-new token. Positions stay what they were when the tokens were first evaluated, so a
+new token. In exact mode only positions a prefill wrote are reused: the KV of generated
+tokens was written by decode and verify passes, whose kernels can differ from a long
+prefill's in the last bits (Qwen2.5 1.5B Q4_K_M here: turn 2 of Spec-Bench question 81
+changed), so the previous answer is prefilled again and greedy output stays the output
+without reuse. Even a prefilled prefix is reused only up to a multiple of ROW_GROUP, so the
+kernels group every row as a prefill of the whole prompt would. Positions stay what they were when the tokens were first evaluated, so a
 reused prefix means exactly what it meant then.
 
 What is held after a request is the prompt and the generated tokens the target has
@@ -39,6 +44,11 @@ SAVE_MIN_DROPPED = 32
 #: a state shorter than this is cheaper to prefill than to keep
 MIN_STATE_TOKENS = 16
 DEFAULT_RAM_BYTES = 256 << 20
+#: ggml-cpu's repacked matrix kernels evaluate a batch in groups of this many rows (gemm)
+#: and the rows left over one by one (gemv), which round differently: in exact mode a
+#: reused prefix ends, and the suffix starts, on a group boundary, so every position is
+#: computed as a prefill of the whole prompt from position 0 computes it
+ROW_GROUP = 4
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -60,6 +70,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class StateEntry:
     tokens: tuple[int, ...]  # what the state holds, position by position
     state: bytes
+    prefilled: int = 0  # tokens[:prefilled] were written by prefill passes
 
     @property
     def nbytes(self) -> int:
@@ -88,7 +99,7 @@ class StateCache:
         """Oldest first."""
         return list(self._entries.values())
 
-    def put(self, tokens: Sequence[int], state: bytes) -> bool:
+    def put(self, tokens: Sequence[int], state: bytes, prefilled: int = 0) -> bool:
         """Keep ``state`` (which holds ``tokens``); False when it cannot fit the budget."""
         key = tuple(int(t) for t in tokens)
         if len(state) > self.budget_bytes or len(key) < MIN_STATE_TOKENS:
@@ -97,7 +108,7 @@ class StateCache:
             self._drop(k)
         if any(len(k) > len(key) and k[:len(key)] == key for k in self._entries):
             return False  # a longer state of the same conversation already serves it
-        self._entries[key] = StateEntry(key, state)
+        self._entries[key] = StateEntry(key, state, prefilled)
         self.nbytes += len(state)
         while self.nbytes > self.budget_bytes:
             self._drop(next(iter(self._entries)))
@@ -127,6 +138,10 @@ class StateCache:
         self.nbytes -= self._entries.pop(key).nbytes
 
 
+def _aligned(n: int) -> int:
+    return n - n % ROW_GROUP
+
+
 @dataclass(frozen=True)
 class Prefill:
     """What a prefill reused and computed; ``logits`` is the last prompt token's row."""
@@ -149,19 +164,25 @@ class PrefixCache:
         self.ctx, self.seq_id = ctx, seq_id
         self.ram = ram if hasattr(ctx, "state_get") else None
         self.held: list[int] = []
+        self.prefilled = 0  # held[:prefilled] were written by prefill passes
 
-    def prefill(self, prompt: Sequence[int], reuse: bool = True) -> Prefill:
+    def prefill(self, prompt: Sequence[int], reuse: bool = True, exact: bool = False) -> Prefill:
+        """``exact``: reuse only what earlier prefills wrote (the module docstring says why)."""
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise EdgespecError("prefill called with an empty prompt")
         n, restored = 0, False
         if reuse:
             n = min(common_prefix(self.held, prompt), len(prompt) - 1)
+            if exact:
+                n = _aligned(min(n, self.prefilled))
             if self.ram is not None:
                 if len(self.held) - n >= SAVE_MIN_DROPPED:
                     self.save()
                 entry, m = self.ram.best(prompt)
                 m = min(m, len(prompt) - 1)
+                if exact and entry is not None:
+                    m = _aligned(min(m, entry.prefilled))
                 if entry is not None and m > n:
                     n, restored = self._restore(entry, m), True
         elif self.ram is not None and len(self.held) >= SAVE_MIN_DROPPED:
@@ -172,20 +193,25 @@ class PrefixCache:
             elif n < len(self.held):
                 self.ctx.trim(self.seq_id, n)
             self.held = prompt[:n]
+            self.prefilled = min(self.prefilled, n)
             logits = self.ctx.decode(prompt[n:], n, self.seq_id, logits="last")
         except BaseException:
             self.invalidate()
             raise
         self.held = prompt
+        # positions this prefill computed in whole row groups, aligned as a prefill from 0
+        self.prefilled = _aligned(len(prompt)) if n % ROW_GROUP == 0 else _aligned(n)
         return Prefill(logits=logits, reused=n, computed=len(prompt) - n, restored=restored)
 
     def commit(self, tokens: Sequence[int]) -> None:
         """The sequence holds exactly ``tokens`` now (positions 0..len-1)."""
         self.held = [int(t) for t in tokens]
+        self.prefilled = min(self.prefilled, len(self.held))
 
     def invalidate(self) -> None:
         """Forget what the sequence holds (after an error left it unknown)."""
         self.held = []
+        self.prefilled = 0
         try:
             self.ctx.clear()
         except Exception:  # pragma: no cover - a closed context holds nothing anyway
@@ -196,9 +222,9 @@ class PrefixCache:
         not fit)."""
         if self.ram is None or len(self.held) < MIN_STATE_TOKENS:
             return False
-        return self.ram.put(self.held, self.ctx.state_get(self.seq_id))
+        return self.ram.put(self.held, self.ctx.state_get(self.seq_id), self.prefilled)
 
-    def adopt(self, tokens: Sequence[int], state: bytes) -> bool:
+    def adopt(self, tokens: Sequence[int], state: bytes, prefilled: int = 0) -> bool:
         """Make the working sequence hold a saved ``state`` of ``tokens`` (a session from
         disk, already checked against this model and configuration). False, with the
         sequence empty, when llama.cpp refuses it or it does not hold what it claims."""
@@ -215,14 +241,15 @@ class PrefixCache:
             self.invalidate()
             return False
         self.held = [int(t) for t in tokens]
+        self.prefilled = min(int(prefilled), len(self.held))
         return True
 
     def _restore(self, entry: StateEntry, m: int) -> int:
         try:
             self.ctx.state_set(entry.state, self.seq_id)
         except EdgespecError:
-            self.held = []
+            self.held, self.prefilled = [], 0
             self.ram._drop(entry.tokens)
             return 0
-        self.held = list(entry.tokens)
+        self.held, self.prefilled = list(entry.tokens), entry.prefilled
         return m

@@ -51,6 +51,7 @@ class Request:
     n_past: int = 0  # positions of `tokens` already in the target's KV cache
     reuse: bool = False  # start from the longest prefix of `tokens` the KV cache already holds
     in_flight: bool = False  # a pass has written positions past n_past that are not trimmed yet
+    exact: bool = False  # reuse only positions a prefill wrote (see edgespec.kvcache)
     rng: np.random.Generator | None = None
     grammar: object | None = None  # edgespec.grammar.GrammarState of a constrained request
     stats: RequestStats = field(default_factory=RequestStats)
@@ -105,7 +106,7 @@ class Loop:
         from .control import Outcome, StepView, truncate
 
         p = req.params
-        pre = self.kv.prefill(req.tokens, reuse=req.reuse)
+        pre = self.kv.prefill(req.tokens, reuse=req.reuse, exact=req.exact)
         logits = pre.logits
         req.n_past = len(req.tokens)
         # Opening a session indexes the prompt (a draft model prefills it): part of TTFT.

@@ -105,6 +105,7 @@ def save(engine, conversation, name: str, *, directory: Path | None = None,
         "version": FORMAT_VERSION, "created": time.time(), "name": name,
         "messages": [dict(m) for m in conversation.messages], "system": conversation.system,
         "key": state_key(engine), "tokens": tokens, "tokens_sha256": tokens_hash(tokens),
+        "prefilled": min(engine.kv_cache.prefilled, len(tokens)),
         "state_bytes": len(state), "state_sha256": hashlib.sha256(state).hexdigest(),
     }
     hbytes = json.dumps(header, ensure_ascii=False).encode("utf-8")
@@ -197,7 +198,7 @@ def load(engine, name: str, *, directory: Path | None = None) -> Loaded:
             why = "it was saved with another " + ", ".join(
                 {"model_sha256": "model", "kernel": "kernel configuration",
                  "n_vocab": "vocabulary", "llama_cpp_python": "llama.cpp build"}[k] for k in diff)
-        elif not engine.kv_cache.adopt(tokens, state):
+        elif not engine.kv_cache.adopt(tokens, state, int(header.get("prefilled", 0))):
             why = "llama.cpp refused its KV state (or it does not fit this context)"
     restored = len(tokens) if state is not None and tokens and not why else 0
     if why:

@@ -31,17 +31,28 @@ def fresh(engine, messages, params):
     return engine.generate(messages, params, reuse=False)
 
 
+@pytest.mark.parametrize("exact", [True, False])
 @pytest.mark.parametrize("turns", two_turn(3))
-def test_exact_greedy_turns_with_reuse_equal_fresh_prefills(engine, turns):
+def test_greedy_turns_with_reuse_equal_fresh_prefills(engine, turns, exact):
+    """exact: only the previous prompts' KV (written by prefills) is reused, by design.
+    Not exact: the previous answers' KV too; on SmolLM2 Q4_1, whose kernels probe
+    batch-invariant at every size, that is still the fresh prefill's output (on Qwen2.5 1.5B
+    it is not always: docs/conversations.md)."""
     params = GenerationParams(max_tokens=48)
-    conv = Conversation(engine, params=params)
-    conv.ask(turns[0])
+    conv = Conversation(engine, params=params, exact=exact)
+    t1 = conv.ask(turns[0])
     t2 = conv.ask(turns[1])
     t3 = conv.ask("Now summarise all of that in one sentence.")
-    assert t2.stats.prompt_reused > t2.stats.prompt_computed
-    assert t3.stats.prompt_reused > t3.stats.prompt_computed
+    if exact:
+        # the previous prompt, cut to whole row groups (kvcache.ROW_GROUP)
+        assert t2.stats.prompt_reused >= t1.stats.prompt_tokens - 4
+        assert t3.stats.prompt_reused >= t2.stats.prompt_tokens - 4
+    else:
+        assert t2.stats.prompt_reused > t2.stats.prompt_computed
+        assert t3.stats.prompt_reused > t3.stats.prompt_computed
     for k, t in ((2, t2), (3, t3)):
-        ref = fresh(engine, conv.history()[: 2 * k - 1], params)
+        engine.kv_cache.invalidate()
+        ref = engine.generate(conv.history()[: 2 * k - 1], params, reuse=False, exact=exact)
         assert ref.text == t.text, f"turn {k} differs with reuse"
 
 

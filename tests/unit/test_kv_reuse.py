@@ -268,3 +268,33 @@ def test_the_draft_model_reuses_its_prefix_too():
     # a request without reuse clears the draft's cache as before
     eng.generate(prompt2, p)
     assert "clear" in dctx.calls[n + 1:] and draft.last_reused == 0
+
+
+# --- exact mode: only what a prefill wrote is reused -------------------------------------------
+def test_exact_reuse_stops_where_decode_passes_wrote_the_kv():
+    from edgespec.kvcache import ROW_GROUP, PrefixCache
+    model = StatefulModel()
+    ctx = model.new_context(n_ctx=256, n_batch=64)
+    kv = PrefixCache(ctx, ram=StateCache(1 << 20))
+    prompt = [BOS] + [HASH, BANG] * 20 + [HASH, BANG, HASH]  # 44 tokens: whole row groups
+    kv.prefill(prompt)
+    ctx.decode([HASH, BANG, HASH], len(prompt), 0)  # an answer, written by decode steps
+    kv.commit(ctx.tokens())
+    nxt = ctx.tokens() + [BANG]
+    assert kv.prefill(nxt, exact=True).reused == len(prompt)
+    assert kv.prefill(nxt, exact=False).reused == len(nxt) - 1
+    # a prefix that ends inside a row group is reused up to the group's start
+    kv.invalidate()
+    kv.prefill(prompt[:42])
+    assert kv.prefilled == 40 and kv.prefill(prompt, exact=True).reused == 40
+    assert kv.prefilled == 44  # that prefill started on a group boundary
+    assert ROW_GROUP == 4
+    # a RAM entry remembers how much of it a prefill wrote
+    ctx.decode([BANG, HASH, BANG], len(prompt), 0)
+    kv.commit(ctx.tokens())
+    long_a = ctx.tokens()
+    kv.prefill([BOS] + [A] * 40)  # another conversation: a's state goes to RAM
+    (entry,) = kv.ram.entries()
+    assert entry.prefilled == 44
+    assert kv.prefill(long_a + [BANG], exact=True).reused == 44
+    assert kv.prefill(long_a + [BANG], exact=False).reused == len(long_a)
