@@ -99,8 +99,6 @@ class Engine:
     @classmethod
     def from_config(cls, config: EngineConfig, sinks: Sequence[StatsSink] = ()) -> "Engine":
         """Load what ``config`` names (after the planner resolves ``proposer="auto"``)."""
-        from . import registry
-
         config = config.validate()
         plan = None
         if config.proposer == AUTO:
@@ -108,12 +106,8 @@ class Engine:
             plan = planner.plan_engine(config)
             config = plan.config
         with ExitStack() as stack:
-            tpath = registry.resolve(config.target, pull=config.pull)
-            registry.check_gguf(tpath)
-            tmodel = backend.load_model(tpath, n_gpu_layers=config.n_gpu_layers,
-                                        use_extra_bufts=config.kernel.repack,
-                                        use_mmap=config.kernel.use_mmap)
-            stack.callback(tmodel.close)
+            tmodel = _load(config.target, config, config.n_gpu_layers, stack)
+            tpath = tmodel.path
             n_ctx = config.n_ctx or min(DEFAULT_CTX, tmodel.n_ctx_train)
             if n_ctx > tmodel.n_ctx_train:
                 raise InvalidInputError(f"--ctx {n_ctx} exceeds what {tpath.name} was trained for "
@@ -126,12 +120,7 @@ class Engine:
             dmodel = None
             if config.draft is not None:
                 from .proposers.draft import check_compatible
-                dpath = registry.resolve(config.draft, pull=config.pull)
-                registry.check_gguf(dpath)
-                dmodel = backend.load_model(dpath, n_gpu_layers=config.draft_gpu_layers,
-                                            use_extra_bufts=config.kernel.repack,
-                                            use_mmap=config.kernel.use_mmap)
-                stack.callback(dmodel.close)
+                dmodel = _load(config.draft, config, config.draft_gpu_layers, stack)
                 check_compatible(tmodel, dmodel)
             user_len = config.control is not None or config.draft_len is not None
             from .calibration import model_identity
@@ -424,6 +413,18 @@ class Engine:
 
 
 # --- builder steps -------------------------------------------------------------------
+def _load(name: str, config: EngineConfig, gpu_layers: int, stack: ExitStack) -> backend.Model:
+    """Resolve (pull), check the header, load with the engine's kernel configuration; the
+    stack frees it if a later step fails."""
+    from . import registry
+    path = registry.resolve(name, pull=config.pull)
+    registry.check_gguf(path)
+    model = backend.load_model(path, n_gpu_layers=gpu_layers, use_extra_bufts=config.kernel.repack,
+                               use_mmap=config.kernel.use_mmap)
+    stack.callback(model.close)
+    return model
+
+
 def _control_from_flags(config: EngineConfig, plan, label: str):
     """ControlSettings from --adaptive/--draft-len: with adaptive control a user's
     --draft-len is the longest draft allowed; without, the length of every draft."""
