@@ -1,0 +1,85 @@
+"""Engine.from_config as a builder: whatever fails releases what was loaded, in reverse
+order (issue 11: a failed draft load leaked the target; the exact-mode refusal freed the
+model before its context). Hermetic: the registry and the backend are replaced by fakes."""
+from __future__ import annotations
+
+import pytest
+
+from edgespec import backend, registry
+from edgespec.config import EngineConfig
+from edgespec.engine import Engine
+from edgespec.errors import IncompatibleDraftError, ModelError, UnsupportedError
+from fakes import FakeModel
+
+
+@pytest.fixture
+def world(monkeypatch):
+    """Models by name; records every close in order."""
+    closed: list[str] = []
+    models: dict[str, FakeModel] = {}
+
+    class Tracked(FakeModel):
+        def close(self):
+            closed.append(f"model:{self.path.name}")
+            super().close()
+
+        def new_context(self, **kw):
+            ctx = super().new_context(**kw)
+            orig = ctx.close
+
+            def close():
+                closed.append(f"ctx:{self.path.name}")
+                orig()
+            ctx.close = close
+            return ctx
+
+    def load_model(path, n_gpu_layers=0, use_extra_bufts=True, use_mmap=True):
+        name = str(path)
+        if name == "corrupt.gguf":
+            raise ModelError("llama.cpp could not load corrupt.gguf")
+        m = Tracked(name=name)
+        if name == "other-vocab.gguf":
+            m.n_vocab += 1
+        models[name] = m
+        return m
+
+    monkeypatch.setattr(registry, "resolve", lambda name, pull=True: name)
+    monkeypatch.setattr(registry, "check_gguf", lambda path: None)
+    monkeypatch.setattr(backend, "load_model", load_model)
+    monkeypatch.setattr("edgespec.calibration.model_identity", lambda path, *a, **k: {"sha256": "0" * 64})
+    return closed, models
+
+
+def cfg(**kw) -> EngineConfig:
+    base = dict(target="target.gguf", proposer="ngram", adaptive=False, n_ctx=128, pull=False)
+    return EngineConfig(**{**base, **kw})
+
+
+def test_a_failed_draft_load_releases_the_target_context_then_the_target(world):
+    closed, _ = world
+    with pytest.raises(ModelError):
+        Engine.from_config(cfg(draft="corrupt.gguf", proposer="draft"))
+    assert closed == ["ctx:target.gguf", "model:target.gguf"]
+
+
+def test_an_incompatible_draft_releases_everything_in_reverse_order(world):
+    closed, _ = world
+    with pytest.raises(IncompatibleDraftError):
+        Engine.from_config(cfg(draft="other-vocab.gguf", proposer="draft"))
+    assert closed == ["model:other-vocab.gguf", "ctx:target.gguf", "model:target.gguf"]
+
+
+def test_the_exact_mode_refusal_frees_the_context_before_the_model(world, monkeypatch):
+    closed, _ = world
+    monkeypatch.setattr("edgespec.calibration.exact_cap", lambda model, kernel, n_threads: 2)
+    with pytest.raises(UnsupportedError, match="cannot be verified exactly"):
+        Engine.from_config(cfg(exact=True, draft_len=5))
+    assert closed[-2:] == ["ctx:target.gguf", "model:target.gguf"]
+
+
+def test_a_built_engine_closes_once_in_reverse_order(world):
+    closed, _ = world
+    eng = Engine.from_config(cfg())
+    assert eng.default_proposer == "ngram" and "suffix" in eng.proposers
+    eng.close()
+    assert closed == ["ctx:target.gguf", "model:target.gguf"]
