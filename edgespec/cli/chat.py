@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import click
 
 from .common import handle_errors
-from .options import engine_config, engine_options
+from .options import engine_config, engine_options, structured_options, structured_params
 from ..errors import EdgespecError
 from ..params import GenerationParams, SamplingParams
 
@@ -34,16 +34,19 @@ HELP = "commands: /stats  /reset  /save NAME  /load NAME  /system TEXT  /quit"
 @click.option("--session", "resume", default=None, help="Resume a saved session (/save NAME).")
 @click.option("--kv-cache-mib", type=click.IntRange(0), default=256, show_default=True,
               help="RAM for the KV states of earlier conversations (0: keep only the current).")
+@structured_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON record per turn on stdout.")
 @handle_errors
 def chat(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget, max_tokens,
-         temperature, seed, system, resume, kv_cache_mib, as_json):
+         temperature, seed, system, resume, kv_cache_mib, grammar_file, schema_file, json_mode,
+         as_json):
     """Chat with a model; the conversation's KV cache is reused from turn to turn."""
     from ..conversation import Conversation
     from ..engine import Engine
 
     params = GenerationParams(max_tokens=max_tokens, sampling=SamplingParams(
-        temperature=temperature, seed=seed)).validate()
+        temperature=temperature, seed=seed),
+        **structured_params(grammar_file, schema_file, json_mode)).validate()
     engine = Engine.from_config(engine_config(target, draft, proposer, draft_len, adaptive, exact,
                                               n_ctx, threads, budget))
     try:

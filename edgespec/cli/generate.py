@@ -7,7 +7,7 @@ import sys
 import click
 
 from .common import handle_errors
-from .options import engine_config, engine_options
+from .options import engine_config, engine_options, structured_options, structured_params
 from ..errors import InvalidInputError
 from ..params import GenerationParams, SamplingParams
 
@@ -46,12 +46,7 @@ def read_prompt(prompt: str | None) -> str:
 @click.option("--system", default=None, help="System message (with --chat).")
 @click.option("--logprobs", type=click.IntRange(0, 20), default=None,
               help="Report each token's log-probability and N alternatives (with --json).")
-@click.option("--grammar", "grammar_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Constrain the output to a GBNF grammar file (llama.cpp's format).")
-@click.option("--json-schema", "schema_file", type=click.Path(exists=True, dir_okay=False),
-              default=None, help="Constrain the output to JSON valid under this JSON schema file.")
-@click.option("--json-mode", is_flag=True,
-              help="Constrain the output to one JSON object (--json is the output record flag).")
+@structured_options
 @click.option("--stats", "show_stats", is_flag=True, help="Print a stats summary to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record instead of streaming text.")
 @handle_errors
@@ -66,9 +61,7 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_to
     text = read_prompt(prompt)
     params = GenerationParams(
         max_tokens=max_tokens, stop=tuple(stop), chat=chat, system=system, logprobs=logprobs,
-        grammar=open(grammar_file, encoding="utf-8").read() if grammar_file else None,
-        json_schema=open(schema_file, encoding="utf-8").read() if schema_file else None,
-        json_mode=json_mode,
+        **structured_params(grammar_file, schema_file, json_mode),
         sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
                                 frequency_penalty=frequency_penalty, seed=seed),

@@ -61,3 +61,28 @@ def engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, th
     return EngineConfig(target=target, draft=draft, proposer=proposer, draft_len=draft_len,
                         adaptive=adaptive, exact=exact, n_ctx=n_ctx, threads=threads,
                         budget=budget).validate()
+
+
+def structured_options(fn):
+    """--grammar / --json-schema / --json-mode, shared by generate and chat."""
+    for opt in reversed([
+        click.option("--grammar", "grammar_file", type=click.Path(exists=True, dir_okay=False),
+                     default=None, help="Constrain the output to a GBNF grammar file "
+                                        "(llama.cpp's format)."),
+        click.option("--json-schema", "schema_file", type=click.Path(exists=True, dir_okay=False),
+                     default=None, help="Constrain the output to JSON valid under this JSON "
+                                        "schema file."),
+        click.option("--json-mode", is_flag=True,
+                     help="Constrain the output to one JSON object (--json is the output record "
+                          "flag)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+def structured_params(grammar_file, schema_file, json_mode) -> dict:
+    """GenerationParams fields for the structured-output flags (validated with the params)."""
+    def read(path):
+        return open(path, encoding="utf-8").read() if path else None
+    return {"grammar": read(grammar_file), "json_schema": read(schema_file),
+            "json_mode": bool(json_mode)}

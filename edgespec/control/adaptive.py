@@ -108,7 +108,11 @@ class AdaptiveController:
                 shared=memory.model(name) if memory else None,
                 floor_window=deque(maxlen=s.floor_window), shadow_window=deque(maxlen=s.floor_window),
                 token_seconds=(token_seconds or {}).get(name), probe_interval=s.probe_after)
-        self._scale = 1.0  # observed / calibrated pass time (load, context length)
+        # observed / calibrated pass time (load, context length), for plain steps and for
+        # verify passes apart: plain steps are most steps, so one shared factor would keep
+        # the passes' own error (measured 20-40% above the curve at real contexts) hidden
+        self._scale_plain = 1.0
+        self._scale_verify = 1.0
         self._step = 0
         self._emitted: list[int] = []
         self._pending: list[_Pending] = []
@@ -122,7 +126,7 @@ class AdaptiveController:
     # --- time model ------------------------------------------------------------
     def pass_seconds(self, n: int) -> float:
         """Forecast wall time of an n-token target pass."""
-        return self._scale * self.cal.seconds(n)
+        return (self._scale_plain if n <= 1 else self._scale_verify) * self.cal.seconds(n)
 
     def _draft_seconds(self, name: str, d: int, has_candidate: bool) -> float:
         st = self._p[name]
@@ -230,7 +234,11 @@ class AdaptiveController:
         n_pass = outcome.drafted + 1 if name else 1
         if outcome.verify_seconds > 0:
             ratio = outcome.verify_seconds / self.cal.seconds(n_pass)
-            self._scale += 0.1 * (min(max(ratio, 0.2), 5.0) - self._scale)
+            ratio = min(max(ratio, 0.2), 5.0)
+            if n_pass <= 1:
+                self._scale_plain += 0.1 * (ratio - self._scale_plain)
+            else:  # rarer: learn faster
+                self._scale_verify += 0.25 * (ratio - self._scale_verify)
         for st in self._p.values():  # evidence fades per step, whoever drafted
             st.model.tick()
             if st.shared is not None:

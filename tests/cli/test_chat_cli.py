@@ -73,3 +73,23 @@ def test_bad_commands_and_sessions_do_not_end_the_chat(home, model_path):
 def test_plain_text_mode_streams_the_answer(home, model_path):
     _, r = chat(model_path("smollm2-135m"), "Name a colour.\n")
     assert r.stdout.strip()
+
+
+def test_json_mode_constrains_every_turn(home, model_path):
+    m = model_path("smollm2-135m")
+    schema = home / "colour.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"colour": {"type": "string"}},
+                                  "required": ["colour"], "additionalProperties": False}))
+    r = CliRunner().invoke(cli, ["chat", "--target", str(m), "--threads",
+                                 os.environ.get("EDGESPEC_TEST_THREADS", "2"), "--ctx", "1024",
+                                 "--max-tokens", "48", "--json-schema", str(schema), "--json"],
+                           input="Name a colour as JSON.\nAnother one?\n")
+    assert r.exit_code == 0, r.output
+    recs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    turns = [t for t in recs if "turn" in t]
+    assert len(turns) == 2
+    for t in turns:
+        if t["stop_reason"] == "eos":  # a finished answer is valid under the schema
+            assert set(json.loads(t["text"])) == {"colour"}
+        else:
+            assert t["text"].lstrip().startswith("{")
