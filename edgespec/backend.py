@@ -257,6 +257,19 @@ def load_model(path: str | os.PathLike, n_gpu_layers: int = 0, use_extra_bufts: 
 
 
 # --- context -----------------------------------------------------------------
+def check_decode(n: int, pos0: int, n_ctx: int, n_batch: int, logits: str) -> None:
+    """The guards every Context.decode applies (shared with the test fakes)."""
+    if n == 0:
+        raise EdgespecError("decode called with no tokens")
+    if pos0 < 0 or pos0 + n > n_ctx:
+        raise ContextOverflowError(
+            f"positions {pos0}..{pos0 + n - 1} exceed the context of {n_ctx} tokens; "
+            "raise --ctx or shorten the prompt")
+    if logits == "all" and n > n_batch:
+        raise EdgespecError(f"all-position logits need at most n_batch={n_batch} tokens")
+
+
+
 class Context:
     """One llama.cpp context: a KV cache with sequences, and batched decoding."""
 
@@ -280,14 +293,7 @@ class Context:
         than n_batch are split; only the final chunk can carry logits.
         """
         n = len(tokens)
-        if n == 0:
-            raise EdgespecError("decode called with no tokens")
-        if pos0 < 0 or pos0 + n > self.n_ctx:
-            raise ContextOverflowError(
-                f"positions {pos0}..{pos0 + n - 1} exceed the context of {self.n_ctx} tokens; "
-                "raise --ctx or shorten the prompt")
-        if logits == "all" and n > self.n_batch:
-            raise EdgespecError(f"all-position logits need at most n_batch={self.n_batch} tokens")
+        check_decode(n, pos0, self.n_ctx, self.n_batch, logits)
         nv = self.model.n_vocab
         out = None
         start = 0

@@ -27,7 +27,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from edgespec.errors import ContextOverflowError, EdgespecError
+from edgespec.backend import check_decode
+from edgespec.errors import EdgespecError
 
 BOS, EOS, EOT = 0, 1, 2
 #: id -> bytes of the token's text; the control tokens render empty unless special=True
@@ -208,14 +209,7 @@ class FakeContext:
             raise KVMismatch("decode on a closed context")
         toks = [int(t) for t in tokens]
         n = len(toks)
-        if n == 0:
-            raise EdgespecError("decode called with no tokens")
-        if pos0 < 0 or pos0 + n > self.n_ctx:
-            raise ContextOverflowError(
-                f"positions {pos0}..{pos0 + n - 1} exceed the context of {self.n_ctx} tokens; "
-                "raise --ctx or shorten the prompt")
-        if logits == "all" and n > self.n_batch:
-            raise EdgespecError(f"all-position logits need at most n_batch={self.n_batch} tokens")
+        check_decode(n, pos0, self.n_ctx, self.n_batch, logits)
         if not 0 <= seq_id < self.n_seq_max:
             raise KVMismatch(f"sequence {seq_id} outside 0..{self.n_seq_max - 1}")
         bad = [t for t in toks if not 0 <= t < N_VOCAB]
