@@ -117,5 +117,8 @@ def _warn_unfinished(params: GenerationParams, fin) -> None:
 
 
 def _plan_line(plan) -> str:
-    why = next((r for r in plan.reasons if r.startswith("chosen")), "")
-    return f"proposer {plan.proposer}, predicted {plan.predicted_speedup:.2f}x plain: {why}"
+    """What runs (the plan's resolved config, as `edgespec plan` shows it) and why."""
+    runs = plan.config.proposer
+    why = next((r for r in plan.reasons if r.startswith("runs")), None) or \
+        next((r for r in plan.reasons if r.startswith("chosen")), "")
+    return f"proposer {runs}, predicted {plan.predicted_speedup:.2f}x plain: {why}"

@@ -126,3 +126,13 @@ def test_an_unparsable_grammar_is_refused_not_ignored(runner, model_path, tmp_pa
         assert r.exit_code == 1, r.output
         assert "cannot parse the grammar" in r.output and "Traceback" not in r.output
 
+
+
+def test_the_plan_line_names_the_proposer_that_runs(runner, model_path):
+    # the first screen must not contradict itself: [plan] says what the stats then report
+    import re
+    r = _gen(runner, model_path("smollm2-135m"), "--max-tokens", "8", "--stats", "Name a colour.")
+    assert r.exit_code == 0, r.output
+    planned = re.search(r"\[plan\] proposer (\S+),", r.output).group(1)
+    ran = re.search(r"^proposer (\S+): \d+ tokens", r.output, re.M).group(1)
+    assert planned == ran
