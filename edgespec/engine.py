@@ -129,7 +129,7 @@ class Engine:
                 target=tmodel, draft_model=dmodel, n_ctx=n_ctx, threads=config.threads,
                 kernel=config.kernel,
                 target_digest=model_identity(tpath)["sha256"]))
-            default = _default_label(config, plan, loaded)
+            default = config.proposer  # never "auto" here: the plan resolved it
             config = replace(config, n_ctx=n_ctx,
                              control=(config.control or
                                       _control_from_flags(config, plan, default)).validate())
@@ -470,21 +470,6 @@ def _build_proposers(config: EngineConfig, options: Mapping[str, dict], stack: E
         stack.callback(p.close)
         out[name] = p
     return out
-
-
-def _default_label(config: EngineConfig, plan, loaded: Mapping[str, Proposer]) -> str:
-    """What a request uses unless it says otherwise. "auto" consults every free proposer
-    each step (the controller verifies the better draft), plus the draft model when the
-    planner chose one."""
-    if config.proposer != AUTO:
-        return config.proposer
-    chosen = getattr(plan, "proposer", None)
-    if chosen == PLAIN:
-        return PLAIN
-    names = [n for n in loaded if not loaded[n].costly]
-    if chosen is not None and chosen in loaded and loaded[chosen].costly:
-        names.append(chosen)
-    return "+".join(names) or PLAIN
 
 
 def _calibration(model: backend.Model, threads: int | None, kernel: KernelConfig):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -123,8 +123,8 @@ class Loop:
                           proposer=None, drafted=0, draft_s=0.0, verify_s=0.0)
         if first is None:
             req.stop_reason = req.stop_reason or "grammar"
-        for s in req.sessions.values():
-            if first is not None:
+        if first is not None:
+            for s in req.sessions.values():
                 s.accept([first], 0)
         yield step
 
@@ -188,8 +188,8 @@ class Loop:
             t_verify = time.perf_counter() - t_c
             new = [*draft.tokens[:n_acc], *([] if nxt is None else [nxt])]
             used = used if draft.tokens else None
-            for n, s in req.sessions.items():
-                if new:  # empty only where the grammar admits nothing more
+            if new:  # empty only where the grammar admits nothing more
+                for n, s in req.sessions.items():
                     s.accept(new, n_acc if n == used else 0)
             if req.controller is not None:
                 # a forced literal is no proposer's draft: the controller sees a step
@@ -312,7 +312,3 @@ def logprob(row: np.ndarray, tok: int, top_n: int) -> TokenLogprob:
         top = tuple((int(i), float(x[i] - lse)) for i in idx)
     return TokenLogprob(int(tok), float(x[tok] - lse), top)
 
-
-def session_kinds(sessions: Mapping[str, ProposerSession], costly: frozenset[str]) -> dict[str, bool]:
-    """``{name: costly}`` for the controller."""
-    return {n: n in costly for n in sessions}
