@@ -93,9 +93,7 @@ class EngineConfig:
         from . import proposers
 
         _guard(bool(self.target), "a target model is required (a registry name or a .gguf path)")
-        if self.proposer not in (AUTO, PLAIN):
-            for name in self.proposer.split("+"):
-                proposers.spec(name)  # raises with the list of known names
+        proposers.check_label(self.proposer)
         for name, opts in self.proposer_options.items():
             proposers.spec(name).check_options(opts)
         if any(proposers.needs_model(n) for n in self.proposer.split("+")):

@@ -12,16 +12,11 @@ def proposer_option(fn):
     from ..proposers import names
 
     def check(ctx, param, value):
-        from ..config import AUTO, PLAIN
-        from ..proposers import spec
-        if value in (AUTO, PLAIN):
-            return value
+        from ..proposers import check_label
         try:
-            for part in value.split("+"):
-                spec(part)
+            return check_label(value)
         except InvalidInputError as e:
             raise click.BadParameter(str(e)) from None
-        return value
 
     return click.option(
         "--proposer", default="auto", show_default=True, callback=check,

@@ -17,7 +17,7 @@ from ..config import AUTO, PLAIN
 from ..errors import InvalidInputError
 from .base import EMPTY_DRAFT, Draft, Proposer, ProposerSession
 
-__all__ = ["AUTO", "BuildContext", "Draft", "EMPTY_DRAFT", "Option", "PLAIN", "Proposer",
+__all__ = ["AUTO", "BuildContext", "check_label", "Draft", "EMPTY_DRAFT", "Option", "PLAIN", "Proposer",
            "ProposerSession", "ProposerSpec", "REGISTRY", "free_names", "names", "needs_model",
            "spec"]
 
@@ -160,6 +160,15 @@ def spec(name: str) -> ProposerSpec:
     except KeyError:
         raise InvalidInputError(f"unknown proposer {name!r}; choose one of "
                                 f"{', '.join([AUTO, PLAIN, *REGISTRY])}") from None
+
+
+def check_label(label: str) -> str:
+    """A request label: ``auto``, ``none``, or registered names joined by ``+``; an unknown
+    name raises with the list of known ones."""
+    if label not in (AUTO, PLAIN):
+        for name in label.split("+"):
+            spec(name)
+    return label
 
 
 def names(plain: bool = False, auto: bool = False) -> list[str]:
