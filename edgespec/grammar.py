@@ -440,9 +440,7 @@ def choose(state: GrammarState, row: np.ndarray, history: Sequence[int], params,
     """The plain path's constrained choice at one position (None: nothing admissible)."""
     from . import sampling
     if params.greedy:
-        x = row if not (params.logit_bias or params.has_penalties) else \
-            sampling.process_logits(row, history, params)
-        return state.best(x)
+        return state.best(sampling.greedy_logits(row, history, params))
     try:
         return sampling.sample(distribution(state, row, history, params), rng)
     except NothingAdmissible:

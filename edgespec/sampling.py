@@ -86,11 +86,17 @@ def process_logits(logits: np.ndarray, history: Sequence[int], params: SamplingP
     return out
 
 
+def greedy_logits(logits: np.ndarray, history: Sequence[int], params: SamplingParams) -> np.ndarray:
+    """What greedy choice takes the argmax of: the logits themselves when no bias or penalty
+    applies (no copy on the hot path), else the processed copy."""
+    if not params.logit_bias and not params.has_penalties:
+        return logits
+    return process_logits(logits, history, params)
+
+
 def greedy_token(logits: np.ndarray, history: Sequence[int], params: SamplingParams) -> int:
     """argmax of the processed logits (lowest id wins a tie)."""
-    if not params.logit_bias and not params.has_penalties:
-        return int(np.argmax(logits))
-    return int(np.argmax(process_logits(logits, history, params)))
+    return int(np.argmax(greedy_logits(logits, history, params)))
 
 
 def distribution(logits: np.ndarray, history: Sequence[int], params: SamplingParams) -> np.ndarray:
