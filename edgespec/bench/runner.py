@@ -143,16 +143,18 @@ def control_settings(base, knobs: dict):
     return replace(base, **changes)
 
 
-def load_engine(m: Matrix, plan: EnginePlan):
+def load_engine(m: Matrix, plan: EnginePlan) -> tuple[object, dict[str, str]]:
     """Load the engine, then give every configuration its own instances of the free
     proposers it consults: a proposer that learns across requests (suffix trees, n-gram
     statistics) must not see another configuration's answer to the same prompt, nor the
-    statistics an earlier run saved on disk."""
+    statistics an earlier run saved on disk. Returns the engine and, per configuration,
+    the proposer label its requests use."""
     from ..engine import Engine, split_proposers
     from ..proposers import free_proposer
 
     engine = Engine.load(m.target, draft=m.draft, proposer=AUTO if plan.auto else BASELINE,
                          n_ctx=m.n_ctx, threads=m.threads, proposer_options=plan.proposer_options)
+    names = dict(plan.request_name)
     try:
         for label, (name, options) in plan.extra.items():
             engine.add_proposer(label, free_proposer(name, **options))
@@ -174,11 +176,11 @@ def load_engine(m: Matrix, plan: EnginePlan):
                 else:
                     parts.append(engine.clone_proposer(n, f"{c.label}/{n}", **_no_persistence(
                         getattr(engine.proposers[n], "name", n))))
-            plan.request_name[c.label] = "+".join(parts) if parts else BASELINE
+            names[c.label] = "+".join(parts) if parts else BASELINE
     except BaseException:
         engine.close()
         raise
-    return engine
+    return engine, names
 
 
 def _no_persistence(kind: str) -> dict:
@@ -508,7 +510,7 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
     bin_dir = tools.check_built(tool_names) if tool_names else None  # before any load
     run = BenchRun(matrix=m, started_at=time.time())
     t0 = time.perf_counter()
-    engine = load_engine(m, plan)
+    engine, request_names = load_engine(m, plan)
     run.load_seconds["target"] = time.perf_counter() - t0
     anchors: dict = {}
     try:
@@ -531,7 +533,7 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
         run.identity = collect_identity(m, engine, anchors, plan.control)
         if on_loaded is not None:
             on_loaded(run)
-        Runner(m, engine, anchors, plan.request_name, progress, plan.control).run(prompts, run)
+        Runner(m, engine, anchors, request_names, progress, plan.control).run(prompts, run)
     except KeyboardInterrupt:
         run.interrupted = True
         run.finished_at = time.time()
