@@ -165,6 +165,10 @@ class PrefixCache:
         self.ram = ram if hasattr(ctx, "state_get") else None
         self.held: list[int] = []
         self.prefilled = 0  # held[:prefilled] were written by prefill passes
+        # what is held belongs to a conversation someone may come back to (its request
+        # reused, or a session was loaded): only then is it worth a copy in RAM when a
+        # request that does not reuse takes the sequence over
+        self.conversation = False
 
     def prefill(self, prompt: Sequence[int], reuse: bool = True, exact: bool = False) -> Prefill:
         """``exact``: reuse only what earlier prefills wrote (the module docstring says why)."""
@@ -177,7 +181,7 @@ class PrefixCache:
             if exact:
                 n = _aligned(min(n, self.prefilled))
             if self.ram is not None:
-                if len(self.held) - n >= SAVE_MIN_DROPPED:
+                if self.conversation and len(self.held) - n >= SAVE_MIN_DROPPED:
                     self.save()
                 entry, m = self.ram.best(prompt)
                 m = min(m, len(prompt) - 1)
@@ -185,8 +189,8 @@ class PrefixCache:
                     m = _aligned(min(m, entry.prefilled))
                 if entry is not None and m > n:
                     n, restored = self._restore(entry, m), True
-        elif self.ram is not None and len(self.held) >= SAVE_MIN_DROPPED:
-            self.save()  # a request that does not reuse still leaves the conversation findable
+        elif self.ram is not None and self.conversation and len(self.held) >= SAVE_MIN_DROPPED:
+            self.save()  # a request that does not reuse still leaves a conversation findable
         try:
             if n == 0:
                 self.ctx.clear()
@@ -199,6 +203,7 @@ class PrefixCache:
             self.invalidate()
             raise
         self.held = prompt
+        self.conversation = reuse
         # positions this prefill computed in whole row groups, aligned as a prefill from 0
         self.prefilled = _aligned(len(prompt)) if n % ROW_GROUP == 0 else _aligned(n)
         return Prefill(logits=logits, reused=n, computed=len(prompt) - n, restored=restored)
@@ -212,6 +217,7 @@ class PrefixCache:
         """Forget what the sequence holds (after an error left it unknown)."""
         self.held = []
         self.prefilled = 0
+        self.conversation = False
         try:
             self.ctx.clear()
         except Exception:  # pragma: no cover - a closed context holds nothing anyway
@@ -230,7 +236,7 @@ class PrefixCache:
         sequence empty, when llama.cpp refuses it or it does not hold what it claims."""
         if not hasattr(self.ctx, "state_set") or not 0 < len(tokens) < self.ctx.n_ctx:
             return False
-        if len(self.held) >= SAVE_MIN_DROPPED:
+        if self.conversation and len(self.held) >= SAVE_MIN_DROPPED:
             self.save()
         try:
             self.ctx.state_set(state, self.seq_id)
@@ -242,6 +248,7 @@ class PrefixCache:
             return False
         self.held = [int(t) for t in tokens]
         self.prefilled = min(int(prefilled), len(self.held))
+        self.conversation = True
         return True
 
     def _restore(self, entry: StateEntry, m: int) -> int:

@@ -298,3 +298,15 @@ def test_exact_reuse_stops_where_decode_passes_wrote_the_kv():
     assert entry.prefilled == 44
     assert kv.prefill(long_a + [BANG], exact=True).reused == 44
     assert kv.prefill(long_a + [BANG], exact=False).reused == len(long_a)
+
+
+def test_only_a_conversation_is_copied_to_ram_when_a_one_off_request_takes_the_sequence():
+    eng = fake_engine(StatefulModel(), {}, n_ctx=512)
+    p = raw(max_tokens=4)
+    a = "#!" * 20
+    eng.generate(a, p)  # one-off requests (reuse off): nobody comes back to them
+    eng.generate("." + a, p)
+    assert len(eng.kv_cache.ram) == 0 and "save" not in eng.ctx.calls
+    eng.generate(a, p, reuse=True)  # a conversation...
+    eng.generate("." + a, p)  # ...stays findable when a one-off request replaces it
+    assert len(eng.kv_cache.ram) == 1
