@@ -79,7 +79,8 @@ class EngineConfig:
     proposer_options: Mapping[str, Mapping] = field(default_factory=dict)
     kernel: KernelConfig = field(default_factory=KernelConfig)
     exact: bool = False
-    n_ctx: int | None = None
+    n_ctx: int | None = None  # per sequence: with parallel > 1 the context holds parallel * n_ctx
+    parallel: int = 1  # sequences that decode together in one pass (edgespec serve --parallel)
     threads: int | None = None
     n_gpu_layers: int = 0
     draft_gpu_layers: int = 0
@@ -104,6 +105,8 @@ class EngineConfig:
                f"--draft-len must be >= 1 (got {self.draft_len})")
         _guard(self.n_ctx is None or self.n_ctx >= 16,
                f"--ctx must be at least 16 tokens (got {self.n_ctx})")
+        _guard(1 <= self.parallel <= 64,
+               f"--parallel must be between 1 and 64 sequences (got {self.parallel})")
         _guard(self.threads is None or self.threads >= 1,
                f"--threads must be >= 1 (got {self.threads})")
         _guard(self.n_gpu_layers >= -1 and self.draft_gpu_layers >= -1,
