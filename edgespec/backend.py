@@ -189,10 +189,14 @@ class Model:
         threads = n_threads or default_threads()
         n_batch = max(1, min(n_batch, n_ctx))
         p = _ll.llama_context_default_params()
-        p.n_ctx = n_ctx
+        p.n_ctx = n_ctx * n_seq_max  # n_ctx is each sequence's limit
         p.n_batch = n_batch
         p.n_ubatch = n_batch
         p.n_seq_max = n_seq_max
+        # one cell pool for all sequences: a step mixes sequences with different numbers of
+        # rows (a draft here, a single token there), which a split cache would cut into one
+        # micro-batch per length; a unified pool evaluates the whole step in one graph
+        p.kv_unified = n_seq_max > 1
         p.n_threads = threads
         p.n_threads_batch = threads
         p.flash_attn_type = flash_attn
@@ -204,7 +208,7 @@ class Model:
             raise EdgespecError(f"llama.cpp could not create a context of {n_ctx} tokens for "
                                 f"{self.path.name}: {recent_log(4)}")
         # llama.cpp may round the context up (the user's limit still holds) and clamp the batch.
-        return Context(self, handle, n_ctx=min(n_ctx, int(_ll.llama_n_ctx(handle))),
+        return Context(self, handle, n_ctx=min(n_ctx, int(_ll.llama_n_ctx(handle)) // n_seq_max),
                        n_batch=min(int(_ll.llama_n_batch(handle)), int(_ll.llama_n_ubatch(handle))),
                        n_threads=threads)
 
@@ -269,6 +273,20 @@ def check_decode(n: int, pos0: int, n_ctx: int, n_batch: int, logits: str) -> No
         raise EdgespecError(f"all-position logits need at most n_batch={n_batch} tokens")
 
 
+def check_multi(segments, n_ctx: int, n_batch: int) -> None:
+    """The guards of Context.decode_multi (shared with the test fakes)."""
+    if not segments:
+        raise EdgespecError("decode_multi called with no sequences")
+    seen = set()
+    for tokens, pos0, seq_id, logits in segments:
+        check_decode(len(tokens), pos0, n_ctx, n_batch, logits)
+        if seq_id in seen:
+            raise EdgespecError(f"sequence {seq_id} appears twice in one step")
+        seen.add(seq_id)
+    total = sum(len(t) for t, *_ in segments)
+    if total > n_batch:
+        raise EdgespecError(f"a step of {total} tokens exceeds n_batch={n_batch}")
+
 
 class Context:
     """One llama.cpp context: a KV cache with sequences, and batched decoding."""
@@ -279,6 +297,7 @@ class Context:
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self.n_threads = n_threads
+        self.n_seq_max = int(_ll.llama_n_seq_max(handle))
         self._mem = _ll.llama_get_memory(handle)
         self._batch_cap = n_batch
         self._batch = _ll.llama_batch_init(n_batch, 0, 1)
@@ -320,6 +339,44 @@ class Context:
             start += len(chunk)
         if out is None:
             out = np.zeros((0, nv), dtype=np.float32)
+        return out
+
+    def decode_multi(self, segments: Sequence[tuple[Sequence[int], int, int, str]]
+                     ) -> list[np.ndarray]:
+        """One ``llama_decode`` over several sequences: ``segments`` are
+        (tokens, pos0, seq_id, logits) with ``logits`` "all", "last" or "none" as in
+        :meth:`decode`. Returns each segment's logits rows, in order. The whole step must
+        fit one batch (the scheduler sizes it so)."""
+        check_multi(segments, self.n_ctx, self.n_batch)
+        nv = self.model.n_vocab
+        b = self._batch
+        i = 0
+        wanted: list[int] = []
+        for tokens, pos0, seq_id, logits in segments:
+            n = len(tokens)
+            for j, t in enumerate(tokens):
+                b.token[i] = int(t)
+                b.pos[i] = pos0 + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = seq_id
+                want = logits == "all" or (logits == "last" and j == n - 1)
+                b.logits[i] = 1 if want else 0
+                i += 1
+            wanted.append(n if logits == "all" else 1 if logits == "last" else 0)
+        b.n_tokens = i
+        rc = _ll.llama_decode(self._c, b)
+        if rc != 0:
+            raise EdgespecError(f"llama_decode failed with status {rc}"
+                                f"{' (KV cache full)' if rc == 1 else ''}: {recent_log(3)}")
+        total = sum(wanted)
+        out: list[np.ndarray] = []
+        if total:
+            ptr = _ll.llama_get_logits(self._c)
+            rows = np.ctypeslib.as_array(ptr, shape=(total, nv))
+        at = 0
+        for w in wanted:
+            out.append(rows[at:at + w].copy() if w else np.zeros((0, nv), dtype=np.float32))
+            at += w
         return out
 
     def trim(self, seq_id: int, from_pos: int) -> None:

@@ -150,7 +150,10 @@ class Calibration:
             if n <= n1:
                 return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
         (n0, c0), (n1, c1) = pts[-2], pts[-1]
-        return c1 + max(c1 - c0, 0.0) / (n1 - n0) * (n - n1)
+        # past the measured range (a batch of several sequences' drafts) a pass is assumed
+        # compute-bound at no less than the average per-token cost so far: a last segment
+        # that dips (a kernel change) must not make every further position look free
+        return c1 + max((c1 - c0) / (n1 - n0), c1 / n1) * (n - n1)
 
     def verify_cost(self, drafted: int) -> float:
         """Relative cost of verifying ``drafted`` draft tokens: a (drafted + 1)-token pass."""

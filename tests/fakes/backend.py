@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from edgespec.backend import check_decode
+from edgespec.backend import check_decode, check_multi
 from edgespec.errors import EdgespecError
 
 BOS, EOS, EOT = 0, 1, 2
@@ -228,6 +228,13 @@ class FakeContext:
             return np.zeros((0, N_VOCAB), dtype=np.float32)
         at = range(n) if logits == "all" else [n - 1]
         return np.stack([self.model.row(cache[:pos0 + i + 1]) for i in at])
+
+    def decode_multi(self, segments) -> list[np.ndarray]:
+        if self.closed:
+            raise KVMismatch("decode on a closed context")
+        check_multi(segments, self.n_ctx, self.n_batch)
+        self.calls.append("multi")
+        return [self.decode(t, p, s, lg) for t, p, s, lg in segments]
 
     def trim(self, seq_id: int, from_pos: int) -> None:
         cache = self.kv.setdefault(seq_id, [])

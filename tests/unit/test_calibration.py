@@ -112,8 +112,12 @@ def test_cost_is_one_at_one_token_and_interpolates_linearly():
     assert cal.cost(2) == 1.5
     assert cal.cost(3) == pytest.approx(1.75)
     assert cal.cost(6) == pytest.approx(2.5)
-    # past the last point: the last segment's slope (0.25 per token)
-    assert cal.cost(12) == pytest.approx(4.0)
+    # past the last point: the steeper of the last segment's slope (0.25 per token) and
+    # the average cost per token so far (3/8)
+    assert cal.cost(12) == pytest.approx(4.5)
+    # a last segment that dips does not make further positions free
+    dip = Calibration.from_costs({1: 1.0, 12: 7.4, 16: 7.0}, step_seconds=0.1)
+    assert dip.cost(32) == pytest.approx(7.0 + 7.0 / 16 * 16)
     assert cal.seconds(4) == pytest.approx(0.2)
     assert cal.verify_cost(3) == cal.cost(4)  # 3 drafts + the last token = a 4-token pass
 
@@ -129,9 +133,9 @@ def test_the_curve_is_kept_as_measured_with_one_pinned():
     assert cal.cost(3.5) == pytest.approx(1.85)  # linear between the measured points
     assert cal.cost(6) == pytest.approx(2.35)
     # noise below a 1-token pass is clipped there; a falling last segment never extrapolates
-    # to cheaper passes
+    # to cheaper passes, nor to free ones: past the range, the average cost per token
     odd = Calibration.from_costs({2: 0.97, 8: 3.0, 12: 2.9}, step_seconds=0.1)
-    assert odd.cost(2) == 1.0 and odd.cost(20) == pytest.approx(2.9)
+    assert odd.cost(2) == 1.0 and odd.cost(20) == pytest.approx(2.9 + 2.9 / 12 * 8)
 
 
 def test_missing_one_token_point_is_added():
