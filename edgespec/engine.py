@@ -411,6 +411,19 @@ class Engine:
                 announce(ident)
         return ident.hash
 
+    # --- idle time: conversations (edgespec.kvcache) ----------------------------------
+    def refresh_kv(self, exact: bool | None = None, stop=None) -> int:
+        """After a turn, in exact mode: prefill the answer's positions again so the next
+        turn reuses them (PrefixCache.refresh); a no-op otherwise, where they are reused
+        as they are. Call it once the answer is shown; :meth:`cancel` (or ``stop()``
+        turning true) ends it between chunks. Returns the positions refreshed."""
+        if not (self.exact if exact is None else exact):
+            return 0
+        with self._lock:
+            self._cancel.clear()
+            return self.kv_cache.refresh(
+                lambda: self._cancel.is_set() or (stop is not None and bool(stop())))
+
 
 # --- builder steps -------------------------------------------------------------------
 def _load(name: str, config: EngineConfig, gpu_layers: int, stack: ExitStack) -> backend.Model:
