@@ -13,11 +13,17 @@ whole conversation, and each completed answer joins the global tree.
 A cancelled turn (``engine.cancel()``, Ctrl-C in ``edgespec chat``) keeps what was
 shown of the answer in the history (its :class:`Turn` says ``cancelled``); a turn that
 showed nothing leaves no message. The next turn starts from whatever the KV cache still holds.
+
+In exact mode the KV of an answer was written by decode and verify passes, which the next
+turn cannot reuse bitwise (edgespec.kvcache); :meth:`Conversation.settle`, called once the
+answer is shown and before the next message, prefills it again in idle time so the next
+turn reuses the whole conversation. It returns at once in the default mode.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
-from typing import Iterator
+from typing import Callable, Iterator
 
 from .errors import InvalidInputError
 from .events import Event, Finished
@@ -33,6 +39,8 @@ class Turn:
     text: str
     stop_reason: str
     stats: RequestStats
+    refreshed: int = 0  # answer positions settle() prefilled again for the next turn
+    refresh_seconds: float = 0.0
 
 
 class Conversation:
@@ -78,6 +86,20 @@ class Conversation:
         for _ in self.send(text, params):
             pass
         return self.turns[-1]
+
+    def settle(self, stop: Callable[[], bool] | None = None) -> int:
+        """Idle-time work after a turn (exact mode: the answer's KV prefilled again, so the
+        next turn reuses it; see the module docstring). ``stop()`` turning true ends it
+        early, keeping what was done; returns the positions refreshed."""
+        exact = self.engine.exact if self.exact is None else self.exact
+        if not exact or not self.turns:
+            return 0
+        t0 = time.perf_counter()
+        n = self.engine.refresh_kv(exact=True, stop=stop)
+        turn = self.turns[-1]
+        turn.refreshed += n
+        turn.refresh_seconds += time.perf_counter() - t0
+        return n
 
     def _run(self, text: str, stream: Iterator[Event]) -> Iterator[Event]:
         shown: list[str] = []

@@ -27,12 +27,18 @@ model generated.
 :class:`StateCache` keeps several sequences' states (the last turns of several
 conversations) in a byte budget with least-recently-used eviction, through llama.cpp's
 per-sequence state API (``Context.state_get`` / ``state_set``).
+
+:meth:`PrefixCache.refresh` gives exact mode its reuse back: once a turn has finished (idle
+time, while its answer is read), the generated tokens' positions are prefilled again, from
+the last row-group boundary a prefill wrote, in chunks that each start on a boundary. The
+sequence then holds prefill-written KV for the whole turn and the next turn computes only
+its new message. Cancelled between chunks, it keeps what it refreshed.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -49,6 +55,9 @@ DEFAULT_RAM_BYTES = 256 << 20
 #: reused prefix ends, and the suffix starts, on a group boundary, so every position is
 #: computed as a prefill of the whole prompt from position 0 computes it
 ROW_GROUP = 4
+#: positions one refresh pass prefills: a multiple of ROW_GROUP, large enough for the gemm
+#: kernels' throughput, small enough that a cancel waits well under a second
+REFRESH_CHUNK = 64
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -212,6 +221,39 @@ class PrefixCache:
         """The sequence holds exactly ``tokens`` now (positions 0..len-1)."""
         self.held = [int(t) for t in tokens]
         self.prefilled = min(self.prefilled, len(self.held))
+
+    def refresh(self, stop: Callable[[], bool] = lambda: False,
+                chunk: int = REFRESH_CHUNK) -> int:
+        """Prefill the held positions no prefill wrote (the last answer's), so exact mode
+        reuses them; returns how many positions are now prefill-written that were not.
+
+        The pass starts at the last ROW_GROUP boundary a prefill wrote and goes in chunks of
+        ``chunk`` positions (a multiple of ROW_GROUP), so every row is grouped as a prefill
+        of the whole prompt from position 0 groups it. ``stop`` is asked before each chunk:
+        when it says so, the sequence keeps what was refreshed and drops the rest (the next
+        turn prefills it). The held tokens past the last boundary are prefilled too (the
+        sequence must stay contiguous) but stay unmarked: a row group they would share with
+        the next turn's tokens is not complete yet.
+        """
+        if chunk <= 0 or chunk % ROW_GROUP:
+            raise EdgespecError(f"a refresh chunk is a positive multiple of {ROW_GROUP} "
+                                f"positions (got {chunk})")
+        tokens, start = list(self.held), _aligned(self.prefilled)
+        if _aligned(len(tokens)) <= start:
+            return 0
+        pos = start
+        try:
+            self.ctx.trim(self.seq_id, start)
+            self.held, self.prefilled = tokens[:start], start
+            while pos < len(tokens) and not stop():
+                n = min(chunk, len(tokens) - pos)
+                self.ctx.decode(tokens[pos:pos + n], pos, self.seq_id, logits="none")
+                pos += n
+                self.held, self.prefilled = tokens[:pos], _aligned(pos)
+        except BaseException:
+            self.invalidate()
+            raise
+        return self.prefilled - start
 
     def invalidate(self) -> None:
         """Forget what the sequence holds (after an error left it unknown)."""
