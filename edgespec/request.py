@@ -19,7 +19,8 @@ share one llama.cpp context as separate sequences.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -60,6 +61,8 @@ class Request:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     t0: float = 0.0
     stop_reason: str = ""
+    kv: object | None = None  # the PrefixCache of the request's sequence (None: the loop's)
+    cancel: threading.Event | None = None  # set to end this request at its next step
 
     def close(self) -> None:
         completed = self.stop_reason not in ("", "cancelled")
@@ -70,8 +73,49 @@ class Request:
             self.grammar.close()
 
 
+@dataclass(frozen=True)
+class Load:
+    """The rest of a step that several sequences share, as one request plans its part."""
+
+    rows: int  # rows the other sequences already put in this pass
+    tokens: float  # tokens they are expected to emit from it
+    max_rows: int  # the most rows this request may add (the step's budget)
+
+
+@dataclass
+class Pass:
+    """One request's part of a target pass: the pending token and the chosen draft."""
+
+    req: Request
+    draft: Draft
+    used: str | None  # the proposer that drafted (FORCED for a grammar literal), or None
+    draft_seconds: float
+    events: list[Control]  # what the controller decided on the way, for the stream
+    batch_rows: int = 0  # rows of the whole pass, when other sequences shared it
+
+    @property
+    def tokens(self) -> list[int]:
+        return [self.req.tokens[-1], *self.draft.tokens]
+
+    @property
+    def logits(self) -> str:
+        return "all" if self.draft.tokens else "last"
+
+
 class Loop:
-    """Runs requests against one target context. The engine owns it; it owns no resources."""
+    """Runs requests against one target context. The engine owns it; it owns no resources.
+
+    A request goes through phases that a scheduler can interleave with other requests'
+    (:mod:`edgespec.serving.scheduler` runs several in one ``llama_decode`` per step):
+
+        begin(req)        prefill, open proposer sessions, the first token   (events)
+        plan(req, load)   propose, decide, cut the draft: a Pass, or None when it ended
+        complete(pass, rows, seconds)   verify, trim, accept, observe, emit  (a Step)
+        end(req)          flush the text, finish the stats                   (events)
+        release(req)      leave the KV cache holding what the request evaluated
+
+    :meth:`serve` runs one request through them alone.
+    """
 
     def __init__(self, target, ctx, *, target_name: str, draft_name: str | None, sinks,
                  cancelled, kv=None) -> None:
@@ -83,30 +127,48 @@ class Loop:
         self.sinks = sinks
         self.cancelled = cancelled  # a threading.Event set by Engine.cancel()
 
-    def serve(self, req: Request) -> Iterator[Event]:
+    def started(self, req: Request) -> RequestStarted:
         req.t0 = time.perf_counter()
-        yield RequestStarted(req.id, req.n_prompt, req.proposer_label, self.target_name,
-                             self.draft_name if any(n in req.costly for n in req.sessions) else None)
+        return RequestStarted(req.id, req.n_prompt, req.proposer_label, self.target_name,
+                              self.draft_name if any(n in req.costly for n in req.sessions)
+                              or any(n in req.costly for n in req.proposers) else None)
+
+    def serve(self, req: Request) -> Iterator[Event]:
+        yield self.started(req)
         try:
-            yield from self._serve(req)
+            yield from self.begin(req)
+            while not req.stop_reason:
+                ps = self.plan(req)
+                yield from ps.events if ps is not None else ()
+                if ps is None:
+                    break
+                t_c = time.perf_counter()
+                req.in_flight = True
+                rows = self.ctx.decode(ps.tokens, req.n_past, req.seq_id, logits=ps.logits)
+                yield self.complete(ps, rows, time.perf_counter() - t_c)
+            yield from self.end(req)
         finally:
-            # whatever ended the request (finished, cancelled, the consumer stopped reading,
-            # an error between a pass and its trim), the KV cache keeps exactly what it
-            # evaluated of the request's tokens, for the next request to reuse
-            # (a stop inside an accepted draft leaves drafted positions past the last token)
-            keep = min(req.n_past, len(req.tokens))
-            try:
-                if req.in_flight or keep < req.n_past:
-                    self.ctx.trim(req.seq_id, keep)
-                self.kv.commit(req.tokens[:keep])
-            except Exception:
-                self.kv.invalidate()
+            self.release(req)
 
-    def _serve(self, req: Request) -> Iterator[Event]:
-        from .control import Outcome, StepView, truncate
+    def release(self, req: Request) -> None:
+        """Whatever ended the request (finished, cancelled, the consumer stopped reading,
+        an error between a pass and its trim), the KV cache keeps exactly what it
+        evaluated of the request's tokens, for the next request to reuse (a stop inside an
+        accepted draft leaves drafted positions past the last token)."""
+        kv = req.kv if req.kv is not None else self.kv
+        keep = min(req.n_past, len(req.tokens))
+        try:
+            if req.in_flight or keep < req.n_past:
+                self.ctx.trim(req.seq_id, keep)
+            req.in_flight = False
+            kv.commit(req.tokens[:keep])
+        except Exception:
+            kv.invalidate()
 
+    def begin(self, req: Request) -> Iterator[Event]:
         p = req.params
-        pre = self.kv.prefill(req.tokens, reuse=req.reuse, exact=req.exact)
+        kv = req.kv if req.kv is not None else self.kv
+        pre = kv.prefill(req.tokens, reuse=req.reuse, exact=req.exact)
         logits = pre.logits
         req.n_past = len(req.tokens)
         # Opening a session indexes the prompt (a draft model prefills it): part of TTFT.
@@ -128,85 +190,101 @@ class Loop:
                 s.accept([first], 0)
         yield step
 
-        while not req.stop_reason:
-            if self.cancelled.is_set():
-                req.stop_reason = "cancelled"
-                break
-            remaining = p.max_tokens - len(req.generated)
-            room = self.ctx.n_ctx - req.n_past - 1  # positions left after the pending token
-            if room < 0:
-                req.stop_reason = "context"
-                break
-            limit = max(0, min(req.max_draft, remaining - 1, room))
-            draft, used, t_draft = EMPTY_DRAFT, None, 0.0
-            if req.controller is not None:
-                t_a = time.perf_counter()
-                cands = {n: s.propose(limit) for n, s in req.sessions.items()
-                         if n not in req.costly and limit > 0}
-                if req.grammar is not None:  # the controller sees only what the grammar admits
-                    cands = {n: truncate(c, req.grammar.admissible_prefix(c.tokens))
-                             for n, c in cands.items()}
-                t_draft = time.perf_counter() - t_a
-                # what can still be emitted: the max_tokens budget, or the context's room
-                # (the pending token plus `room` drafts)
-                d = req.controller.decide(StepView(generated=len(req.generated),
-                                                   remaining=min(remaining, room + 1),
-                                                   candidates=cands))
-                for rec in req.controller.drain_events():
-                    req.stats.observe_control(rec.kind)
-                    yield Control(req.id, rec.kind, rec.reason,
-                                  draft_length=rec.draft_length if rec.draft_length is not None
-                                  else d.k, proposer=rec.proposer or d.proposer)
-                k = max(0, min(d.k, limit))
-                if not d.plain and k > 0:
-                    used = d.proposer
-                    if used in cands:
-                        draft = truncate(cands[used], k)
-                    else:
-                        t_b = time.perf_counter()
-                        draft = req.sessions[used].propose(k)
-                        if req.grammar is not None:
-                            draft = truncate(draft, req.grammar.admissible_prefix(draft.tokens))
-                        t_draft += time.perf_counter() - t_b
-                if req.grammar is not None and not draft.tokens and limit > 0:
-                    # a literal the grammar forces costs no proposer: draft it
-                    t_b = time.perf_counter()
-                    forced = req.grammar.forced(limit)
-                    t_draft += time.perf_counter() - t_b
-                    if forced:
-                        draft, used = Draft(tokens=forced, source=FORCED), FORCED
-            t_c = time.perf_counter()
-            batch = [req.tokens[-1], *draft.tokens]
-            req.in_flight = True
-            rows = self.ctx.decode(batch, req.n_past, req.seq_id,
-                                   logits="all" if draft.tokens else "last")
-            n_acc, nxt = self._verify(req, draft, rows)
-            req.n_past += 1 + n_acc
-            if n_acc < len(draft.tokens):
-                self.ctx.trim(req.seq_id, req.n_past)
-            req.in_flight = False
-            t_verify = time.perf_counter() - t_c
-            new = [*draft.tokens[:n_acc], *([] if nxt is None else [nxt])]
-            used = used if draft.tokens else None
-            if new:  # empty only where the grammar admits nothing more
-                for n, s in req.sessions.items():
-                    s.accept(new, n_acc if n == used else 0)
-            if req.controller is not None:
-                # a forced literal is no proposer's draft: the controller sees a step
-                # without timing evidence, so neither its cost curve nor a proposer's
-                # acceptance is skewed
-                mine = used != FORCED
-                req.controller.observe(Outcome(
-                    proposer=used if mine else None, drafted=len(draft.tokens) if mine else 0,
-                    accepted=n_acc if mine else 0, draft_seconds=t_draft,
-                    verify_seconds=t_verify if mine else 0.0, tokens=tuple(new),
-                    confidence=draft.confidence if used and mine else None,
-                    match_length=draft.match_length if used and mine else 0))
-            yield self._emit(req, new, rows[: n_acc + 1], n_acc=n_acc, proposer=used,
-                             drafted=len(draft.tokens), draft_s=t_draft, verify_s=t_verify)
-            if nxt is None and not req.stop_reason:
-                req.stop_reason = "grammar"  # nothing the grammar admits can come next
+    def plan(self, req: Request, load: Load | None = None) -> Pass | None:
+        """The request's part of the next pass, or None when it ends here (cancelled, out
+        of context). ``load`` describes the rest of the step when other sequences share it."""
+        from .control import StepView, truncate
 
+        if req.stop_reason:
+            return None
+        if self.cancelled.is_set() or (req.cancel is not None and req.cancel.is_set()):
+            req.stop_reason = "cancelled"
+            return None
+        p = req.params
+        remaining = p.max_tokens - len(req.generated)
+        room = self.ctx.n_ctx - req.n_past - 1  # positions left after the pending token
+        if room < 0:
+            req.stop_reason = "context"
+            return None
+        limit = max(0, min(req.max_draft, remaining - 1, room))
+        if load is not None:
+            limit = min(limit, max(0, load.max_rows - 1))
+        draft, used, t_draft = EMPTY_DRAFT, None, 0.0
+        events: list[Control] = []
+        if req.controller is not None:
+            t_a = time.perf_counter()
+            cands = {n: s.propose(limit) for n, s in req.sessions.items()
+                     if n not in req.costly and limit > 0}
+            if req.grammar is not None:  # the controller sees only what the grammar admits
+                cands = {n: truncate(c, req.grammar.admissible_prefix(c.tokens))
+                         for n, c in cands.items()}
+            t_draft = time.perf_counter() - t_a
+            # what can still be emitted: the max_tokens budget, or the context's room
+            # (the pending token plus `room` drafts)
+            view = StepView(generated=len(req.generated), remaining=min(remaining, room + 1),
+                            candidates=cands)
+            if load is not None:
+                view = replace(view, batch_rows=load.rows, batch_tokens=load.tokens)
+            d = req.controller.decide(view)
+            for rec in req.controller.drain_events():
+                req.stats.observe_control(rec.kind)
+                events.append(Control(req.id, rec.kind, rec.reason,
+                                      draft_length=rec.draft_length if rec.draft_length is not None
+                                      else d.k, proposer=rec.proposer or d.proposer))
+            k = max(0, min(d.k, limit))
+            if not d.plain and k > 0:
+                used = d.proposer
+                if used in cands:
+                    draft = truncate(cands[used], k)
+                else:
+                    t_b = time.perf_counter()
+                    draft = req.sessions[used].propose(k)
+                    if req.grammar is not None:
+                        draft = truncate(draft, req.grammar.admissible_prefix(draft.tokens))
+                    t_draft += time.perf_counter() - t_b
+            if req.grammar is not None and not draft.tokens and limit > 0:
+                # a literal the grammar forces costs no proposer: draft it
+                t_b = time.perf_counter()
+                forced = req.grammar.forced(limit)
+                t_draft += time.perf_counter() - t_b
+                if forced:
+                    draft, used = Draft(tokens=forced, source=FORCED), FORCED
+        return Pass(req, draft, used if draft.tokens else None, t_draft, events)
+
+    def complete(self, ps: Pass, rows: np.ndarray, verify_seconds: float) -> Step:
+        """Verify a pass's rows (the target's logits at the pending token and each draft
+        position), trim the rejected positions, and emit what was accepted."""
+        from .control import Outcome
+
+        req, draft, used, t_draft = ps.req, ps.draft, ps.used, ps.draft_seconds
+        n_acc, nxt = self._verify(req, draft, rows)
+        req.n_past += 1 + n_acc
+        if n_acc < len(draft.tokens):
+            self.ctx.trim(req.seq_id, req.n_past)
+        req.in_flight = False
+        new = [*draft.tokens[:n_acc], *([] if nxt is None else [nxt])]
+        if new:  # empty only where the grammar admits nothing more
+            for n, s in req.sessions.items():
+                s.accept(new, n_acc if n == used else 0)
+        if req.controller is not None:
+            # a forced literal is no proposer's draft: the controller sees a step
+            # without timing evidence, so neither its cost curve nor a proposer's
+            # acceptance is skewed
+            mine = used != FORCED
+            req.controller.observe(Outcome(
+                proposer=used if mine else None, drafted=len(draft.tokens) if mine else 0,
+                accepted=n_acc if mine else 0, draft_seconds=t_draft,
+                verify_seconds=verify_seconds if mine else 0.0, tokens=tuple(new),
+                confidence=draft.confidence if used and mine else None,
+                match_length=draft.match_length if used and mine else 0,
+                batch_rows=ps.batch_rows))
+        step = self._emit(req, new, rows[: n_acc + 1], n_acc=n_acc, proposer=used,
+                          drafted=len(draft.tokens), draft_s=t_draft, verify_s=verify_seconds)
+        if nxt is None and not req.stop_reason:
+            req.stop_reason = "grammar"  # nothing the grammar admits can come next
+        return step
+
+    def end(self, req: Request) -> Iterator[Event]:
         tail = req.text.flush()
         total = time.perf_counter() - req.t0
         req.stats.finish(req.stop_reason, total)

@@ -151,8 +151,14 @@ class AdaptiveController:
         cap = s.max_draft if view.remaining is None else min(s.max_draft, view.remaining - 1)
         if cap < s.min_draft or not self._p:
             return Decision(None, 0, "too few tokens left to draft" if self._p else "no proposer")
-        t1 = self.pass_seconds(1)
-        bar = (1 + s.margin) / t1  # the goodput a draft must beat
+        # Under continuous batching the pass also carries other sequences' rows (B of them,
+        # expected to emit T tokens): the step's goodput is what counts, so a draft of d
+        # must beat (T + 1) / t(B + 1) with (T + E(d)) / t(B + 1 + d). Alone (B = T = 0)
+        # this is the single-request rule; as B grows on a compute-bound device the
+        # marginal rows cost as much as a whole sequence's token and drafting yields.
+        b, bt = view.batch_rows, view.batch_tokens
+        t1 = self.pass_seconds(b + 1)
+        bar = (1 + s.margin) * (bt + 1) / t1  # the goodput a draft must beat
         best: tuple[float, str, int, float, str] | None = None  # rate, name, d, E(d), note
         blocked: list[str] = []
         for name, st in self._p.items():
@@ -173,7 +179,8 @@ class AdaptiveController:
             e = expected_tokens(st.model.predict(feats, st.hit))
 
             def rate(dd: int) -> float:
-                return e[dd] / (self.pass_seconds(dd + 1) + self._draft_seconds(name, dd, cand is not None))
+                return (bt + e[dd]) / (self.pass_seconds(b + dd + 1)
+                                       + self._draft_seconds(name, dd, cand is not None))
 
             dd = max(range(s.min_draft, n_max + 1), key=rate)
             gate, why = self._gate(st, cand, rate(dd) > bar)
@@ -209,7 +216,7 @@ class AdaptiveController:
                 st.last_evidence = self._step
             self._events.append(ControlRecord("probe", f"{name}: {note[7:]}", dd, name))
         return Decision(name, dd, note or "best expected goodput", expected_tokens=e,
-                        expected_speedup=r * t1)
+                        expected_speedup=r * t1 / (bt + 1))
 
     def _gate(self, st: _ProposerState, cand: Draft | None, worth: bool) -> tuple[str | None, str]:
         """May this proposer draft now? (None | "ok" | "probe", why). Side-effect free."""
@@ -231,7 +238,9 @@ class AdaptiveController:
         view = self._view
         self._view = self._decision = None
         name = outcome.proposer if outcome.drafted > 0 else None
-        n_pass = outcome.drafted + 1 if name else 1
+        n_pass = (outcome.drafted + 1 if name else 1)
+        if outcome.batch_rows:
+            n_pass = max(n_pass, outcome.batch_rows)  # the time was the whole shared pass
         if outcome.verify_seconds > 0:
             ratio = outcome.verify_seconds / self.cal.seconds(n_pass)
             ratio = min(max(ratio, 0.2), 5.0)
@@ -245,7 +254,11 @@ class AdaptiveController:
                 st.shared.tick()
         if name in self._p:
             self._observe_draft(name, outcome, view)
-        if self.guard is not None:
+        shared = outcome.batch_rows > (outcome.drafted + 1 if name else 1)
+        # the guard weighs one stream's speculative steps against its plain ones; a pass
+        # shared with other sequences times the whole batch, which the load-aware rule in
+        # decide() already prices, so it is no evidence either way
+        if self.guard is not None and not shared:
             if name:
                 rec = self.guard.observe_spec(self.slice, name, outcome.accepted + 1,
                                               outcome.draft_seconds + outcome.verify_seconds)

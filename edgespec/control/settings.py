@@ -90,6 +90,10 @@ class StepView:
     generated: int = 0  # tokens emitted so far in this request
     remaining: int | None = None  # tokens still allowed (max_tokens - generated); None = no limit
     candidates: Mapping[str, Draft] = field(default_factory=dict)
+    # other sequences in the same pass (continuous batching): the rows they add and the
+    # tokens they are expected to emit; a draft's price is the pass's growth past them
+    batch_rows: int = 0
+    batch_tokens: float = 0.0
 
     def draft_for(self, decision: "Decision") -> Draft | None:
         """The chosen candidate cut to ``decision.k`` tokens; None for a plain step or a
@@ -143,6 +147,7 @@ class Outcome:
     tokens: tuple[int, ...] = ()
     confidence: tuple[float, ...] | None = None  # the draft's per-token confidence, if any
     match_length: int = 0
+    batch_rows: int = 0  # rows of the whole pass when other sequences shared it (0: alone)
 
     @classmethod
     def of(cls, step, draft: Draft | None = None) -> "Outcome":
