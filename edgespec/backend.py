@@ -426,6 +426,67 @@ class Context:
         except Exception:
             pass
 
+    # --- draft trees (edgespec.tree): one pass over several branches ------------------
+    def decode_tree(self, tokens: Sequence[int], positions: Sequence[int],
+                    seq_ids_per_token: Sequence[Sequence[int]],
+                    logits_mask: Sequence[bool]) -> np.ndarray:
+        """One ``llama_decode`` where each token belongs to the sequences listed for it
+        (a draft tree's shared prefix to several), so each attends to exactly the cached
+        tokens of its sequences. Sequences that share a token must hold the same cells
+        before the call (``seq_cp`` the prefix first). Returns the logits of the tokens
+        whose mask is true, in order. Needs a context with ``n_seq_max`` > 1 (its KV
+        pool is then unified, which coupled sequences require)."""
+        check_tree(tokens, positions, seq_ids_per_token, logits_mask, self.n_ctx,
+                   self.n_batch, self.n_seq_max)
+        b = self._tree_batch_for()
+        for i, (t, pos, seqs, want) in enumerate(zip(tokens, positions, seq_ids_per_token,
+                                                     logits_mask)):
+            b.token[i] = int(t)
+            b.pos[i] = int(pos)
+            b.n_seq_id[i] = len(seqs)
+            for j, s in enumerate(seqs):
+                b.seq_id[i][j] = int(s)
+            b.logits[i] = 1 if want else 0
+        b.n_tokens = len(tokens)
+        rc = _ll.llama_decode(self._c, b)
+        if rc != 0:
+            raise EdgespecError(f"llama_decode of a draft tree failed with status {rc}"
+                                f"{' (KV cache full)' if rc == 1 else ''}: {recent_log(3)}")
+        rows = sum(1 for w in logits_mask if w)
+        if not rows:
+            return np.zeros((0, self.model.n_vocab), dtype=np.float32)
+        ptr = _ll.llama_get_logits(self._c)
+        return np.ctypeslib.as_array(ptr, shape=(rows, self.model.n_vocab)).copy()
+
+    def _tree_batch_for(self):
+        b = getattr(self, "_tree_batch", None)
+        if b is None:
+            import weakref
+            b = self._tree_batch = _ll.llama_batch_init(self.n_batch, 0, self.n_seq_max)
+            weakref.finalize(self, _ll.llama_batch_free, b)
+        return b
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Sequence ``dst`` also holds ``src``'s cells at positions ``p0 .. p1 - 1``
+        (p1 = -1: to the end). In a unified pool this marks cells, it copies nothing."""
+        self._check_seq(src)
+        self._check_seq(dst)
+        if self.n_seq_max < 2:
+            # llama.cpp asserts (aborts the process) on a partial copy in a split pool
+            raise EdgespecError("seq_cp needs a context with n_seq_max > 1")
+        _ll.llama_memory_seq_cp(self._mem, int(src), int(dst), int(p0), int(p1))
+
+    def seq_keep(self, seq_id: int) -> None:
+        """Drops every sequence but ``seq_id`` (all of the context: only for a context that
+        serves one request)."""
+        self._check_seq(seq_id)
+        _ll.llama_memory_seq_keep(self._mem, int(seq_id))
+
+    def _check_seq(self, seq_id: int) -> None:
+        if not 0 <= int(seq_id) < self.n_seq_max:
+            raise EdgespecError(f"sequence {seq_id} outside 0..{self.n_seq_max - 1}: the context "
+                                f"was created with n_seq_max={self.n_seq_max}")
+
 
 # --- grammars: llama.cpp's own grammar engine --------------------------------------
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -671,3 +732,27 @@ def list_devices() -> list[dict]:
             "total": int(total.value),
         })
     return out
+
+
+def check_tree(tokens, positions, seq_ids_per_token, logits_mask, n_ctx: int, n_batch: int,
+               n_seq_max: int) -> None:
+    """The guards of Context.decode_tree (shared with the test fakes)."""
+    n = len(tokens)
+    if n == 0:
+        raise EdgespecError("decode_tree called with no tokens")
+    if not len(positions) == len(seq_ids_per_token) == len(logits_mask) == n:
+        raise EdgespecError(f"decode_tree needs one position, one sequence list and one logits "
+                            f"flag per token ({n} tokens, {len(positions)} positions, "
+                            f"{len(seq_ids_per_token)} sequence lists, {len(logits_mask)} flags)")
+    if n > n_batch:
+        raise EdgespecError(f"a tree of {n} tokens exceeds n_batch={n_batch}")
+    if n_seq_max < 2 and any(len(s) != 1 for s in seq_ids_per_token):
+        raise EdgespecError("a token in several sequences needs a context with n_seq_max > 1")
+    for pos, seqs in zip(positions, seq_ids_per_token):
+        if not 0 <= pos < n_ctx:
+            raise ContextOverflowError(f"position {pos} exceeds the context of {n_ctx} tokens; "
+                                       "raise --ctx or shorten the prompt")
+        if not seqs or len(set(seqs)) != len(seqs) or \
+                any(not 0 <= s < n_seq_max for s in seqs):
+            raise EdgespecError(f"each token needs distinct sequence ids in 0..{n_seq_max - 1} "
+                                f"(got {tuple(seqs)})")

@@ -263,3 +263,57 @@ class FakeContext:
     @property
     def trims(self) -> list[Trim]:
         return [c for c in self.calls if isinstance(c, Trim)]
+
+    # --- draft trees ---------------------------------------------------------------------
+    def decode_tree(self, tokens, positions, seq_ids_per_token, logits_mask) -> np.ndarray:
+        """Each token is appended to each of its sequences, strictly at the next position;
+        sequences sharing a token must agree on everything before it (as llama.cpp
+        requires), and a row's logits come from its sequences' tokens."""
+        if self.closed:
+            raise KVMismatch("decode on a closed context")
+        from edgespec.backend import check_tree
+        check_tree(tokens, positions, seq_ids_per_token, logits_mask, self.n_ctx, self.n_batch,
+                   self.n_seq_max)
+        bad = [int(t) for t in tokens if not 0 <= int(t) < N_VOCAB]
+        if bad:
+            raise KVMismatch(f"token ids {bad} outside the vocabulary")
+        self.calls.append("tree")
+        rows = []
+        for t, pos, seqs, want in zip(tokens, positions, seq_ids_per_token, logits_mask):
+            caches = [self.kv.setdefault(int(s), []) for s in seqs]
+            for s, cache in zip(seqs, caches):
+                if pos != len(cache):
+                    raise KVMismatch(f"tree token {t} at position {pos}, but sequence {s} holds "
+                                     f"positions 0..{len(cache) - 1}")
+            if any(c != caches[0] for c in caches[1:]):
+                raise KVMismatch(f"sequences {tuple(seqs)} share tree token {t} but diverged "
+                                 "before it (seq_cp the prefix first)")
+            for cache in caches:
+                cache.append(int(t))
+            if want:
+                rows.append(self.model.row(caches[0]))
+        if not rows:
+            return np.zeros((0, N_VOCAB), dtype=np.float32)
+        return np.stack(rows)
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        for s in (src, dst):
+            if not 0 <= s < self.n_seq_max:
+                raise EdgespecError(f"sequence {s} outside 0..{self.n_seq_max - 1}: the context "
+                                    f"was created with n_seq_max={self.n_seq_max}")
+        if self.n_seq_max < 2:
+            raise EdgespecError("seq_cp needs a context with n_seq_max > 1")
+        source = self.kv.setdefault(src, [])
+        cache = self.kv.setdefault(dst, [])
+        end = len(source) if p1 < 0 else p1
+        if len(cache) != p0 or end > len(source):
+            raise KVMismatch(f"seq_cp {src}->{dst} of positions {p0}..{end - 1}: sequence {dst} "
+                             f"holds {len(cache)} positions, {src} holds {len(source)}")
+        self.calls.append(f"seq_cp {src}->{dst} {p0}:{end}")
+        cache.extend(source[p0:end])
+
+    def seq_keep(self, seq_id: int) -> None:
+        if not 0 <= seq_id < self.n_seq_max:
+            raise EdgespecError(f"sequence {seq_id} outside 0..{self.n_seq_max - 1}")
+        self.calls.append(f"seq_keep {seq_id}")
+        self.kv = {seq_id: self.kv.get(seq_id, [])}
