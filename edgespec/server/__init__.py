@@ -1,0 +1,8 @@
+"""`edgespec serve`: an OpenAI-compatible HTTP server over the scheduler (docs/server.md).
+
+    app = create_app(scheduler, engine, ServerSettings(served_model="qwen-1.5b"))
+"""
+from .app import create_app
+from .settings import ServerSettings
+
+__all__ = ["ServerSettings", "create_app"]

@@ -1,0 +1,268 @@
+"""The FastAPI app: OpenAI-compatible routes over a :class:`~edgespec.serving.Scheduler`.
+
+    app = create_app(scheduler, engine, ServerSettings(served_model="qwen-1.5b"))
+
+A request is parsed strictly (schemas), mapped to GenerationParams (mapping), submitted to
+the scheduler (validation and tokenization on a worker thread: a bad request is a 4xx
+before it takes a place in the queue), and answered from the engine's event stream
+(responses). Events arrive on the scheduler thread and cross to the event loop through
+``call_soon_threadsafe``; a client that goes away cancels its ticket, which frees its
+sequence at the next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from sse_starlette import EventSourceResponse
+
+from .. import __version__
+from ..errors import EdgespecError
+from ..events import Finished, Step
+from ..serving import DONE
+from . import auth
+from .errors import APIError, from_edgespec, install_handlers
+from .mapping import chat_request, check_model, completion_request
+from .metrics import CONTENT_TYPE, ServerMetrics
+from .responses import Shape
+from .schemas import ChatCompletionRequest, CompletionRequest
+from .settings import ServerSettings
+
+log = logging.getLogger("edgespec.server")
+
+#: how often a non-streaming request checks that its client is still there
+_DISCONNECT_POLL_SECONDS = 0.5
+
+
+def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
+    settings = settings.validate()
+    identity = engine.identity  # computed once, before the first request needs it
+    metrics = ServerMetrics(scheduler, engine, settings.served_model)
+    started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        # uvicorn has stopped accepting and waited for open requests; whatever is still
+        # admitted finishes before the engine is released by the caller
+        await run_in_threadpool(scheduler.close, True)
+
+    app = FastAPI(title="edgespec", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.metrics = metrics
+    app.add_middleware(_Auth, api_key=settings.api_key, metrics=metrics)
+    install_handlers(app, on_error=metrics.reject)
+
+    # --- generation -----------------------------------------------------------------------
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = ChatCompletionRequest.model_validate_json(await _body(request, settings))
+        check_model(req.model, settings)
+        prompt, params = chat_request(req, settings, engine.target.n_vocab)
+        return await _generate(request, "chat", req, prompt, params)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = CompletionRequest.model_validate_json(await _body(request, settings))
+        check_model(req.model, settings)
+        prompt, params = completion_request(req, settings, engine.target.n_vocab)
+        return await _generate(request, "completion", req, prompt, params)
+
+    async def _generate(request: Request, kind: str, req, prompt, params):
+        bridge = _Bridge(asyncio.get_running_loop(), metrics)
+        ticket = await run_in_threadpool(
+            lambda: scheduler.submit(prompt, params, on_event=bridge))
+        shape = Shape(kind, req.model, identity.short, engine.target.token_piece)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return EventSourceResponse(_stream(ticket, bridge, shape, include_usage), sep="\n",
+                                       ping=15)
+        fin = await _collect(request, ticket, bridge)
+        return JSONResponse(shape.whole(fin, identity.hash))
+
+    async def _collect(request: Request, ticket, bridge: "_Bridge") -> Finished:
+        fin = None
+        try:
+            while True:
+                try:
+                    ev = await asyncio.wait_for(bridge.queue.get(), _DISCONNECT_POLL_SECONDS)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        ticket.cancel()
+                        raise APIError(499, "the client closed the connection",
+                                       code="client_closed") from None
+                    continue
+                if ev is DONE:
+                    break
+                if isinstance(ev, BaseException):
+                    raise _failure(ev)
+                if isinstance(ev, Finished):
+                    fin = ev
+        except asyncio.CancelledError:
+            ticket.cancel()
+            raise
+        if fin is None:  # cancelled while queued (the scheduler closed without draining)
+            raise APIError(503, "the request was dropped before it ran; retry",
+                           type="server_error", code="dropped")
+        return fin
+
+    async def _stream(ticket, bridge: "_Bridge", shape: Shape, include_usage: bool):
+        complete = False
+        sent = ""
+        try:
+            yield json.dumps(shape.chunk("", first=True, include_usage=include_usage))
+            while True:
+                ev = await bridge.queue.get()
+                if ev is DONE:
+                    break
+                if isinstance(ev, BaseException):
+                    complete = True
+                    yield json.dumps(_failure(ev).body())
+                    return
+                if isinstance(ev, Step) and (ev.text or ev.logprobs):
+                    sent += ev.text
+                    yield json.dumps(shape.chunk(ev.text, ev.logprobs,
+                                                 include_usage=include_usage))
+                elif isinstance(ev, Finished):
+                    if ev.text.startswith(sent) and len(ev.text) > len(sent):
+                        # text the assembler held back (a possible stop string) and released
+                        yield json.dumps(shape.chunk(ev.text[len(sent):],
+                                                     include_usage=include_usage))
+                    yield json.dumps(shape.final_chunk(ev, identity.hash, include_usage))
+                    if include_usage:
+                        yield json.dumps(shape.usage_chunk(ev))
+            complete = True
+            yield "[DONE]"
+        finally:
+            # the client went away (sse-starlette cancels this generator) or the send failed
+            if not complete:
+                ticket.cancel()
+
+    # --- information ----------------------------------------------------------------------
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": _model_list(engine, settings, identity, started)}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        for entry in _model_list(engine, settings, identity, started):
+            if entry["id"] == model_id:
+                return entry
+        raise APIError(404, f"no model {model_id!r} (GET /v1/models lists them)",
+                       param="model", code="model_not_found")
+
+    @app.get("/health")
+    async def health():
+        load = scheduler.load()
+        return {"status": "ok", "model": settings.served_model, "queued": load.queued,
+                "running": load.running, "slots": load.slots, "max_queue": load.max_queue}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+class _Bridge:
+    """on_event for one request: runs on the scheduler thread, feeds the metrics and hands
+    each event to the request's asyncio queue without blocking."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, metrics: ServerMetrics) -> None:
+        self.loop = loop
+        self.metrics = metrics
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def __call__(self, event) -> None:
+        try:
+            self.metrics.observe(event)
+        except Exception:  # metrics must never break a request
+            log.exception("metrics failed on %r", type(event).__name__)
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the loop is closed: the server stopped, nobody is listening
+            pass
+
+
+def _failure(exc: BaseException) -> APIError:
+    if isinstance(exc, EdgespecError):
+        return from_edgespec(exc)
+    log.error("request failed on the scheduler thread", exc_info=exc)
+    return APIError(500, f"internal error ({type(exc).__name__}); the server keeps serving, "
+                         "please report this with the server log", type="server_error")
+
+
+async def _body(request: Request, settings: ServerSettings) -> str:
+    """The request body as text: at most settings.max_body_bytes, valid UTF-8."""
+    limit = settings.max_body_bytes
+    too_big = APIError(413, f"the request body exceeds {limit} bytes; send a shorter prompt",
+                       code="request_too_large")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    data = b"".join(chunks)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"the request body is not valid UTF-8 (byte 0x{data[e.start]:02x} "
+                            f"at offset {e.start}); send UTF-8 encoded JSON",
+                       code="invalid_encoding") from None
+
+
+def _model_list(engine, settings: ServerSettings, identity, started: int) -> list[dict]:
+    cfg = engine.config
+    loaded = {
+        "id": settings.served_model, "object": "model", "created": started,
+        "owned_by": "edgespec", "loaded": True, "identity": identity.hash,
+        "edgespec": {"target": engine.target_name, "draft": engine.draft_name,
+                     "proposer": engine.default_proposer, "exact": bool(engine.exact),
+                     "parallel": cfg.parallel, "n_ctx": cfg.n_ctx,
+                     "identity_record": identity.to_dict()},
+    }
+    entries = [loaded]
+    try:
+        from ..registry import load_registry
+        registry = load_registry()
+    except EdgespecError:  # no models.toml: the loaded model is still listed
+        return entries
+    for name, spec in registry.models.items():
+        if name == settings.served_model:
+            loaded["edgespec"].update(role=spec.role, description=spec.description)
+            continue
+        entries.append({"id": name, "object": "model", "created": started,
+                        "owned_by": "edgespec", "loaded": False, "identity": None,
+                        "edgespec": {"role": spec.role, "description": spec.description,
+                                     "context": spec.context}})
+    return entries
+
+
+class _Auth:
+    """Pure ASGI middleware (streaming responses and disconnects pass through untouched)."""
+
+    def __init__(self, app, api_key: str | None, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.api_key is not None:
+            header = dict(scope.get("headers") or ()).get(b"authorization", b"")
+            try:
+                auth.check(self.api_key, scope.get("path", ""), header.decode("latin-1"))
+            except APIError as e:
+                self.metrics.reject(e.status, e.code)
+                await e.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

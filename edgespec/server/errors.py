@@ -1,0 +1,130 @@
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with the status
+OpenAI's clients map to their exception classes (400, 401, 404, 413, 429, 503, 500).
+
+One place maps edgespec's own errors (EdgespecError subclasses, whose messages already say
+what to do) and pydantic's validation errors to that shape, so every endpoint answers bad
+input the same way and the server keeps serving.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import (ContextOverflowError, EdgespecError, InvalidInputError, ModelError,
+                      UnsupportedError)
+from ..serving.scheduler import QueueFullError, ShuttingDownError
+
+log = logging.getLogger("edgespec.server")
+
+
+class APIError(Exception):
+    """An error answered to the client as-is."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def unsupported(param: str, message: str) -> APIError:
+    return APIError(400, message, param=param, code="unsupported_parameter")
+
+
+def from_edgespec(e: EdgespecError) -> APIError:
+    """The client-facing form of an error the engine or the scheduler raised."""
+    if isinstance(e, QueueFullError):
+        retry = max(1, math.ceil(e.retry_after))
+        return APIError(429, str(e), type="rate_limit_error", code="queue_full",
+                        headers={"Retry-After": str(retry)})
+    if isinstance(e, ShuttingDownError):
+        return APIError(503, str(e), type="server_error", code="shutting_down")
+    if isinstance(e, ContextOverflowError):
+        return APIError(400, str(e), param="messages", code="context_length_exceeded")
+    if isinstance(e, UnsupportedError):
+        return APIError(400, str(e), code="unsupported")
+    if isinstance(e, (InvalidInputError, ModelError)):
+        return APIError(400, str(e), code="invalid_value")
+    return APIError(400, str(e))
+
+
+def from_validation(errors: list[dict]) -> APIError:
+    """pydantic's first error, as a sentence naming the field (OpenAI reports one)."""
+    if not errors:
+        return bad_request("the request body is not valid")
+    err = errors[0]
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    kind = err.get("type", "")
+    if kind == "json_invalid":
+        return bad_request(f"the request body is not valid JSON ({err.get('msg')}); send one "
+                           "JSON object", code="invalid_json")
+    if kind == "extra_forbidden":
+        return bad_request(f"unknown field {param!r}: this server does not support it and "
+                           "refuses rather than ignore it (docs/server.md lists the fields)",
+                           param=param, code="unknown_parameter")
+    if kind == "model_type" and not loc:
+        return bad_request("the request body must be a JSON object", code="invalid_type")
+    where = f"{param}: " if param else ""
+    return bad_request(f"{where}{err.get('msg')}", param=param,
+                       code="invalid_type" if kind.endswith("_type") else "invalid_value")
+
+
+def install_handlers(app: FastAPI, on_error=lambda status, code: None) -> None:
+    """Answer every failure OpenAI-shaped; ``on_error(status, code)`` counts it."""
+
+    def answer(e: APIError) -> JSONResponse:
+        on_error(e.status, e.code)
+        return e.response()
+
+    @app.exception_handler(APIError)
+    async def _api(request: Request, e: APIError):
+        return answer(e)
+
+    @app.exception_handler(EdgespecError)
+    async def _edgespec(request: Request, e: EdgespecError):
+        return answer(from_edgespec(e))
+
+    @app.exception_handler(ValidationError)
+    async def _pydantic(request: Request, e: ValidationError):
+        return answer(from_validation(e.errors()))
+
+    @app.exception_handler(RequestValidationError)
+    async def _fastapi(request: Request, e: RequestValidationError):
+        return answer(from_validation(list(e.errors())))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, e: StarletteHTTPException):
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        message = (f"no route {request.method} {request.url.path}; see GET /v1/models and "
+                   "docs/server.md" if e.status_code in (404, 405) else str(e.detail))
+        return answer(APIError(e.status_code, message, type=kind, code=None))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, e: Exception):
+        log.exception("unhandled error serving %s", request.url.path)
+        return answer(APIError(500, f"internal error ({type(e).__name__}); the server keeps "
+                                    "serving, please report this with the server log",
+                               type="server_error"))

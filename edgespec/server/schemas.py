@@ -1,0 +1,104 @@
+"""The OpenAI request bodies this server accepts, validated strictly (pydantic, JSON mode).
+
+Every field a client may send is named here. A field that is not is refused (400, with the
+field as ``param``), and so is a known field whose value this server cannot honour
+(``n > 1``, tools, ``echo``): a request is never answered with some of its meaning dropped.
+Types are strict: ``"max_tokens": "5"`` is a type error, not 5.
+
+Fields accepted but without effect are only those that cannot change the answer
+(``user``, ``metadata``, ``store``, ``service_tier``, ``parallel_tool_calls`` without tools,
+``stream_options.include_obfuscation``); docs/server.md lists them.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    include_obfuscation: bool | None = None  # padding against length side channels: no effect here
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+    name: str | None = None  # refused when set (see app._messages)
+    tool_calls: list[Any] | None = None  # refused when non-empty
+    tool_call_id: str | None = None
+    refusal: str | None = None
+
+
+class JsonSchemaFormat(_Strict):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class _Common(_Strict):
+    """What chat and completions requests share."""
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Union[str, list[str], None] = None
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # llama.cpp-style extensions (llama-server takes the same names)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, lt=1.0)
+    repeat_penalty: float | None = Field(default=None, gt=0.0)
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    # accepted so that a refusal can name them (app._refuse_unsupported)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    parallel_tool_calls: bool | None = None
+    modalities: list[str] | None = None
+    audio: Any = None
+    prediction: Any = None
+    reasoning_effort: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    best_of: int | None = Field(default=None, ge=1)
+    suffix: str | None = None

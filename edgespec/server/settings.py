@@ -1,0 +1,33 @@
+"""What a server is configured with, beyond the engine and the scheduler (validated once)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidInputError
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    served_model: str  # the model id clients name (the target's registry name or file stem)
+    aliases: tuple[str, ...] = ()  # other ids that reach the same model (its path, file name)
+    api_key: str | None = None
+    max_tokens_limit: int = 4096  # a request asking for more is refused (400), not cut
+    max_body_bytes: int = MiB
+    default_temperature: float = 1.0  # OpenAI's default when a request names none
+
+    def validate(self) -> "ServerSettings":
+        if not self.served_model:
+            raise InvalidInputError("the server needs a model id to serve")
+        if self.max_tokens_limit < 1:
+            raise InvalidInputError(f"--max-tokens-limit must be >= 1 (got {self.max_tokens_limit})")
+        if self.max_body_bytes < 1024:
+            raise InvalidInputError(f"the body size limit must be at least 1 KiB "
+                                    f"(got {self.max_body_bytes} bytes)")
+        if self.api_key is not None and not self.api_key.strip():
+            raise InvalidInputError("--api-key is empty; pass a real key or leave it out")
+        return self
+
+    def serves(self, model: str) -> bool:
+        return model == self.served_model or model in self.aliases
