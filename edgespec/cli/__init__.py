@@ -45,6 +45,9 @@ cli.add_command(attribute_command)
 from .export import export_command  # noqa: E402
 
 cli.add_command(export_command)
+from .serve import serve  # noqa: E402
+
+cli.add_command(serve)
 
 
 def main() -> None:
