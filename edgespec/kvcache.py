@@ -202,7 +202,8 @@ class PrefixCache:
             self.save()  # a request that does not reuse still leaves a conversation findable
         try:
             if n == 0:
-                self.ctx.clear()
+                # this sequence only: others of the context may be serving other requests
+                self.ctx.trim(self.seq_id, 0)
             elif n < len(self.held):
                 self.ctx.trim(self.seq_id, n)
             self.held = prompt[:n]

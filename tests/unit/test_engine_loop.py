@@ -103,7 +103,7 @@ def test_verify_trim_and_emit_positions_step_by_step():
     eng, prop, events, fin = speculative([(1, 2), 3], params=raw(max_tokens=9), k=3)
     w1, w2 = 11, 12  # the two wrong tokens of the first draft: after "c" comes E1, not these
     assert eng.ctx.calls == [
-        "clear",
+        Trim(0, 0, ()),  # the request's sequence starts empty (not the whole context)
         Decode((BOS, A), 0, 0, "last"),  # prefill; its logits give the first token, b
         Decode((B, C, w1, w2), 2, 0, "all"),  # pending b + draft c ✓, w1 ✗ (target: E1), w2
         Trim(0, 4, (w1, w2)),  # b, c stay; the rejected drafts go
@@ -136,7 +136,8 @@ def test_the_fake_catches_a_trim_that_keeps_a_rejected_token():
     model = FakeModel()
     eng = fake_engine(model, {"scripted": ScriptedProposer(model, [(1, 2)])}, control=fixed(3))
     real_trim = eng.ctx.trim
-    eng.ctx.trim = lambda seq, pos: real_trim(seq, pos + 1)
+    # (the prefill's emptying of the sequence, at position 0, is left alone)
+    eng.ctx.trim = lambda seq, pos: real_trim(seq, pos + 1 if pos else 0)
     with pytest.raises(KVMismatch, match="decoded twice"):
         run(eng, params=raw(max_tokens=10))
 

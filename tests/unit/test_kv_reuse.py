@@ -17,7 +17,7 @@ from edgespec.kvcache import StateCache, common_prefix
 from edgespec.params import GenerationParams
 from edgespec.proposers.draft import DraftModelProposer
 from fakes import BOS, Decode, FakeContext, FakeModel, KVMismatch, ScriptedProposer, fake_engine, fixed
-from fakes.backend import A, AB, BANG, HASH
+from fakes.backend import A, AB, BANG, HASH, Trim
 
 
 def raw(**kw) -> GenerationParams:
@@ -67,7 +67,7 @@ def test_a_continued_conversation_prefills_only_the_new_suffix():
     assert r2.stats.prompt_tokens == 10
     # the pending "#" of request 1 and the new "#!"
     assert eng.ctx.decodes[n_before] == Decode((HASH, HASH, BANG), 7, 0, "last")
-    assert "clear" not in eng.ctx.calls[eng.ctx.calls.index(eng.ctx.decodes[n_before]) - 1:]
+    assert Trim(0, 0, ()) not in eng.ctx.calls[eng.ctx.calls.index(eng.ctx.decodes[n_before]) - 1:]
     assert r2.tokens == fresh(prompt2, p).tokens
     assert "prompt_reused" in r2.stats.to_dict() and "7 reused" in r2.stats.summary()
 
@@ -94,12 +94,14 @@ def test_reuse_stops_at_the_first_retokenized_token():
     assert r2.tokens == fresh("a" + r1.text + "x", p).tokens
 
 
-def test_without_reuse_every_prompt_is_prefilled_from_a_clear_cache():
+def test_without_reuse_every_prompt_is_prefilled_from_an_empty_sequence():
     eng = fake_engine(FakeModel(), {})
     p = raw(max_tokens=4)
     eng.generate("#!", p)
     eng.generate("#!", p)
-    assert eng.ctx.calls.count("clear") == 2
+    # the sequence is emptied, not the whole context (other sequences may be serving)
+    assert "clear" not in eng.ctx.calls
+    assert [c.from_pos for c in eng.ctx.trims if c.from_pos == 0] == [0, 0]
     assert [d.pos0 for d in eng.ctx.decodes if len(d.tokens) == 3] == [0, 0]
 
 
