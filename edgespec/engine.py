@@ -40,6 +40,26 @@ class Result:
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
+@dataclass
+class Prepared:
+    """A validated, tokenized request that has not run yet (see :meth:`Engine.prepare`)."""
+
+    tokens: list[int]
+    params: GenerationParams
+    label: str
+    control: object
+    reuse: bool
+    traffic: str
+    grammar: GrammarState | None
+    exact: bool
+
+    def close(self) -> None:
+        """Release what a request that never runs holds (its grammar)."""
+        if self.grammar is not None:
+            self.grammar.close()
+            self.grammar = None
+
+
 def split_proposers(label: str) -> tuple[str, ...]:
     """``"ngram+suffix"`` -> ("ngram", "suffix"); ``"none"`` -> ()."""
     if label == PLAIN:
@@ -114,14 +134,15 @@ class Engine:
                                         f"({tmodel.n_ctx_train})")
             k = config.kernel
             ctx = tmodel.new_context(n_ctx=n_ctx, n_batch=k.n_batch, n_threads=config.threads,
+                                     n_seq_max=config.parallel,
                                      flash_attn=int(k.flash_attn), type_k=k.kv_ggml_type,
                                      type_v=k.kv_ggml_type)
             stack.callback(ctx.close)
             dmodel = None
             if config.draft is not None:
-                from .proposers.draft import check_compatible
                 dmodel = _load(config.draft, config, config.draft_gpu_layers, stack)
-                check_compatible(tmodel, dmodel)
+                # same vocabulary, unless the draft is only bridged (its pair pin is checked then)
+                registry_of_proposers.check_draft(tmodel, dmodel, config.proposer)
             user_len = config.control is not None or config.draft_len is not None
             from .calibration import model_identity
             options = _proposer_options(config)
@@ -280,7 +301,17 @@ class Engine:
         engine's ``reuse``) starts from the longest token prefix of the prompt that the KV
         cache already holds and prefills only the rest (edgespec.kvcache). ``traffic`` names
         the request's traffic slice: the goodput guard and the canary judge per slice.
+        Everything is validated before this returns (the events come when iterated).
         """
+        return self._run(self.prepare(prompt, params, proposer=proposer, control=control,
+                                      exact=exact, reuse=reuse, traffic=traffic))
+
+    def prepare(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
+                proposer: str | None = None, control=None,
+                exact: bool | None = None, reuse: bool | None = None,
+                traffic: str = "default") -> "Prepared":
+        """Validate and tokenize a request without running it (what :meth:`stream` and the
+        serving scheduler admit); every user error is raised here."""
         params = (params or GenerationParams()).validate()
         exact = self.exact if exact is None else exact
         label = proposer or self.default_proposer
@@ -296,9 +327,8 @@ class Engine:
         constraint = params.constraint()
         # opened here, so a grammar this vocabulary cannot start is refused before generation
         state = GrammarState.open(constraint, self.target) if constraint is not None else None
-        return self._run(prompt_tokens, params, label, control,
-                         self.reuse if reuse is None else reuse, traffic, grammar=state,
-                         exact=exact)
+        return Prepared(prompt_tokens, params, label, control,
+                        self.reuse if reuse is None else reuse, traffic, state, exact)
 
     def add_proposer(self, name: str, proposer: Proposer) -> None:
         """Make another proposer (e.g. the same kind with other knobs) available to requests."""
@@ -347,59 +377,75 @@ class Engine:
             raise InvalidInputError(f"proposer {missing[0]!r} is not loaded in this engine "
                                     f"(loaded: {', '.join([PLAIN, *self.proposers])})")
 
-    def _run(self, prompt_tokens: list[int], params: GenerationParams, label: str,
-             control, reuse: bool = False, traffic: str = "default",
-             grammar: GrammarState | None = None, exact: bool = False) -> Iterator[Event]:
-        from .control import make_controller
-
+    def _run(self, prep: "Prepared") -> Iterator[Event]:
         with self._lock:
             self._cancel.clear()
-            route = self.guard.route(traffic, label)  # the canary decision (plain or as asked)
-            label = route.label
-            req = Request(id=next(self._ids), params=params, proposer_label=label,
-                          tokens=list(prompt_tokens), n_prompt=len(prompt_tokens),
-                          text=TextAssembler(params.stop), reuse=reuse, grammar=grammar,
-                          exact=exact)
-            req.stats.proposer = label
-            if self.sinks:  # records leaving the process name the release they measured
-                req.stats.identity = self._announce_identity()
-            if not params.sampling.greedy:
-                req.rng = sampling.make_rng(params.sampling.seed)
+            req, route = self.open_request(prep)
             try:
-                names = split_proposers(label)
-                req.proposers = {n: self.proposers[n] for n in names}
-                req.costly = frozenset(n for n in names if self.proposers[n].costly)
-                if names:
-                    cal = self.calibration() if control.adaptive else None
-                    token_seconds = {n: getattr(self.proposers[n], "seconds_per_token", 0.0)
-                                     for n in req.costly}
-                    req.controller = make_controller(
-                        replace(control, proposer=names[0]) if not control.adaptive else control,
-                        {n: n in req.costly for n in names}, cal, self.guard, traffic,
-                        {n: s for n, s in token_seconds.items() if s} or None)
-                    req.max_draft = (control.max_draft if control.adaptive
-                                     else control.draft_length)
-                yield from self._canary_events(self._loop.serve(req), req, route, traffic)
+                yield from self._canary_events(self._loop.serve(req), req, route, prep.traffic)
             finally:
                 req.close()
 
+    def open_request(self, prep: "Prepared") -> tuple[Request, object]:
+        """The :class:`Request` a prepared request runs as (its controller built, the
+        canary's routing decided), and that route. The caller runs it and closes it."""
+        from .control import make_controller
+
+        params, control, traffic = prep.params, prep.control, prep.traffic
+        route = self.guard.route(traffic, prep.label)  # the canary decision (plain or as asked)
+        label = route.label
+        req = Request(id=next(self._ids), params=params, proposer_label=label,
+                      tokens=list(prep.tokens), n_prompt=len(prep.tokens),
+                      text=TextAssembler(params.stop), reuse=prep.reuse, grammar=prep.grammar,
+                      exact=prep.exact)
+        prep.grammar = None  # the request owns it now
+        req.stats.proposer = label
+        if self.sinks:  # records leaving the process name the release they measured
+            req.stats.identity = self._announce_identity()
+        if not params.sampling.greedy:
+            req.rng = sampling.make_rng(params.sampling.seed)
+        try:
+            names = split_proposers(label)
+            req.proposers = {n: self.proposers[n] for n in names}
+            req.costly = frozenset(n for n in names if self.proposers[n].costly)
+            if names:
+                cal = self.calibration() if control.adaptive else None
+                token_seconds = {n: getattr(self.proposers[n], "seconds_per_token", 0.0)
+                                 for n in req.costly}
+                req.controller = make_controller(
+                    replace(control, proposer=names[0]) if not control.adaptive else control,
+                    {n: n in req.costly for n in names}, cal, self.guard, traffic,
+                    {n: s for n, s in token_seconds.items() if s} or None)
+                req.max_draft = (control.max_draft if control.adaptive
+                                 else control.draft_length)
+        except BaseException:
+            req.close()
+            raise
+        return req, route
+
     def _canary_events(self, events: Iterator[Event], req: Request, route,
                        traffic: str) -> Iterator[Event]:
-        """The canary's part of a request: a Control event saying why it runs the plain path
-        (or probes), and its decode rate reported to the guard when it finishes, with a
-        Control event when that switches speculation off or on for the slice."""
         for ev in events:
-            if isinstance(ev, Finished):
-                rec = self.guard.observe_request(traffic, route, ev.stats.decode_tokens,
-                                                 ev.stats.decode_seconds)
-                if rec is not None:
-                    req.stats.observe_control(rec.kind)
-                    yield Control(req.id, rec.kind, rec.reason, proposer=rec.proposer)
-            yield ev
-            if isinstance(ev, RequestStarted) and route.reason:
-                kind = "canary" if route.arm == "canary" else f"canary_{route.arm}"
-                req.stats.observe_control(kind)
-                yield Control(req.id, kind, route.reason, proposer=route.label)
+            yield from self.canary(ev, req, route, traffic)
+
+    def canary(self, ev: Event, req: Request, route, traffic: str) -> list[Event]:
+        """The canary's part of a request's event: a Control event saying why it runs the
+        plain path (or probes) after RequestStarted, and at Finished its decode rate
+        reported to the guard, with a Control event when that switches speculation off or
+        on for the slice."""
+        out: list[Event] = []
+        if isinstance(ev, Finished):
+            rec = self.guard.observe_request(traffic, route, ev.stats.decode_tokens,
+                                             ev.stats.decode_seconds)
+            if rec is not None:
+                req.stats.observe_control(rec.kind)
+                out.append(Control(req.id, rec.kind, rec.reason, proposer=rec.proposer))
+        out.append(ev)
+        if isinstance(ev, RequestStarted) and route.reason:
+            kind = "canary" if route.arm == "canary" else f"canary_{route.arm}"
+            req.stats.observe_control(kind)
+            out.append(Control(req.id, kind, route.reason, proposer=route.label))
+        return out
 
     def _announce_identity(self) -> str:
         """The identity's hash for a stats record; sinks that keep full records
