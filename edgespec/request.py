@@ -92,6 +92,8 @@ class Pass:
     draft_seconds: float
     events: list[Control]  # what the controller decided on the way, for the stream
     batch_rows: int = 0  # rows of the whole pass, when other sequences shared it
+    expected: float = 1.0  # tokens the controller expects the pass to emit for this request
+    declined: bool = False  # a proposer had a draft and the controller took a plain step
 
     @property
     def tokens(self) -> list[int]:
@@ -211,6 +213,7 @@ class Loop:
             limit = min(limit, max(0, load.max_rows - 1))
         draft, used, t_draft = EMPTY_DRAFT, None, 0.0
         events: list[Control] = []
+        expected, declined = 1.0, False
         if req.controller is not None:
             t_a = time.perf_counter()
             cands = {n: s.propose(limit) for n, s in req.sessions.items()
@@ -232,6 +235,9 @@ class Loop:
                                       draft_length=rec.draft_length if rec.draft_length is not None
                                       else d.k, proposer=rec.proposer or d.proposer))
             k = max(0, min(d.k, limit))
+            declined = d.plain and any(len(c) for c in cands.values())
+            if not d.plain and k > 0 and d.expected_tokens:
+                expected = float(d.expected_tokens)
             if not d.plain and k > 0:
                 used = d.proposer
                 if used in cands:
@@ -249,7 +255,8 @@ class Loop:
                 t_draft += time.perf_counter() - t_b
                 if forced:
                     draft, used = Draft(tokens=forced, source=FORCED), FORCED
-        return Pass(req, draft, used if draft.tokens else None, t_draft, events)
+        return Pass(req, draft, used if draft.tokens else None, t_draft, events,
+                    expected=expected, declined=declined)
 
     def complete(self, ps: Pass, rows: np.ndarray, verify_seconds: float) -> Step:
         """Verify a pass's rows (the target's logits at the pending token and each draft

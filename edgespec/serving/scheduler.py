@@ -3,12 +3,28 @@
     submit(prompt, params, on_event)   validates at once (an EdgespecError is the client's
                                        fault: a 400), queues the request (QueueFullError
                                        when the queue is full: a 429)
-    the scheduler thread               runs queued requests and calls on_event(event) for
-                                       each engine event, then on_event(DONE); or
-                                       on_event(exc) once if the request failed
+    the scheduler thread               admits queued requests into free sequences, then
+                                       runs every active request's next pass in ONE
+                                       llama_decode (continuous batching), calling
+                                       on_event(event) for each engine event and
+                                       on_event(DONE) after the last; or on_event(exc)
+                                       once if the request failed
     ticket.cancel()                    a queued request is dropped, a running one ends at
                                        its next step with stop_reason "cancelled"
     close(drain=True)                  refuses new requests, finishes the admitted ones
+
+A step. Each active request plans its part of the pass in turn (edgespec.request.Loop.plan):
+its controller sees the rows the requests before it already put in the pass and the tokens
+they expect from it (edgespec.request.Load), so on a compute-bound device drafts shrink and
+stop as the batch grows, and come back as it empties; a request whose controller declines
+a draft because of the load gets a ``load_yield`` Control event (``load_resume`` when it
+drafts again). New requests join at step boundaries (their prompt is prefilled alone, one
+at a time); finished ones free their sequence at once.
+
+Exact mode. Several sequences in a pass are rows of one matrix product, exactly as drafts
+are: when any active request is exact, the whole pass holds at most the probed invariant
+number of rows (Engine.exact_max_draft() + 1), so a request may wait a step for its turn
+(round robin). That bounds exact throughput; the default mode is not bounded.
 
 ``on_event`` runs on the scheduler thread: it must not block (the server hands events to
 its asyncio loop with ``call_soon_threadsafe``).
@@ -16,15 +32,17 @@ its asyncio loop with ``call_soon_threadsafe``).
 from __future__ import annotations
 
 import itertools
-import queue
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..errors import EdgespecError
+from ..errors import EdgespecError, UnsupportedError
+from ..events import Control
+from ..kvcache import PrefixCache, common_prefix
 from ..params import GenerationParams
+from ..request import Load as StepLoad
 
 #: what on_event receives after a request's last event
 DONE = None
@@ -53,36 +71,70 @@ class Load:
 class Ticket:
     """A submitted request: its id, and the handle to cancel it from any thread."""
 
-    def __init__(self, id: int, on_event: Callable[[object], None], scheduler: "Scheduler") -> None:
+    def __init__(self, id: int, on_event: Callable[[object], None], scheduler: "Scheduler",
+                 prepared) -> None:
         self.id = id
         self.on_event = on_event
         self._scheduler = scheduler
         self.cancelled = threading.Event()
         self.submitted = time.monotonic()
-        self.work = None  # what the scheduler runs
+        self.prepared = prepared  # edgespec.engine.Prepared
 
     def cancel(self) -> None:
         self.cancelled.set()
         self._scheduler._cancelled(self)
 
 
-class Scheduler:
-    """Runs requests on one engine from a single thread."""
+@dataclass
+class _Slot:
+    seq_id: int
+    kv: PrefixCache
+    used: float = 0.0  # when it last served: ties go to the least recently used
 
-    def __init__(self, engine, *, parallel: int = 1, max_queue: int = 16) -> None:
+
+@dataclass
+class _Active:
+    ticket: Ticket
+    req: object  # edgespec.request.Request
+    route: object
+    slot: _Slot
+    yielding: bool = False  # its drafts are held back by the load (a load_yield was sent)
+
+
+class Scheduler:
+    """Runs requests on one engine from a single thread, several sequences per pass."""
+
+    def __init__(self, engine, *, parallel: int | None = None, max_queue: int = 16) -> None:
+        parallel = engine.ctx.n_seq_max if parallel is None else parallel
         if parallel < 1:
             raise EdgespecError(f"--parallel must be at least 1 (got {parallel})")
+        if parallel > getattr(engine.ctx, "n_seq_max", 1):
+            raise EdgespecError(
+                f"--parallel {parallel} needs an engine built with parallel={parallel} "
+                f"(its context holds {engine.ctx.n_seq_max} sequences)")
         if max_queue < 0:
             raise EdgespecError(f"the queue length must be >= 0 (got {max_queue})")
+        costly = [n for n, p in engine.proposers.items() if getattr(p, "costly", False)]
+        if parallel > 1 and costly:
+            raise UnsupportedError(
+                f"the {costly[0]} proposer runs a draft model with one sequence: serve it with "
+                "--parallel 1, or use the free proposers (ngram, suffix) with --parallel N")
         self.engine = engine
+        self.loop = engine._loop
         self.parallel = parallel
         self.max_queue = max_queue
+        self._slots = [_Slot(0, engine.kv_cache)] + [
+            _Slot(i, PrefixCache(engine.ctx, seq_id=i, ram=engine.kv_cache.ram))
+            for i in range(1, parallel)]
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._queue: deque[Ticket] = deque()
-        self._running: list[Ticket] = []
         self._wake = threading.Condition(self._lock)
+        self._queue: deque[Ticket] = deque()
+        self._active: list[_Active] = []
         self._closing = False
+        self._rr = 0  # round-robin start, for steps that cannot hold every request
+        self._seconds = deque(maxlen=32)  # recent request durations, for Retry-After
+        self.steps = 0
         self._thread = threading.Thread(target=self._run, name="edgespec-scheduler", daemon=True)
         self._thread.start()
 
@@ -90,25 +142,25 @@ class Scheduler:
     def submit(self, prompt: str | Sequence[dict], params: GenerationParams, *,
                on_event: Callable[[object], None], proposer: str | None = None,
                exact: bool | None = None, reuse: bool = True) -> Ticket:
-        with self._lock:
-            if self._closing:
-                raise ShuttingDownError("the server is shutting down; retry on another instance")
-            if len(self._queue) >= self.max_queue + max(0, self.parallel - len(self._running)):
-                raise QueueFullError(f"{len(self._queue)} requests are queued (limit "
-                                     f"{self.max_queue}); retry shortly", self._retry_after())
+        self._admissible()
         # validation and tokenization happen here, on the caller's thread: a bad request
         # is refused before it takes a place in the queue
-        ticket = Ticket(next(self._ids), on_event, self)
-        ticket.work = self.engine.stream(prompt, params, proposer=proposer, exact=exact,
-                                         reuse=reuse)
+        prepared = self.engine.prepare(prompt, params, proposer=proposer, exact=exact,
+                                       reuse=reuse)
+        ticket = Ticket(next(self._ids), on_event, self, prepared)
         with self._lock:
+            try:
+                self._admissible_locked()
+            except EdgespecError:
+                prepared.close()
+                raise
             self._queue.append(ticket)
             self._wake.notify()
         return ticket
 
     def load(self) -> Load:
         with self._lock:
-            return Load(len(self._queue), len(self._running), self.parallel, self.max_queue)
+            return Load(len(self._queue), len(self._active), self.parallel, self.max_queue)
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         with self._lock:
@@ -116,48 +168,200 @@ class Scheduler:
             dropped = [] if drain else list(self._queue)
             if not drain:
                 self._queue.clear()
-                for t in self._running:
-                    t.cancelled.set()
+                for a in self._active:
+                    a.ticket.cancelled.set()
             self._wake.notify()
         for t in dropped:
+            t.prepared.close()
             t.on_event(ShuttingDownError("the server shut down before this request ran"))
-        if not drain:
-            self.engine.cancel()
         self._thread.join(timeout)
 
-    # --- the scheduler thread ------------------------------------------------------------
-    def _cancelled(self, ticket: Ticket) -> None:
+    def _admissible(self) -> None:
         with self._lock:
-            if ticket in self._queue:
-                self._queue.remove(ticket)
-                queued = True
-            else:
-                queued = False
-                if ticket in self._running:
-                    self.engine.cancel()
-        if queued:
-            ticket.on_event(DONE)
+            self._admissible_locked()
+
+    def _admissible_locked(self) -> None:
+        if self._closing:
+            raise ShuttingDownError("the server is shutting down; retry on another instance")
+        free = self.parallel - len(self._active)
+        if len(self._queue) >= self.max_queue + max(0, free):
+            raise QueueFullError(f"{len(self._queue)} requests are queued (limit "
+                                 f"{self.max_queue}); retry shortly", self._retry_after())
 
     def _retry_after(self) -> float:
-        return 1.0
+        """Seconds until a place is likely free: the queue ahead, served `parallel` at a
+        time, at the recent mean request duration."""
+        mean = sum(self._seconds) / len(self._seconds) if self._seconds else 5.0
+        return max(1.0, round(mean * (len(self._queue) + 1) / self.parallel, 1))
 
+    def _cancelled(self, ticket: Ticket) -> None:
+        with self._lock:
+            queued = ticket in self._queue
+            if queued:
+                self._queue.remove(ticket)
+        if queued:  # never ran: nothing to report but its end
+            ticket.prepared.close()
+            ticket.on_event(DONE)
+
+    # --- the scheduler thread ------------------------------------------------------------
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._queue and not self._closing:
+                while not self._queue and not self._active and not self._closing:
                     self._wake.wait()
-                if not self._queue:
-                    return
-                ticket = self._queue.popleft()
-                self._running.append(ticket)
+                if not self._queue and not self._active:
+                    return  # closing, and nothing left to finish
+                joining = self._take_joining()
+            with self.engine._lock:  # a direct Engine.stream() call waits for the step
+                for t, slot in joining:
+                    self._start(t, slot)
+                if self._active:
+                    self._step()
+
+    def _take_joining(self) -> list[tuple[Ticket, _Slot]]:
+        """Queued requests that get a free sequence now (the one holding the longest
+        prefix of their prompt, so a conversation's next turn finds its KV)."""
+        busy = {a.slot.seq_id for a in self._active}
+        free = [s for s in self._slots if s.seq_id not in busy]
+        out = []
+        while self._queue and free:
+            t = self._queue.popleft()
+            toks = t.prepared.tokens
+            slot = max(free, key=lambda s: (common_prefix(s.kv.held, toks), -s.used))
+            free.remove(slot)
+            out.append((t, slot))
+        return out
+
+    def _start(self, ticket: Ticket, slot: _Slot) -> None:
+        eng, loop = self.engine, self.loop
+        try:
+            req, route = eng.open_request(ticket.prepared)
+        except BaseException as e:
+            ticket.prepared.close()
+            self._fail(ticket, e)
+            return
+        req.seq_id, req.kv, req.cancel = slot.seq_id, slot.kv, ticket.cancelled
+        a = _Active(ticket, req, route, slot)
+        with self._lock:
+            self._active.append(a)
+        try:
+            self._send(a, loop.started(req))
+            for ev in loop.begin(req):  # the prefill, alone: others wait one prefill
+                self._send(a, ev)
+        except BaseException as e:
+            self._finish(a, error=e)
+            return
+        if req.stop_reason:
+            self._finish(a)
+
+    def _step(self) -> None:
+        loop, eng = self.loop, self.engine
+        order = self._active[self._rr % len(self._active):] + self._active[:self._rr % len(self._active)]
+        self._rr += 1
+        exact = any(a.req.exact for a in order)
+        budget = eng.exact_max_draft() + 1 if exact else loop.ctx.n_batch
+        budget = max(1, budget)
+        passes, rows, tokens = [], 0, 0.0
+        for i, a in enumerate(order):
+            left = len(order) - i - 1  # requests still to plan, a row each at least
+            room = budget - rows - (left if not exact else 0)
+            if room < 1:
+                break  # exact mode: this request waits for its turn
             try:
-                for ev in ticket.work:
-                    ticket.on_event(ev)
-                ticket.on_event(DONE)
-            except EdgespecError as e:
-                ticket.on_event(e)
-            except Exception as e:  # a bug: the client gets a 500, the server keeps serving
-                ticket.on_event(e)
-            finally:
-                with self._lock:
-                    self._running.remove(ticket)
+                ps = loop.plan(a.req, StepLoad(rows=rows, tokens=tokens, max_rows=room)
+                               if len(order) > 1 else None)
+            except BaseException as e:
+                self._finish(a, error=e)
+                continue
+            if ps is None:
+                self._finish(a)
+                continue
+            for ev in ps.events:
+                self._send(a, ev)
+            self._load_events(a, ps, rows)
+            passes.append((a, ps))
+            rows += len(ps.tokens)
+            tokens += ps.expected
+        if not passes:
+            return
+        for a, ps in passes:
+            a.req.in_flight = True
+            ps.batch_rows = rows if len(passes) > 1 else 0
+        t0 = time.perf_counter()
+        try:
+            if len(passes) == 1:
+                a, ps = passes[0]
+                outs = [loop.ctx.decode(ps.tokens, a.req.n_past, a.req.seq_id, logits=ps.logits)]
+            else:
+                outs = loop.ctx.decode_multi([(ps.tokens, a.req.n_past, a.req.seq_id, ps.logits)
+                                              for a, ps in passes])
+        except BaseException as e:  # the pass failed for everyone in it
+            for a, _ in passes:
+                self._finish(a, error=e)
+            return
+        seconds = time.perf_counter() - t0
+        self.steps += 1
+        for (a, ps), out in zip(passes, outs):
+            try:
+                self._send(a, loop.complete(ps, out, seconds))
+            except BaseException as e:
+                self._finish(a, error=e)
+                continue
+            if a.req.stop_reason:
+                self._finish(a)
+
+    def _load_events(self, a: _Active, ps, rows: int) -> None:
+        """A load_yield when the controller declines a draft it has because the pass is
+        shared, a load_resume when that request drafts again."""
+        req = a.req
+        if not a.yielding and ps.declined and rows > 0:
+            a.yielding = True
+            self._control(a, "load_yield", f"drafting held back: {rows} rows of other "
+                          "sequences already share this pass")
+        elif a.yielding and ps.draft.tokens:
+            a.yielding = False
+            self._control(a, "load_resume", f"drafting again ({len(ps.draft.tokens)} tokens) "
+                          f"with {rows} rows of other sequences in the pass")
+
+    def _control(self, a: _Active, kind: str, reason: str) -> None:
+        a.req.stats.observe_control(kind)
+        self._send(a, Control(a.req.id, kind, reason, proposer=a.req.proposer_label))
+
+    def _send(self, a: _Active, ev) -> None:
+        for out in self.engine.canary(ev, a.req, a.route, a.ticket.prepared.traffic):
+            try:
+                a.ticket.on_event(out)
+            except Exception:
+                a.ticket.cancelled.set()  # a consumer that cannot take events is gone
+
+    def _finish(self, a: _Active, error: BaseException | None = None) -> None:
+        """End a request: its last events (or its error), its sequence freed and kept
+        for prefix reuse."""
+        loop = self.loop
+        try:
+            if error is None:
+                for ev in loop.end(a.req):
+                    self._send(a, ev)
+        except BaseException as e:
+            error = e
+        finally:
+            loop.release(a.req)
+            a.req.close()
+            a.slot.used = time.monotonic()
+            with self._lock:
+                if a in self._active:
+                    self._active.remove(a)
+                self._seconds.append(time.monotonic() - a.ticket.submitted)
+        if error is not None:
+            self._fail(a.ticket, error)
+        else:
+            try:
+                a.ticket.on_event(DONE)
+            except Exception:
+                pass
+
+    def _fail(self, ticket: Ticket, error: BaseException) -> None:
+        try:
+            ticket.on_event(error)
+        except Exception:
+            pass
