@@ -6,6 +6,7 @@ from typing_extensions import Buffer
 Tokens = Union[Sequence[int], Buffer]  # lists/tuples of ints or 1-D C-contiguous int32 buffers
 
 MAX_DRAFT: int
+MAX_TREE_CHILDREN: int
 MAX_NGRAM: int
 MAX_DEPTH: int
 NGSTAT_MAX_N: int
@@ -72,4 +73,8 @@ def ngram_draft(context: NgramStats | None, dynamic: NgramStats | None, max_toke
 def speculate(request: SuffixTree | None, cursor: SuffixCursor | None, max_tokens: int,
               factor: float, offset: float, min_prob: float
               ) -> tuple[tuple[int, ...], tuple[float, ...], int, float, int]: ...
+def speculate_tree(request: SuffixTree | None, cursor: SuffixCursor | None, max_tokens: int,
+                   factor: float, offset: float, min_prob: float, max_children: int
+                   ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...], int, float,
+                              int]: ...
 def _fail_alloc_after(n: int, /) -> None: ...

@@ -120,6 +120,34 @@ class DraftTree:
                    tuple(new[parent_of[o]] if parent_of[o] != -1 else -1 for o in order),
                    tuple(conf[o] for o in order) if confs is not None else None, source)
 
+    @classmethod
+    def from_parents(cls, tokens: Sequence[int], parents: Sequence[int],
+                     confidence: Sequence[float] | None = None, source: str = "") -> "DraftTree":
+        """Any parents-before-children order (a best-first expansion's, say) put in
+        depth-first order; siblings keep their relative order, so each node's first child
+        stays first."""
+        n = len(tokens)
+        if len(parents) != n:
+            raise InvalidInputError(f"a draft tree needs one parent per token "
+                                    f"({n} tokens, {len(parents)} parents)")
+        kids: list[list[int]] = [[] for _ in range(n + 1)]
+        for i, p in enumerate(parents):
+            if not -1 <= int(p) < i:
+                raise InvalidInputError(f"draft tree node {i} has parent {p}: parents must "
+                                        "come before their children")
+            kids[int(p) + 1].append(i)
+        order: list[int] = []
+        stack = list(reversed(kids[0]))
+        while stack:
+            v = stack.pop()
+            order.append(v)
+            stack.extend(reversed(kids[v + 1]))
+        new = {old: i for i, old in enumerate(order)}
+        return cls(tuple(int(tokens[o]) for o in order),
+                   tuple(-1 if int(parents[o]) == -1 else new[int(parents[o])] for o in order),
+                   None if confidence is None else tuple(float(confidence[o]) for o in order),
+                   source)
+
     # --- shape ---------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.tokens)

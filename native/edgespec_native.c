@@ -796,6 +796,57 @@ static PyObject *py_speculate(PyObject *Py_UNUSED(mod), PyObject *args, PyObject
     return draft_result(&d);
 }
 
+static PyObject *py_speculate_tree(PyObject *Py_UNUSED(mod), PyObject *args, PyObject *kw) {
+    static char *names[] = {"request", "cursor", "max_tokens", "factor", "offset", "min_prob",
+                            "max_children", NULL};
+    PyObject *req_obj, *cur_obj;
+    int max_tokens, max_children;
+    double factor, offset, min_prob;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOidddi", names, &req_obj, &cur_obj, &max_tokens,
+                                     &factor, &offset, &min_prob, &max_children))
+        return NULL;
+    NativeObject *req, *cur;
+    if (optional_native(req_obj, &TreeType, "request", &req) < 0 ||
+        optional_native(cur_obj, &CursorType, "cursor", &cur) < 0 ||
+        check_k(max_tokens, "max_tokens") < 0)
+        return NULL;
+    if (max_children < 1 || max_children > ES_MAX_TREE_CHILDREN) {
+        PyErr_Format(PyExc_ValueError, "max_children must be in [1, %d] (got %d)",
+                     ES_MAX_TREE_CHILDREN, max_children);
+        return NULL;
+    }
+    es_spec_params p = {max_tokens, factor, offset, min_prob};
+    int32_t toks[ES_MAX_DRAFT], parents[ES_MAX_DRAFT];
+    double probs[ES_MAX_DRAFT];
+    es_tree_draft d = {toks, parents, probs, 0, 0, 0.0, ES_SRC_NONE};
+    PyThread_type_lock held[2];
+    lock_two(req ? req->lock : NULL, cur ? cur->lock : NULL, held);
+    es_status st = es_speculate_tree(req ? req->obj : NULL, cur ? cur->obj : NULL, &p,
+                                     max_children, &d);
+    unlock_two(held);
+    if (st == ES_E_ARG) {
+        PyErr_SetString(PyExc_ValueError,
+                        "speculation parameters out of range: need a finite factor >= 0, "
+                        "a finite offset and 0 <= min_prob <= 1");
+        return NULL;
+    }
+    if (st != ES_OK) return raise_status(st, "speculate_tree");
+    PyObject *tt = tuple_of_tokens(d.tokens, d.n);
+    PyObject *pa = tt ? tuple_of_tokens(d.parents, d.n) : NULL;
+    PyObject *pt = pa ? PyTuple_New(d.n) : NULL;
+    for (int32_t i = 0; pt != NULL && i < d.n; i++) {
+        PyObject *f = PyFloat_FromDouble(d.probs[i]);
+        if (f == NULL) Py_CLEAR(pt);
+        else PyTuple_SET_ITEM(pt, i, f);
+    }
+    if (pt == NULL) {
+        Py_XDECREF(tt);
+        Py_XDECREF(pa);
+        return NULL;
+    }
+    return Py_BuildValue("(NNNidi)", tt, pa, pt, (int)d.match_len, d.score, (int)d.source);
+}
+
 /* Fills out[0..cap) from a sequence of up to cap numbers; the last one given
  * holds for the rest. is_int: read ints into int32_t, else floats into double. */
 static int fill_numbers(PyObject *obj, void *out, int cap, int is_int, const char *what) {
@@ -885,6 +936,10 @@ static PyMethodDef module_methods[] = {
     {"speculate", (PyCFunction)(void (*)(void))py_speculate, METH_VARARGS | METH_KEYWORDS,
      "speculate(request, cursor, max_tokens, factor, offset, min_prob)\n"
      "-> (tokens, probs, match_len, score, source); source 0 none, 1 request, 2 global."},
+    {"speculate_tree", (PyCFunction)(void (*)(void))py_speculate_tree, METH_VARARGS | METH_KEYWORDS,
+     "speculate_tree(request, cursor, max_tokens, factor, offset, min_prob, max_children)\n"
+     "-> (tokens, parents, path_probs, match_len, score, source): the most probable continuations "
+     "as a tree, parents before children."},
     {"ngram_params", (PyCFunction)(void (*)(void))py_ngram_params, METH_VARARGS | METH_KEYWORDS,
      "ngram_params(order_extra, context_counts, context_shares, dynamic_counts, dynamic_shares)\n"
      "-> bytes: validated draft thresholds for ngram_draft (the last value of each list holds "
@@ -930,7 +985,8 @@ PyMODINIT_FUNC PyInit__native(void) {
         PyModule_AddIntConstant(m, "NGSTAT_MAX_N", ES_NGSTAT_MAX_N) < 0 ||
         PyModule_AddIntConstant(m, "NGSTAT_POSITIONS", ES_NGSTAT_POSITIONS) < 0 ||
         PyModule_AddIntConstant(m, "NGSTAT_RECORD", ES_NGSTAT_RECORD) < 0 ||
-        PyModule_AddIntConstant(m, "NGSTAT_COUNT_MAX", ES_NGSTAT_COUNT_MAX) < 0) {
+        PyModule_AddIntConstant(m, "NGSTAT_COUNT_MAX", ES_NGSTAT_COUNT_MAX) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_TREE_CHILDREN", ES_MAX_TREE_CHILDREN) < 0) {
         Py_DECREF(m);
         return NULL;
     }

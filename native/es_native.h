@@ -170,6 +170,35 @@ typedef struct {
 es_status es_speculate(const es_stree *request, es_cursor *global, const es_spec_params *p,
                        es_draft *out);
 
+/* Speculation trees (SuffixDecoding's speculation tree). The match is chosen as
+ * es_speculate chooses it (the best linear score over both trees and every m);
+ * from there the tree of continuations is grown best first: the next node is
+ * always the most probable continuation not yet taken (its path probability,
+ * the product of count(child)/count(node) from the match), among at most
+ * max_children children per branching node (the most frequent ones). Nodes
+ * below min_prob, deeper than min(max_tokens, floor(factor * m + offset)), or
+ * past max_tokens nodes are not taken. So the n nodes returned are the n most
+ * probable continuations, prefix-closed, and following each node's first
+ * child from the root gives the linear draft's path as far as the nodes
+ * reach. Nodes come out in the order they were taken: parents before
+ * children, the most probable sibling first. */
+#define ES_MAX_TREE_CHILDREN 8
+
+typedef struct {
+    int32_t *tokens;     /* caller's buffers, capacity >= max_tokens each */
+    int32_t *parents;    /* node index of each node's parent, -1: a child of the root */
+    double *probs;       /* path probability of each node */
+    int32_t n;
+    int32_t match_len;
+    double score;        /* sum of probs: the expected accepted tokens of the tree */
+    int32_t source;      /* ES_SRC_* */
+} es_tree_draft;
+
+/* max_children in 1..ES_MAX_TREE_CHILDREN (1: a chain, the linear draft's path
+ * cut where its budget of nodes ends). */
+es_status es_speculate_tree(const es_stree *request, es_cursor *global, const es_spec_params *p,
+                            int32_t max_children, es_tree_draft *out);
+
 /* ------------------------------------------------------------------------ */
 /* N-gram statistics (after llama.cpp's ngram-cache): for every n-gram of
  * orders min_n..max_n, how often each token followed it. A per-request

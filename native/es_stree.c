@@ -1127,3 +1127,157 @@ es_status es_stree_check(const es_stree *t, int deep, char *msg, size_t cap) {
     es_free(newest);
     return st;
 }
+
+/* ------------------------------------------------------- speculation trees */
+
+/* A continuation not yet taken: the token at (node, off) of the tree, as a
+ * child of output node `parent`, with its path probability. */
+typedef struct {
+    double prob;
+    int32_t node, off, parent, depth;
+    int32_t order;       /* push order: ties go to the earlier (the more frequent sibling) */
+} tree_cand;
+
+/* The frontier keeps at most the `room` best candidates (room = nodes still
+ * to take): a candidate with `room` better ones is never taken, because each of
+ * those (and their descendants, which are no more probable than they) is taken
+ * before it and the budget ends first. So it fits ES_MAX_DRAFT entries. */
+typedef struct {
+    tree_cand c[ES_MAX_DRAFT];
+    int32_t n, pushed, room;
+} tree_frontier;
+
+static inline int cand_before(const tree_cand *a, const tree_cand *b) {
+    return a->prob > b->prob || (a->prob == b->prob && a->order < b->order);
+}
+
+static void frontier_push(tree_frontier *f, double prob, int32_t node, int32_t off,
+                          int32_t parent, int32_t depth) {
+    tree_cand c = {prob, node, off, parent, depth, f->pushed++};
+    int32_t cap = f->room < ES_MAX_DRAFT ? f->room : ES_MAX_DRAFT;
+    if (f->n < cap) {
+        f->c[f->n++] = c;
+        return;
+    }
+    int32_t worst = -1;
+    for (int32_t i = 0; i < f->n; i++)
+        if (worst < 0 || cand_before(&f->c[worst], &f->c[i])) worst = i;
+    if (worst >= 0 && cand_before(&c, &f->c[worst])) f->c[worst] = c;
+}
+
+static int frontier_pop(tree_frontier *f, tree_cand *out) {
+    if (f->n == 0) return 0;
+    int32_t best = 0;
+    for (int32_t i = 1; i < f->n; i++)
+        if (cand_before(&f->c[i], &f->c[best])) best = i;
+    *out = f->c[best];
+    f->c[best] = f->c[--f->n];
+    f->room--;
+    return 1;
+}
+
+/* Pushes the continuations after (node, off) with path probability `prob` as
+ * children of output node `parent`: the next edge token, or at an edge's end the
+ * max_children most frequent children (excl left out of the denominator). */
+static void tree_expand(const es_stree *t, tree_frontier *f, int32_t node, int32_t off,
+                        int32_t excl, double prob, int32_t parent, int32_t depth,
+                        int32_t budget, int32_t max_children, double min_prob) {
+    if (depth > budget) return; /* never on the frontier: it would crowd out takeable ones */
+    const node_t *nd = &t->nodes[node];
+    if (off < node_len(t, nd)) {
+        frontier_push(f, prob, node, off, parent, depth);
+        return;
+    }
+    int32_t denom = nd->count - excl;
+    if (denom <= 0) return;
+    int32_t picked[ES_MAX_TREE_CHILDREN];
+    int32_t n = 0;
+    /* the max_children most frequent (ties: the lowest token), most frequent first */
+    for (int32_t c = nd->first_child; c != NIL; c = t->nodes[c].next_sib) {
+        int32_t at = n < max_children ? n++ : max_children;
+        if (at == max_children) {
+            if (!beats(&t->nodes[c], &t->nodes[picked[max_children - 1]])) continue;
+            at = max_children - 1;
+        }
+        while (at > 0 && beats(&t->nodes[c], &t->nodes[picked[at - 1]])) {
+            picked[at] = picked[at - 1];
+            at--;
+        }
+        picked[at] = c;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        int32_t c = t->nodes[picked[i]].count;
+        /* a ratio of one leaves prob bit-identical, as in spec_path */
+        double q = c == denom ? prob : prob * (double)c / (double)denom;
+        if (q < min_prob) break; /* sorted by count: no later sibling passes either */
+        frontier_push(f, q, picked[i], 0, parent, depth);
+    }
+}
+
+/* Grows the tree from the match at (node, off), depth at most `budget`. */
+static void tree_grow(const es_stree *t, int32_t node, int32_t off, int32_t excl, int32_t budget,
+                      const es_spec_params *p, int32_t max_children, es_tree_draft *out,
+                      tree_frontier *f) {
+    f->n = f->pushed = 0;
+    f->room = p->max_tokens;
+    tree_expand(t, f, node, off, excl, 1.0, -1, 1, budget, max_children, p->min_prob);
+    tree_cand c;
+    while (out->n < p->max_tokens && frontier_pop(f, &c)) {
+        int32_t me = out->n++;
+        out->tokens[me] = seq_tok(t, &t->nodes[c.node], c.off);
+        out->parents[me] = c.parent;
+        out->probs[me] = c.prob;
+        out->score += c.prob;
+        tree_expand(t, f, c.node, c.off + 1, 0, c.prob, me, c.depth + 1, budget, max_children,
+                    p->min_prob);
+    }
+}
+
+es_status es_speculate_tree(const es_stree *request, es_cursor *global, const es_spec_params *p,
+                            int32_t max_children, es_tree_draft *out) {
+    if (!params_ok(p) || out == NULL || max_children < 1 || max_children > ES_MAX_TREE_CHILDREN ||
+        (p->max_tokens > 0 && (out->tokens == NULL || out->parents == NULL || out->probs == NULL)))
+        return ES_E_ARG;
+    out->n = 0;
+    out->match_len = 0;
+    out->score = 0.0;
+    out->source = ES_SRC_NONE;
+    if (p->max_tokens == 0) return ES_OK;
+    /* which match: the one es_speculate's linear draft comes from */
+    int32_t tk[ES_MAX_DRAFT];
+    double pr[ES_MAX_DRAFT];
+    spec_best best = {0, 0, 0.0};
+    int32_t node[ES_MAX_DEPTH], off[ES_MAX_DEPTH];
+    int32_t source = ES_SRC_NONE;
+    if (request != NULL && request->open_seq != NIL) {
+        int32_t m = request_matches(request);
+        int32_t len = request->seqs[request->open_seq].len;
+        for (int32_t i = 0; i < m; i++) {
+            node[i] = active_at(request, len - 1 - i);
+            off[i] = node_len(request, &request->nodes[node[i]]);
+        }
+        spec_over(request, node, off, m, 1, p, tk, pr, &best);
+        if (best.n > 0) source = ES_SRC_REQUEST;
+    }
+    if (global != NULL) {
+        es_status st = cursor_sync(global);
+        if (st != ES_OK) return st;
+        spec_best g = best;
+        spec_over(global->tree, global->loc_node, global->loc_off, global->n_loc, 0, p, tk, pr, &g);
+        if (g.score > best.score) {
+            best = g;
+            source = ES_SRC_GLOBAL;
+        }
+    }
+    if (source == ES_SRC_NONE) return ES_OK;
+    int32_t m = best.match_len;
+    tree_frontier f;
+    if (source == ES_SRC_REQUEST)
+        tree_grow(request, node[m - 1], off[m - 1], 1, spec_budget(p, m), p, max_children, out, &f);
+    else
+        tree_grow(global->tree, global->loc_node[m - 1], global->loc_off[m - 1], 0,
+                  spec_budget(p, m), p, max_children, out, &f);
+    out->match_len = m;
+    out->source = source;
+    return ES_OK;
+}

@@ -28,7 +28,7 @@ from ..native import (MAX_DEPTH, MAX_DRAFT, MAX_NGRAM, NGSTAT_MAX_N, NGSTAT_RECO
 from .base import EMPTY_DRAFT, Draft
 
 __all__ = ["NgramIndex", "NgramStats", "SuffixTree", "SuffixCursor", "DraftBar", "ngram_draft",
-           "speculate", "check_int", "check_fraction", "check_spec_params", "draft_from_native",
+           "speculate", "speculate_tree", "check_int", "check_fraction", "check_spec_params", "draft_from_native",
            "extend_or_drop"]
 
 #: the native source codes, by index (native/es_native.h ES_SRC_*)
@@ -369,3 +369,21 @@ def speculate(request: SuffixTree | None, cursor: SuffixCursor | None, max_token
     return draft_from_native(_native.speculate(
         request._t if request is not None else None, cursor._c if cursor is not None else None,
         max_tokens, float(factor), float(offset), float(min_prob)))
+
+
+def speculate_tree(request: SuffixTree | None, cursor: SuffixCursor | None, max_tokens: int,
+                   factor: float = 1.0, offset: float = 0.0, min_prob: float = 0.1,
+                   max_children: int = 4):
+    """The ``max_tokens`` most probable continuations of the match :func:`speculate` would
+    draft from, as a :class:`~edgespec.tree.DraftTree` (grown best first over at most
+    ``max_children`` children per branching node, depth-first order, the most probable
+    sibling first, so its first branch starts as the linear draft does).
+    ``confidence`` holds path probabilities; an empty tree when nothing matched."""
+    from ..tree import DraftTree
+
+    check_spec_params(max_tokens, factor, offset, min_prob)
+    check_int("max_children", max_children, 1, _native.MAX_TREE_CHILDREN)
+    toks, parents, probs, _m, _score, src = _native.speculate_tree(
+        request._t if request is not None else None, cursor._c if cursor is not None else None,
+        max_tokens, float(factor), float(offset), float(min_prob), max_children)
+    return DraftTree.from_parents(toks, parents, probs, SOURCES[src])

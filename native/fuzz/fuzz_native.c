@@ -231,7 +231,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             uint8_t q = byte(&in);
             p.min_prob = q == 255 ? 1.5 : q / 254.0;
             es_draft d = {out, probs, 0, 0, 0.0, 0};
-            es_status st = es_speculate(byte(&in) & 1 ? w.req : NULL, byte(&in) & 1 ? w.cur : NULL, &p, &d);
+            es_stree *sreq = byte(&in) & 1 ? w.req : NULL;
+            es_cursor *scur = byte(&in) & 1 ? w.cur : NULL;
+            es_status st = es_speculate(sreq, scur, &p, &d);
             if (st == ES_OK) {
                 if (d.n < 0 || d.n > p.max_tokens) die("speculate", "draft too long");
                 double score = 0.0;
@@ -244,6 +246,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (score != d.score) die("speculate", "score is not the sum of probabilities");
             } else if (st != ES_E_ARG) {
                 die("speculate", "unexpected status");
+            }
+            /* the tree from the same match: well formed, and with one child per node
+             * exactly the linear draft */
+            int32_t width = byte(&in) % (ES_MAX_TREE_CHILDREN + 2);
+            int32_t tt[ES_MAX_DRAFT], tp[ES_MAX_DRAFT];
+            double tq[ES_MAX_DRAFT];
+            es_tree_draft td = {tt, tp, tq, 0, 0, 0.0, 0};
+            es_status ts = es_speculate_tree(sreq, scur, &p, width, &td);
+            int tree_args_ok = st != ES_E_ARG && width >= 1 && width <= ES_MAX_TREE_CHILDREN;
+            if (ts == ES_OK) {
+                if (!tree_args_ok) die("speculate_tree", "accepted bad arguments");
+                if (td.n < 0 || td.n > p.max_tokens) die("speculate_tree", "too many nodes");
+                double score = 0.0;
+                for (int32_t i = 0; i < td.n; i++) {
+                    if (tt[i] < 0 || tp[i] < -1 || tp[i] >= i || !(tq[i] > 0.0) || tq[i] > 1.0 ||
+                        tq[i] < p.min_prob || (tp[i] >= 0 && tq[i] > tq[tp[i]]) ||
+                        (i > 0 && tq[i] > tq[i - 1]))
+                        die("speculate_tree", "bad node");
+                    score += tq[i];
+                }
+                if (score != td.score) die("speculate_tree", "score is not the sum of probabilities");
+                if (width == 1 && st == ES_OK &&
+                    (td.n != d.n || memcmp(tt, out, (size_t)d.n * sizeof(int32_t)) != 0 ||
+                     memcmp(tq, probs, (size_t)d.n * sizeof(double)) != 0 ||
+                     (d.n > 0 && (td.match_len != d.match_len || td.source != d.source))))
+                    die("speculate_tree", "one child per node is not the linear draft");
+            } else if (ts != ES_E_ARG || tree_args_ok) {
+                if (!(ts == ES_E_NOMEM && tree_args_ok)) die("speculate_tree", "unexpected status");
             }
             break;
         }
@@ -318,6 +348,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (es_cursor_extend(w.cur, buf, -5) != ES_E_ARG) die("args", "cursor extend");
             if (es_cursor_match_length(NULL, &ml) != ES_E_ARG) die("args", "cursor match");
             if (es_speculate(NULL, NULL, NULL, NULL) != ES_E_ARG) die("args", "speculate");
+            if (es_speculate_tree(NULL, NULL, NULL, 1, NULL) != ES_E_ARG) die("args", "speculate_tree");
             if (es_ngstat_extend(w.ctx, NULL, 4) != ES_E_ARG || es_ngstat_begin(w.ctx, buf, -1) != ES_E_ARG)
                 die("args", "ngstat extend");
             if (es_ngstat_draft(w.ctx, w.dyn, NULL, NULL) != ES_E_ARG) die("args", "ngstat draft");

@@ -207,3 +207,63 @@ def stats_draft(context: StatsModel | None, dynamic: StatsModel | None, max_toke
     if not toks:
         return (), (), 0, 0.0, 0
     return tuple(toks), tuple(shares), first[0], score, first[1]
+
+
+def speculate_tree(request_seq: list[int] | None, global_seqs: list[list[int]] | None,
+                   context: list[int], max_depth: int, max_tokens: int, factor: float,
+                   offset: float, min_prob: float, max_children: int):
+    """(tokens, parents, probs, match_len, score, source) like
+    edgespec._native.speculate_tree: from the match speculate() drafts from, take the
+    most probable continuation not yet taken (path probability; ties: taken in the order
+    they became available, most frequent sibling first), over at most max_children
+    children of each string, none deeper than the match's budget, max_tokens in all."""
+    if max_tokens == 0:
+        return ((), (), (), 0, 0.0, 0)
+    src, m = 0, 0
+    chosen = None
+    if request_seq is not None:
+        model = SuffixModel(max_depth, [request_seq])
+        b = best_over(model, request_seq, min(max_depth - 1, len(request_seq)), 1, max_tokens,
+                      factor, offset, min_prob)
+        if b:
+            chosen, src, m = (model, request_seq, 1), 1, b[2]
+            best_score = b[3]
+    if global_seqs is not None:
+        model = SuffixModel(max_depth, global_seqs)
+        b = best_over(model, context, min(max_depth, len(context)), 0, max_tokens, factor,
+                      offset, min_prob)
+        if b and b[3] > (best_score if chosen else 0.0):
+            chosen, src, m = (model, context, 0), 2, b[2]
+    if chosen is None:
+        return ((), (), (), 0, 0.0, 0)
+    model, ctx, excl = chosen
+    budget = spec_budget(m, max_tokens, factor, offset)
+    frontier: list[tuple[float, int, tuple, int, int]] = []  # (prob, order, string, parent, depth)
+    order = [0]
+
+    def expand(w, ex, prob, parent, depth):
+        if depth > budget:
+            return
+        denom = model.count[w] - ex
+        kids = sorted(model.children.get(w, ()), key=lambda x: (-model.count[w + (x,)], x))
+        if denom <= 0:
+            return
+        for x in kids[:max_children]:
+            c = model.count[w + (x,)]
+            q = prob if c == denom else prob * c / denom
+            if q < min_prob:
+                break
+            frontier.append((q, order[0], w + (x,), parent, depth))
+            order[0] += 1
+
+    expand(tuple(ctx[len(ctx) - m:]), excl, 1.0, -1, 1)
+    toks, parents, probs, score = [], [], [], 0.0
+    while frontier and len(toks) < max_tokens:
+        i = min(range(len(frontier)), key=lambda j: (-frontier[j][0], frontier[j][1]))
+        q, _, w, parent, depth = frontier.pop(i)
+        toks.append(w[-1])
+        parents.append(parent)
+        probs.append(q)
+        score += q
+        expand(w, 0, q, len(toks) - 1, depth + 1)
+    return (tuple(toks), tuple(parents), tuple(probs), m, score, src)
