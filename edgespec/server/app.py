@@ -38,6 +38,8 @@ log = logging.getLogger("edgespec.server")
 
 #: how often a non-streaming request checks that its client is still there
 _DISCONNECT_POLL_SECONDS = 0.5
+#: an oversized body is read and dropped up to this size before the 413 (see _body)
+_DISCARD_BYTES = 16 * 1024 * 1024
 
 
 def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
@@ -204,12 +206,20 @@ async def _body(request: Request, settings: ServerSettings) -> str:
     too_big = APIError(413, f"the request body exceeds {limit} bytes; send a shorter prompt",
                        code="request_too_large")
     length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
+    declared = int(length) if length.isdigit() else None
+    if declared is not None and declared > _DISCARD_BYTES:
         raise too_big
     chunks, size = [], 0
-    async for chunk in request.stream():
+    stream = request.stream()
+    async for chunk in stream:
         size += len(chunk)
         if size > limit:
+            # read the rest without keeping it, so the client (still sending) sees the 413
+            # instead of a reset connection
+            async for rest in stream:
+                size += len(rest)
+                if size > _DISCARD_BYTES:
+                    break
             raise too_big
         chunks.append(chunk)
     data = b"".join(chunks)

@@ -75,7 +75,7 @@ def from_validation(errors: list[dict]) -> APIError:
     if not errors:
         return bad_request("the request body is not valid")
     err = errors[0]
-    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    loc = _field_path(errors)
     param = ".".join(loc) or None
     kind = err.get("type", "")
     if kind == "json_invalid":
@@ -90,6 +90,21 @@ def from_validation(errors: list[dict]) -> APIError:
     where = f"{param}: " if param else ""
     return bad_request(f"{where}{err.get('msg')}", param=param,
                        code="invalid_type" if kind.endswith("_type") else "invalid_value")
+
+
+def _field_path(errors: list[dict]) -> list[str]:
+    """The path of the field the first error is about. A value that fits no member of a
+    union gets one error per member, each with the member's name appended to the path
+    (``stop.str``, ``stop.list[str]``); their common prefix is the field itself."""
+    locs = [[str(p) for p in e.get("loc", ()) if p != "body"] for e in errors]
+    first = locs[0]
+    same_field = [l for l in locs if l[:1] == first[:1]]
+    if len(same_field) < 2:
+        return first
+    n = 0
+    while all(len(l) > n and l[n] == first[n] for l in same_field):
+        n += 1
+    return first[:n]
 
 
 def install_handlers(app: FastAPI, on_error=lambda status, code: None) -> None:
