@@ -33,7 +33,7 @@ from ..errors import InvalidInputError
 from ..native import MAX_DEPTH, MAX_DRAFT, CapacityError, as_tokens
 from ..params import SamplingParams
 from ._native_types import (SuffixCursor, SuffixTree, check_int, check_spec_params,
-                            draft_from_native, extend_or_drop)
+                            draft_from_native, extend_or_drop, speculate_tree)
 from .base import EMPTY_DRAFT, Draft
 
 
@@ -141,6 +141,17 @@ class SuffixSession:
             self._request._t if self._request is not None else None,
             self._cursor._c if self._cursor is not None else None,
             k, p.factor, p.offset, p.min_token_prob))
+
+    def propose_tree(self, k: int, max_children: int = 4):
+        """The ``k`` most probable continuations as an :class:`edgespec.tree.DraftTree`
+        (the first branch starts as :meth:`propose`'s draft; see ``speculate_tree``)."""
+        from ..tree import DraftTree
+        p = self._p
+        k = min(k, p.max_draft)
+        if k <= 0 or self._closed:
+            return DraftTree((), ())
+        return speculate_tree(self._request, self._cursor, k, p.factor, p.offset,
+                              p.min_token_prob, max_children)
 
     def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None:
         if self._closed:

@@ -118,3 +118,18 @@ def test_trees_are_prefix_closed_and_most_probable_first(tokens, k, w):
             assert probs[i] <= probs[p]  # a continuation is never more probable than its stem
     assert probs == tuple(sorted(probs, reverse=True))  # taken best first
     assert score == pytest.approx(sum(probs))
+
+
+def test_suffix_session_proposes_trees_whose_first_branch_is_its_draft():
+    from edgespec.params import SamplingParams
+    from edgespec.proposers.suffix import SuffixProposer
+
+    p = SuffixProposer(use_global=False, max_draft=8)
+    s = p.open([1, 2, 3, 4, 9, 8, 1, 2, 3, 5, 9, 7, 1, 2], SamplingParams())
+    tree = s.propose_tree(8, max_children=2)
+    draft = s.propose(8)
+    assert tree.path_tokens(tree.path(tree.leaves[0]))[:len(draft)] == draft.tokens
+    assert tree.width == 2 and tree.source == "request"
+    assert s.propose_tree(0).width == 0
+    s.close(completed=False)
+    assert s.propose_tree(4).width == 0
