@@ -40,6 +40,14 @@ class RequestStats:
     stop_reason: str = ""
     proposer: str = "none"
     identity: str | None = None  # hash of the engine's release identity (edgespec.identity)
+    # draft trees (edgespec.tree): passes that verified a tree, the nodes they held, their
+    # branches (leaves), the tokens their accepted paths kept, and how many of those paths
+    # left the first branch (the linear draft would not have kept them)
+    tree_passes: int = 0
+    tree_nodes: int = 0
+    tree_branches: int = 0
+    tree_accepted: int = 0
+    tree_off_first: int = 0
 
     # --- observation -------------------------------------------------------
     def observe_prefill(self, n_tokens: int, seconds: float, reused: int = 0) -> None:
@@ -180,6 +188,7 @@ class RequestStats:
             "itl_p95": _pct(itl, 95),
             "itl_p99": _pct(itl, 99),
             "identity": self.identity,
+            **self.tree_dict(),
         }
 
     def summary(self) -> str:
@@ -202,7 +211,47 @@ class RequestStats:
         ]
         if self.control_events:
             lines.append("control " + ", ".join(f"{k}×{v}" for k, v in self.control_events.items()))
+        if self.tree_passes:
+            lines.append(f"trees: {self.tree_passes} passes, {self.tree_nodes / self.tree_passes:.1f} "
+                         f"nodes and {self.tree_branches / self.tree_passes:.1f} branches each, "
+                         f"accepted path {self.tree_path_length:.2f}, off the first branch "
+                         f"{self.branch_utilisation:.0%}; verify occupancy "
+                         f"{self.accepted}/{self.drafted} drafted positions kept")
         return "\n".join(lines)
+
+    # --- draft trees ---------------------------------------------------------------------
+    def observe_tree(self, nodes: int, branches: int, accepted: int, off_first: bool) -> None:
+        """One tree pass (its drafted nodes also count in observe_step's ``drafted``)."""
+        self.tree_passes += 1
+        self.tree_nodes += nodes
+        self.tree_branches += branches
+        self.tree_accepted += accepted
+        self.tree_off_first += bool(off_first)
+
+    @property
+    def branch_utilisation(self) -> float:
+        """Share of tree passes whose accepted path left the first branch: how often the
+        extra branches kept tokens the linear draft would have lost."""
+        return self.tree_off_first / self.tree_passes if self.tree_passes else 0.0
+
+    @property
+    def tree_path_length(self) -> float:
+        """Drafted tokens kept per tree pass (the accepted path's length)."""
+        return self.tree_accepted / self.tree_passes if self.tree_passes else 0.0
+
+    @property
+    def verify_occupancy(self) -> tuple[float, float]:
+        """(drafted positions, accepted positions) per verify pass, trees and chains alike."""
+        n = self.verify_passes
+        return (self.drafted / n, self.accepted / n) if n else (0.0, 0.0)
+
+    def tree_dict(self) -> dict:
+        drafted, kept = self.verify_occupancy
+        return {"tree_passes": self.tree_passes, "tree_nodes": self.tree_nodes,
+                "tree_branches": self.tree_branches, "tree_accepted": self.tree_accepted,
+                "tree_path_length": self.tree_path_length,
+                "branch_utilisation": self.branch_utilisation,
+                "verify_drafted_per_pass": drafted, "verify_accepted_per_pass": kept}
 
 
 def _pct(sorted_values: list[float], q: float) -> float:
