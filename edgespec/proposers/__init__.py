@@ -17,7 +17,7 @@ from ..config import AUTO, PLAIN
 from ..errors import InvalidInputError
 from .base import EMPTY_DRAFT, Draft, Proposer, ProposerSession
 
-__all__ = ["AUTO", "BuildContext", "check_label", "Draft", "EMPTY_DRAFT", "Option", "PLAIN", "Proposer",
+__all__ = ["AUTO", "BuildContext", "check_draft", "check_label", "Draft", "EMPTY_DRAFT", "Option", "PLAIN", "Proposer",
            "ProposerSession", "ProposerSpec", "REGISTRY", "free_names", "names", "needs_model",
            "spec"]
 
@@ -71,6 +71,9 @@ class ProposerSpec:
     needs: tuple[str, ...]
     options: Mapping[str, Option] = field(default_factory=dict)
     factory: Callable[[BuildContext, dict], Proposer] | None = None
+    #: False for a draft model with its own tokenizer (bridged): the engine then skips the
+    #: same-vocabulary check (:func:`check_draft`)
+    same_vocab: bool = True
 
     def check_options(self, raw: Mapping[str, Any]) -> dict:
         """Typed options, or an error naming the unknown key and the known ones."""
@@ -111,8 +114,18 @@ def _suffix(ctx: BuildContext, opts: dict) -> Proposer:
 
 def _draft(ctx: BuildContext, opts: dict) -> Proposer:
     from .draft import DraftModelProposer
+    if ctx.target is not None and ctx.draft_model.n_vocab != ctx.target.n_vocab:
+        # loaded for the bridge: this draft's token ids mean nothing to the target
+        raise InvalidInputError(f"draft {ctx.draft_model.path.name} does not share the target's "
+                                "vocabulary; use --proposer bridge")
     return DraftModelProposer(ctx.draft_model, n_ctx=ctx.n_ctx, n_threads=ctx.threads,
                               kernel=ctx.kernel, **opts)
+
+
+def _bridge(ctx: BuildContext, opts: dict) -> Proposer:
+    from .bridged import BridgedDraftProposer
+    return BridgedDraftProposer(ctx.draft_model, ctx.target, n_ctx=ctx.n_ctx,
+                                n_threads=ctx.threads, kernel=ctx.kernel, **opts)
 
 
 REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
@@ -151,6 +164,13 @@ REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
         needs=("draft_model",), factory=_draft, options={
             "n_batch": Option(int, 0, "draft context batch size (0: the engine's)"),
         }),
+    ProposerSpec(
+        "bridge", "a GGUF draft model with another tokenizer, through the vocabulary bridge "
+        "(point-mass proposals; pairs pinned in models.toml)", costly=True,
+        needs=("draft_model",), factory=_bridge, same_vocab=False, options={
+            "n_batch": Option(int, 0, "draft context batch size (0: the engine's)"),
+            "max_ratio": Option(float, 2.0, "most draft tokens decoded per target token asked"),
+        }),
 )}
 
 
@@ -169,6 +189,16 @@ def check_label(label: str) -> str:
         for name in label.split("+"):
             spec(name)
     return label
+
+
+def check_draft(target, draft, label: str) -> None:
+    """A loaded draft model must share the target's vocabulary, unless every model-drafting
+    proposer in ``label`` bridges vocabularies (``same_vocab=False``)."""
+    drafting = [REGISTRY[n] for n in label.split("+") if needs_model(n)]
+    if drafting and not any(s.same_vocab for s in drafting):
+        return
+    from .draft import check_compatible
+    check_compatible(target, draft)
 
 
 def names(plain: bool = False, auto: bool = False) -> list[str]:

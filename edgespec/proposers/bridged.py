@@ -1,0 +1,210 @@
+"""A GGUF draft model with its own tokenizer, proposing for the target through the
+vocabulary bridge (:mod:`edgespec.bridge`).
+
+The draft continues the *text* with its argmax tokens; the bridge turns its new text into
+the target's tokens. The draft has no distribution over target tokens, so every proposal is
+a point mass (``probs=None``): greedy verification accepts the target's argmax, sampling
+accepts a drafted token with the target's own probability of it, which keeps sampling
+lossless (docs/parity.md). Only models.toml-pinned pairs run (edgespec.registry.bridges).
+
+Time is kept in two accounts: draft inference (the draft's decodes) and the bridge
+(tokenize, detokenize, alignment), so the bridge's cost is measured on its own; the
+controller weighs their sum per proposed target token.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..bridge import BRIDGE_VERSION, Bridge
+from ..errors import InvalidInputError
+from ..params import SamplingParams
+from .base import EMPTY_DRAFT, Draft
+
+
+@dataclass
+class BridgeTimes:
+    """Where a bridged draft's time went (seconds), over a session or the proposer's life."""
+
+    steps: int = 0  # proposals made
+    draft_tokens: int = 0  # tokens the draft model decoded while proposing
+    target_tokens: int = 0  # target tokens proposed
+    draft_seconds: float = 0.0  # the draft model's decodes
+    bridge_seconds: float = 0.0  # tokenize/detokenize/alignment, proposing and syncing
+    # the same work in this thread's CPU time: what it costs, even where other processes
+    # preempt it (wall time on a busy machine counts their slices too)
+    bridge_cpu_seconds: float = 0.0
+
+    def add(self, other: "BridgeTimes") -> None:
+        for k in self.__dataclass_fields__:
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
+    @property
+    def bridge_us_per_step(self) -> float:
+        return 1e6 * self.bridge_seconds / self.steps if self.steps else 0.0
+
+    @property
+    def bridge_cpu_us_per_step(self) -> float:
+        return 1e6 * self.bridge_cpu_seconds / self.steps if self.steps else 0.0
+
+
+class BridgedDraftProposer:
+    name = "bridge"
+    costly = True
+
+    def __init__(self, model, target, n_ctx: int, n_threads: int | None = None,
+                 n_batch: int = 0, kernel=None, max_ratio: float = 2.0,
+                 check_pin: bool = True) -> None:
+        from ..config import KernelConfig
+        _refuse_shared_vocabulary(target, model)
+        self.pair = None
+        if check_pin:
+            from ..registry.bridges import check_pair
+            self.pair = check_pair(target, model, BRIDGE_VERSION)
+        if max_ratio < 1.0:
+            raise InvalidInputError(f"bridge option max_ratio={max_ratio} must be >= 1 (draft "
+                                    "tokens allowed per proposed target token)")
+        k = kernel or KernelConfig()
+        self.model, self.target = model, target
+        self.max_ratio = max_ratio
+        self.ctx = model.new_context(n_ctx=n_ctx, n_batch=n_batch or k.n_batch, n_threads=n_threads,
+                                     flash_attn=int(k.flash_attn), type_k=k.kv_ggml_type,
+                                     type_v=k.kv_ggml_type)
+        self.seconds_per_token = 0.0  # per proposed target token, draft + bridge (controller)
+        self.ratio = 1.2  # draft tokens per target token of the same text (running estimate)
+        self.times = BridgeTimes()  # over the proposer's life
+        self.last = BridgeTimes()  # the last closed session
+        self._busy = False
+
+    def open(self, prompt_tokens: Sequence[int], sampling: SamplingParams) -> "BridgedSession":
+        if self._busy:
+            raise RuntimeError("the bridged draft model serves one request at a time")
+        self._busy = True
+        try:
+            return BridgedSession(self, prompt_tokens)
+        except BaseException:
+            self.ctx.clear()
+            self._busy = False
+            raise
+
+    def _release(self, times: BridgeTimes) -> None:
+        self.times.add(times)
+        self.last = times
+        self._busy = False
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+class BridgedSession:
+    def __init__(self, owner: BridgedDraftProposer, prompt_tokens: Sequence[int]) -> None:
+        self.owner = owner
+        self.times = BridgeTimes()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        target = owner.target
+        self.bridge = Bridge(owner.model, target, list(prompt_tokens),
+                             target_bos=target.bos if getattr(target, "add_bos", False) else None)
+        self.times.bridge_cpu_seconds += time.thread_time() - c0
+        self.times.bridge_seconds += time.perf_counter() - t0
+        ctx = owner.ctx
+        ctx.clear()
+        toks = self.bridge.tokens
+        # a prompt the draft's context cannot hold (its tokenizer may need more tokens than
+        # the target's) leaves the request to the other proposers: nothing is drafted
+        self.disabled = len(toks) + 8 >= ctx.n_ctx
+        self.kv_len = 0
+        if not self.disabled and len(toks) > 1:
+            ctx.decode(toks[:-1], 0, logits="none")  # prefill now: part of the TTFT
+            self.kv_len = len(toks) - 1
+
+    def propose(self, k: int) -> Draft:
+        b, ctx, o = self.bridge, self.owner.ctx, self.owner
+        steps = int(k * o.max_ratio) + 2
+        if k <= 0 or self.disabled or not b.ready or len(b.tokens) + steps >= ctx.n_ctx:
+            b.begin()
+            return EMPTY_DRAFT
+        if self.kv_len >= len(b.tokens):  # the last token's logits are needed: feed it again
+            self.kv_len = len(b.tokens) - 1
+            ctx.trim(0, self.kv_len)
+        t_bridge = c_bridge = 0.0
+        t0 = time.perf_counter()
+        b.begin()
+        n_prev = len(b.tokens)
+        logits = ctx.decode(b.tokens[self.kv_len:], self.kv_len, logits="last")[0]
+        self.kv_len = n_prev
+        decoded = 0
+        # Draft what the token ratio predicts before the bridge sees any of it: its work
+        # right after a draft decode runs cache-cold (a target tokenize ~150 us instead of
+        # ~15 us here), so it is done in one batch, then token by token only if short.
+        need = min(steps, max(k, int(np.ceil((k + 1) * o.ratio))))
+        drafted: list[tuple[int, float]] = []
+        for i in range(steps):
+            tok = int(np.argmax(logits))
+            m = float(logits[tok])
+            drafted.append((tok, 1.0 / float(np.sum(np.exp(logits.astype(np.float64) - m)))))
+            if i + 1 >= need or o.model.is_eog(tok):
+                tb, cb = time.perf_counter(), time.thread_time()
+                done = any([b.push(t, c) for t, c in drafted]) or b.enough(k, need)
+                drafted.clear()
+                c_bridge += time.thread_time() - cb
+                t_bridge += time.perf_counter() - tb
+                if done:
+                    break
+            if i + 1 == steps:
+                break
+            logits = ctx.decode([tok], n_prev + i, logits="last")[0]
+            decoded += 1
+        self.kv_len = n_prev + decoded  # the drafted tokens fed so far (the last one is not)
+        tb, cb = time.perf_counter(), time.thread_time()
+        tokens, conf = b.proposal(k)
+        r = b.draft_per_target
+        if r is not None:
+            o.ratio = 0.8 * o.ratio + 0.2 * min(r, o.max_ratio)
+        c_bridge += time.thread_time() - cb
+        t_end = time.perf_counter()
+        t_bridge += t_end - tb
+        t = self.times
+        t.steps += 1
+        t.draft_tokens += decoded + 1
+        t.target_tokens += len(tokens)
+        t.bridge_seconds += t_bridge
+        t.bridge_cpu_seconds += c_bridge
+        t.draft_seconds += (t_end - t0) - t_bridge
+        est = (t_end - t0) / max(len(tokens), 1)
+        o.seconds_per_token = est if o.seconds_per_token == 0 else \
+            0.8 * o.seconds_per_token + 0.2 * est
+        if not tokens:
+            return EMPTY_DRAFT
+        return Draft(tokens=tuple(tokens), probs=None, confidence=tuple(conf), source="bridge")
+
+    def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None:  # noqa: ARG002
+        tb, cb = time.perf_counter(), time.thread_time()
+        unchanged = self.bridge.accept([int(t) for t in tokens])
+        self.times.bridge_cpu_seconds += time.thread_time() - cb
+        self.times.bridge_seconds += time.perf_counter() - tb
+        if self.kv_len > unchanged:
+            self.owner.ctx.trim(0, unchanged)
+            self.kv_len = unchanged
+        if not self.disabled and len(self.bridge.tokens) + 8 >= self.owner.ctx.n_ctx:
+            self.disabled = True
+
+    def close(self, completed: bool) -> None:  # noqa: ARG002
+        self.owner._release(self.times)
+
+
+def _refuse_shared_vocabulary(target, draft) -> None:
+    """A draft sharing the target's vocabulary needs no bridge: the 'draft' proposer is exact
+    and cheaper."""
+    if target.n_vocab != draft.n_vocab:
+        return
+    from .draft import check_compatible
+    from ..errors import IncompatibleDraftError
+    try:
+        check_compatible(target, draft)
+    except IncompatibleDraftError:
+        return
+    raise InvalidInputError(f"draft {draft.path.name} shares the vocabulary of {target.path.name}: "
+                            "use --proposer draft (no bridge needed)")
