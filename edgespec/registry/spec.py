@@ -17,7 +17,7 @@ from ..errors import ModelError
 
 ROLES = ("target", "draft", "test")
 SOURCE_KINDS = ("whole-file", "concat-parts", "package-assemble")
-PROPOSER_KINDS = ("draft", "ngram", "suffix")
+PROPOSER_KINDS = ("draft", "ngram", "suffix", "bridge")
 SCHEMA = 1
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -64,11 +64,16 @@ class PairSpec:
     proposer: str
     draft: str | None = None
     note: str = ""
+    # a "bridge" pair (a draft with another tokenizer) is pinned to the bridge's version
+    # and both vocabularies (edgespec.registry.bridges refuses a pair whose pins differ)
+    bridge_version: str | None = None
+    target_vocab_sha256: str | None = None
+    draft_vocab_sha256: str | None = None
 
     @property
     def key(self) -> str:
         """The proposer as qualification records name it: "ngram", "draft:qwen-0.5b"."""
-        return f"draft:{self.draft}" if self.proposer == "draft" else self.proposer
+        return f"{self.proposer}:{self.draft}" if self.draft is not None else self.proposer
 
 
 # --------------------------------------------------------------------------- validation
@@ -170,7 +175,8 @@ def _parse_model(c: _Check, name: str, raw) -> ModelSpec:
 
 def _parse_pair(c: _Check, i: int, raw, models: Mapping[str, ModelSpec]) -> PairSpec:
     where = f"pairs[{i}]"
-    t = c.table(raw, where, {"target", "proposer"}, {"draft", "note"})
+    t = c.table(raw, where, {"target", "proposer"},
+                {"draft", "note", "bridge_version", "target_vocab_sha256", "draft_vocab_sha256"})
     target = c.typed(t, "target", where, str)
     if target not in models:
         raise c.fail(f"{where}.target", f"unknown model {target!r} (known: {', '.join(models)})")
@@ -184,10 +190,37 @@ def _parse_pair(c: _Check, i: int, raw, models: Mapping[str, ModelSpec]) -> Pair
         if models[draft].tokenizer != models[target].tokenizer:
             raise c.fail(where, f"draft {draft!r} ({models[draft].tokenizer}) does not share the "
                                 f"tokenizer of target {target!r} ({models[target].tokenizer})")
+    elif proposer == "bridge":
+        return _parse_bridge_pair(c, where, t, target, draft, models)
     elif draft is not None:
-        raise c.fail(f"{where}.draft", f"only proposer 'draft' takes a draft model, not {proposer!r}")
+        raise c.fail(f"{where}.draft", f"only proposer 'draft' takes a draft model (and "
+                                       f"'bridge', one with another tokenizer), not {proposer!r}")
+    for key in ("bridge_version", "target_vocab_sha256", "draft_vocab_sha256"):
+        if key in t:
+            raise c.fail(f"{where}.{key}", "only a 'bridge' pair is pinned to vocabularies")
     return PairSpec(target=target, proposer=proposer, draft=draft,
                     note=c.typed(t, "note", where, str, ""))
+
+
+def _parse_bridge_pair(c: _Check, where: str, t: dict, target: str, draft: str | None,
+                       models: Mapping[str, ModelSpec]) -> PairSpec:
+    if draft is None or draft not in models:
+        raise c.fail(f"{where}.draft", f"proposer 'bridge' needs draft = <model name> "
+                                       f"(known: {', '.join(models)})")
+    if models[draft].tokenizer == models[target].tokenizer:
+        raise c.fail(where, f"draft {draft!r} shares the tokenizer of {target!r}: pair it with "
+                            "proposer 'draft', which needs no bridge")
+    pins = {}
+    for key in ("bridge_version", "target_vocab_sha256", "draft_vocab_sha256"):
+        value = c.typed(t, key, where, str)
+        if value is None:
+            raise c.fail(where, f"a bridge pair needs {key} (print the entry with "
+                                f"`python -m edgespec.registry.bridges {target} {draft}`)")
+        if key != "bridge_version" and not _SHA256_RE.match(value):
+            raise c.fail(f"{where}.{key}", f"expected 64 lowercase hex digits, got {value!r}")
+        pins[key] = value
+    return PairSpec(target=target, proposer="bridge", draft=draft,
+                    note=c.typed(t, "note", where, str, ""), **pins)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,95 @@
+"""Cross-tokenizer pairs as release artifacts: a bridged draft runs only for a pair that
+models.toml pins to this bridge's version and to both vocabularies' digests.
+
+A vocabulary digest (:func:`edgespec.identity.vocabulary_digest`) covers every token's text
+and attributes, so a re-converted GGUF whose tokenizer changed in any token is refused
+until the pair is qualified again (the bridge's tests pass on it) and the pin updated:
+
+    python -m edgespec.registry.bridges qwen-1.5b smollm2-135m    # prints the [[pairs]] entry
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..errors import IncompatibleDraftError, InvalidInputError
+from .spec import PairSpec, load_registry
+
+
+class UnqualifiedBridgeError(IncompatibleDraftError, InvalidInputError):
+    """No pin in models.toml covers this target/draft tokenizer pair at this bridge version.
+
+    Also an InvalidInputError, so an engine that loads a draft model for another proposer
+    skips the bridge quietly instead of failing (the engine raises it only when asked for).
+    """
+
+
+def vocab_digest(model) -> str:
+    """The digest a pin holds (cached by the model file's sha256)."""
+    from ..calibration import model_identity
+    from ..identity import vocabulary_digest
+    return vocabulary_digest(model, model_identity(model.path)["sha256"])
+
+
+def check_pair(target, draft, version: str) -> PairSpec:
+    """The models.toml pair that qualifies ``draft`` bridging for ``target`` (loaded models),
+    or :class:`UnqualifiedBridgeError` saying what differs and how to requalify."""
+    tdig, ddig = vocab_digest(target), vocab_digest(draft)
+    pairs = [p for p in load_registry().pairs if p.proposer == "bridge"]
+    same = [p for p in pairs if (p.target_vocab_sha256, p.draft_vocab_sha256) == (tdig, ddig)]
+    for p in same:
+        if p.bridge_version == version:
+            return p
+    tn, dn = _name(target.path), _name(draft.path)
+    how = (f"run the bridge's tests on the pair (tests/unit/test_bridge.py and "
+           f"tests/integration/test_bridge_real.py), then pin it: "
+           f"`python -m edgespec.registry.bridges {tn} {dn}` prints the [[pairs]] entry for "
+           "models.toml")
+    if same:
+        raise UnqualifiedBridgeError(
+            f"the {tn} + {dn} bridge pair was qualified with bridge version "
+            f"{same[0].bridge_version}, this edgespec's bridge is version {version}; requalify: "
+            f"{how}")
+    named = [p for p in pairs if (p.target, p.draft) == (tn, dn)]
+    if named:
+        p = named[0]
+        changed = [f"{what} {name} (pinned {pin[:12]}, found {got[:12]})"
+                   for what, name, pin, got in (("target", tn, p.target_vocab_sha256, tdig),
+                                                ("draft", dn, p.draft_vocab_sha256, ddig))
+                   if pin != got]
+        raise UnqualifiedBridgeError(
+            f"the tokenizer of {' and '.join(changed)} changed since the bridge pair was "
+            f"qualified; it is refused until requalified: {how}")
+    raise UnqualifiedBridgeError(
+        f"no bridge pair in models.toml covers target {tn} with draft {dn} (their tokenizers "
+        f"are not qualified together); qualify it: {how}")
+
+
+def pin_entry(target: str, draft: str, version: str | None = None) -> str:
+    """The TOML [[pairs]] entry pinning registry models ``target`` and ``draft``."""
+    from .. import backend
+    from ..bridge import BRIDGE_VERSION
+    from .pull import resolve
+    digests = []
+    for name in (target, draft):
+        model = backend.load_model(resolve(name))
+        try:
+            digests.append(vocab_digest(model))
+        finally:
+            model.close()
+    return (f'[[pairs]]\ntarget = "{target}"\nproposer = "bridge"\ndraft = "{draft}"\n'
+            f'bridge_version = "{version or BRIDGE_VERSION}"\n'
+            f'target_vocab_sha256 = "{digests[0]}"\ndraft_vocab_sha256 = "{digests[1]}"\n')
+
+
+def _name(path) -> str:
+    """The registry name of a pulled model file (``models/<name>.gguf``), else the file name."""
+    p = Path(path)
+    reg = load_registry()
+    return p.stem if p.suffix == ".gguf" and p.stem in reg.models else p.name
+
+
+if __name__ == "__main__":  # pragma: no cover - a maintainer's tool
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m edgespec.registry.bridges TARGET DRAFT")
+    print(pin_entry(sys.argv[1], sys.argv[2]), end="")
