@@ -18,6 +18,8 @@ class Acceptance:
 #: draft model accepts ~70% of tokens; model-free proposers draft on a minority of steps.
 DEFAULT_ACCEPTANCE = {
     "draft": Acceptance(0.70, 1.0),
+    # another tokenizer through the bridge (docs/bridge.md): a smaller, other-family model
+    "bridge": Acceptance(0.40, 1.0),
     "suffix": Acceptance(0.55, 0.30),
     "ngram": Acceptance(0.50, 0.25),
 }
@@ -44,7 +46,7 @@ def acceptance_for(kind: str, target_name: str | None, draft_name: str | None = 
     if not target_name:
         return default
     from .. import registry
-    key = f"draft:{draft_name}" if proposers.needs_model(kind) and draft_name else kind
+    key = f"{kind}:{draft_name}" if proposers.needs_model(kind) and draft_name else kind
     try:
         slices = registry.qualification(target_name, key)
     except ModelError:  # unregistered model or pair, unreadable results file: defaults

@@ -68,8 +68,11 @@ def explain_choice(best, cands: Sequence, dev: Device, budgets, target: ModelFac
         a = c.acceptance
         acc = (f"acceptance {a.alpha:.0%}" + (f", drafts on {a.coverage:.0%} of steps" if a.coverage < 1 else "")
                + f" [{a.source}]") if a else ""
+        bridge = c.config.get("speed").draft_source if c.config.get("speed") is not None and \
+            "bridged:" in c.config["speed"].draft_source else ""
         return (f"{c.proposer}: {c.speedup:.2f}x at draft length {c.best_k} "
-                f"(range {c.draft_len[0]}-{c.draft_len[1]}; {acc})")
+                f"(range {c.draft_len[0]}-{c.draft_len[1]}; {acc})"
+                + (f" [{bridge[bridge.index('bridged:'):]}]" if bridge else ""))
 
     r.append(f"chosen {pitch(best)}")
     if best.proposer == PLAIN and label != PLAIN:

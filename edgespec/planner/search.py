@@ -22,7 +22,7 @@ from .memory import (KV_TYPES, SUFFIX_CACHE_CAP, MemoryEstimate, default_budgets
                      estimate_memory)
 from .reasons import explain_choice
 from .result import Candidate, Plan
-from .speed import K_MAX, SpeedModel, best_draft_len, speed_model
+from .speed import K_MAX, SpeedModel, best_draft_len, bridged, speed_model
 
 MIN_CTX = 512
 DEFAULT_CTX = 4096
@@ -134,6 +134,8 @@ class _Search:
                 continue
             g_t, g_d, nb, mem, k = max(fitting, key=lambda f: (f[0], f[1], f[2]))
             sm = self.speed_for(g_t, g_d)
+            if costly and _bridged(kind):
+                sm = bridged(sm)
             if kind == PLAIN:
                 best, s, rng = 0, 1.0, (0, 0)
             else:
@@ -177,10 +179,22 @@ class _Search:
         return msg + " Smallest change that fits: " + "; or ".join(fixes) + "."
 
 
-def _draft_incompatibility(target: ModelFacts, draft: ModelFacts) -> str:
+def _bridged(kind: str) -> bool:
+    """A proposer that drafts with another tokenizer through the vocabulary bridge."""
+    from .. import proposers
+    return kind in proposers.REGISTRY and not proposers.REGISTRY[kind].same_vocab
+
+
+def _draft_incompatibility(target: ModelFacts, draft: ModelFacts, kind: str = "draft") -> str:
+    if _bridged(kind):
+        if target.n_vocab == draft.n_vocab:
+            return ("the draft shares the target's vocabulary size: the draft proposer needs no "
+                    "bridge")
+        return ""
     if target.n_vocab != draft.n_vocab:
         return (f"vocabulary differs ({draft.n_vocab} vs the target's {target.n_vocab} tokens): "
-                "not a draft for this target")
+                "not a draft for this target (--proposer bridge drafts across tokenizers for a "
+                "pair pinned in models.toml)")
     return ""
 
 
@@ -251,7 +265,7 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
     cands: list[Candidate] = []
     for kind, costly in _kinds(proposer, draft is not None):
         acc = acceptance_for(kind, target_name, draft_name) if kind != PLAIN else None
-        bad = _draft_incompatibility(target, draft) if costly else ""
+        bad = _draft_incompatibility(target, draft, kind) if costly else ""
         cands.append(Candidate(kind, False, acceptance=acc, note=bad) if bad else
                      search.evaluate(kind, costly, configs, acc))
     fitting = [c for c in cands if c.fits]

@@ -24,6 +24,11 @@ from .memory import weight_bytes
 from .trust import calibration_trust
 
 K_MAX = 16
+#: A bridged draft (another tokenizer, docs/bridge.md) decodes about this many of its tokens
+#: per target token it proposes, and the bridge itself (tokenize, align) costs this much per
+#: step, measured apart from draft inference (SmolLM2-135M and Gemma-3-270M for Qwen here)
+BRIDGE_DRAFT_PER_TARGET = 1.5
+BRIDGE_SECONDS_PER_STEP = 0.7e-3
 DRAFT_LEN_SLACK = 0.03                # a k within 3% of the best predicted speedup is in the range
 CPU_GPU_BANDWIDTH_RATIO = 8.0         # how much slower a CPU-resident layer is than an offloaded one
 
@@ -91,6 +96,20 @@ class SpeedModel:
         pts = ", ".join(f"{n} tokens {self.cost(n):.2f}x" for n in ns)
         step = f"one step {self.step_seconds * 1000:.0f} ms; " if self.step_seconds else ""
         return f"{step}a verify pass over {pts} a plain step ({self.source})"
+
+
+def bridged(sm: SpeedModel) -> SpeedModel:
+    """The speed model of a bridged draft: each proposed target token costs
+    BRIDGE_DRAFT_PER_TARGET draft tokens, and every verify pass the bridge's own work."""
+    from dataclasses import replace
+    over = BRIDGE_SECONDS_PER_STEP / sm.step_seconds if sm.step_seconds else 0.02
+    base = sm.cost
+    return replace(
+        sm, cost=lambda n: base(n) + (over if n > 1 else 0.0),
+        draft_ratio=(sm.draft_ratio or 0.0) * BRIDGE_DRAFT_PER_TARGET,
+        draft_source=f"{sm.draft_source}; bridged: {BRIDGE_DRAFT_PER_TARGET:g} draft tokens per "
+                     f"target token, and the bridge's own {BRIDGE_SECONDS_PER_STEP * 1e3:.1f} ms a "
+                     f"step = {over:.3f} of a target step, measured apart from draft inference")
 
 
 def curve_from_points(points: Mapping) -> Callable[[float], float]:
