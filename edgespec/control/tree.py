@@ -70,10 +70,12 @@ def node_probabilities(tree: DraftTree) -> tuple[float, ...]:
 
 
 def size_tree(tree: DraftTree, cal: Calibration, *, max_nodes: int,
-              linear_k: int | None = None, min_gain: float = 1.05) -> TreePlan:
+              linear_k: int | None = None, min_gain: float = 1.05,
+              max_width: int | None = None) -> TreePlan:
     """The pass to verify: the best-goodput subtree of ``tree`` (at most ``max_nodes``
-    nodes), or its first branch cut to ``linear_k`` (default: its best cut) when the
-    tree does not beat that by ``min_gain``."""
+    nodes and ``max_width`` branches: a branch is a KV sequence), or its first branch cut
+    to ``linear_k`` (default: its best cut) when the tree does not beat that by
+    ``min_gain``."""
     probs = node_probabilities(tree)
     kids: list[list[int]] = [[] for _ in range(len(tree) + 1)]
     for i, p in enumerate(tree.parents):
@@ -102,8 +104,16 @@ def size_tree(tree: DraftTree, cal: Calibration, *, max_nodes: int,
     frontier = [(-probs[c], c) for c in kids[0]]
     heapq.heapify(frontier)
     best_n, best_g, acc = 0, 0.0, 1.0
+    has_child = [False] * (len(tree) + 1)  # index v + 1: whether node v (-1: root) has one
+    width = 0
     while frontier and len(taken) < max_nodes:
         neg, node = heapq.heappop(frontier)
+        parent = tree.parents[node]
+        grows = has_child[parent + 1]  # a second child of a node is a new branch
+        if max_width is not None and grows and width >= max_width:
+            continue  # and none of its descendants: they are never pushed
+        width += grows or parent == -1 and not has_child[0]
+        has_child[parent + 1] = True
         taken.append(node)
         acc -= neg
         g = acc / cal.cost(len(taken) + 1)

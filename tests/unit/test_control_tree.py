@@ -66,3 +66,13 @@ def test_subtrees_keep_the_most_probable_nodes_prefix_closed():
     t = DraftTree.from_paths([(1, 2, 3), (4, 5), (6,)], [(0.9, 0.85, 0.1), (0.5, 0.45), (0.05,)])
     plan = size_tree(t, Calibration.linear(0.0), max_nodes=4, min_gain=0.0)
     assert sorted(plan.tree.tokens) == [1, 2, 4, 5]
+
+
+def test_max_width_bounds_the_branches():
+    t = DraftTree.from_paths([(1, 2), (3, 4), (5, 6), (7,)],
+                             [(0.3, 0.3), (0.25, 0.25), (0.2, 0.2), (0.2,)])
+    for w in (1, 2, 3, 4):
+        plan = size_tree(t, Calibration.linear(0.0), max_nodes=15, min_gain=0.0, max_width=w)
+        assert plan.tree.width <= w
+    assert size_tree(t, Calibration.linear(0.0), max_nodes=15, min_gain=0.0,
+                     max_width=2).tree.tokens == (1, 2, 3, 4)
