@@ -198,7 +198,7 @@ def _action(server: ServeProcess, rnd: random.Random, model: str) -> tuple[str, 
             if resp.status != 200:
                 return kind, f"{resp.status} {resp.read()[:200]!r}"
             for _ in range(rnd.randint(1, 6)):
-                resp.fp.readline()
+                resp.readline()
             return kind, None
         # whole_disconnect: the client gives up before the answer
         conn.request("POST", "/v1/completions", body=json.dumps({

@@ -68,6 +68,7 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
         run_server(app, host, port, drain_seconds=drain_seconds, log_level=log_level,
                    on_started=started)
         scheduler.close(drain=True)  # idempotent; the app's lifespan already drained it
+        click.echo("edgespec serve: stopped (open requests finished)", err=True)
     finally:
         engine.close()
 

@@ -90,16 +90,11 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
 
     async def _collect(request: Request, ticket, bridge: "_Bridge") -> Finished:
         fin = None
+        gone = asyncio.Event()
+        watcher = asyncio.create_task(_watch_disconnect(request, ticket, gone))
         try:
             while True:
-                try:
-                    ev = await asyncio.wait_for(bridge.queue.get(), _DISCONNECT_POLL_SECONDS)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        ticket.cancel()
-                        raise APIError(499, "the client closed the connection",
-                                       code="client_closed") from None
-                    continue
+                ev = await bridge.queue.get()
                 if ev is DONE:
                     break
                 if isinstance(ev, BaseException):
@@ -109,7 +104,11 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
         except asyncio.CancelledError:
             ticket.cancel()
             raise
-        if fin is None:  # cancelled while queued (the scheduler closed without draining)
+        finally:
+            watcher.cancel()
+        if gone.is_set():
+            raise APIError(499, "the client closed the connection", code="client_closed")
+        if fin is None:  # dropped while queued (the scheduler closed without draining)
             raise APIError(503, "the request was dropped before it ran; retry",
                            type="server_error", code="dropped")
         return fin
@@ -170,6 +169,15 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     return app
+
+
+async def _watch_disconnect(request: Request, ticket, gone: asyncio.Event) -> None:
+    """Cancel ``ticket`` once the client of a non-streaming request has gone away (a
+    streaming one learns it from sse-starlette, which cancels its generator)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(_DISCONNECT_POLL_SECONDS)
+    gone.set()
+    ticket.cancel()
 
 
 class _Bridge:

@@ -2,11 +2,13 @@
 
 On SIGINT/SIGTERM uvicorn stops accepting connections and waits (up to ``drain_seconds``)
 for open requests, streams included, to finish; then the app's lifespan closes the
-scheduler with drain=True. A second signal exits at once (uvicorn's own behaviour).
+scheduler with drain=True, and :func:`serve` returns (the caller releases the engine and
+exits 0). A second SIGINT exits at once (uvicorn's own behaviour).
 """
 from __future__ import annotations
 
 import ipaddress
+import signal
 import socket
 
 from ..errors import InvalidInputError
@@ -45,7 +47,24 @@ def serve(app, host: str, port: int, *, drain_seconds: float | None = 60.0,
     server = uvicorn.Server(config)
     if on_started is not None:
         _notify_when_started(server, on_started)
-    server.run()
+    # uvicorn re-raises the signal that stopped it once it has drained, which would kill
+    # the process before the caller releases the engine: end serve() instead
+    previous = {sig: signal.signal(sig, _drained) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    except _Drained:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _Drained(Exception):
+    pass
+
+
+def _drained(sig, frame) -> None:
+    raise _Drained(sig)
 
 
 def _notify_when_started(server, callback) -> None:

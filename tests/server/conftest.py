@@ -3,7 +3,7 @@ started once per session and driven with the real openai client and with raw HTT
 from __future__ import annotations
 
 import pytest
-from server_env import MODEL, base_args
+from server_env import API_KEY, MODEL, base_args
 
 from tools.soak import ServeProcess
 
