@@ -21,7 +21,7 @@ LLAMA_WHEEL_DIR = $(EDGESPEC_CACHE)/wheels/llama-cpp-python-$(LLAMA_WHEEL_KEY)
 
 DEMO_PROMPT ?= Here is a Python function with a bug. Fix the bug and return the whole corrected function.\n\ndef mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / (len(xs) - 1)\n
 
-.PHONY: install models demo test test-fast test-slow native native-test native-sanitize fuzz-smoke bench-quick anchors clean
+.PHONY: install models demo test test-fast test-slow soak native native-test native-sanitize fuzz-smoke bench-quick anchors clean
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,13 @@ test: install
 
 test-slow: install
 	$(PY) -m pytest -q -m slow tests
+
+# edgespec serve under ten minutes of mixed requests, cancellations and disconnects (a
+# one-minute version runs in `make test`): no errors, RSS growth < 5%, nothing left running.
+SOAK_SECONDS ?= 600
+soak: install
+	$(EDGESPEC) models pull smollm2-135m
+	$(PY) tools/soak.py --seconds $(SOAK_SECONDS)
 
 native: install
 
