@@ -25,7 +25,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import grammar, sampling, verify
+from . import grammar, sampling, treepass, verify
 from .grammar import FORCED
 from .events import Control, Event, Finished, PrefillDone, RequestStarted, Step, TokenLogprob
 from .params import GenerationParams
@@ -94,6 +94,7 @@ class Pass:
     batch_rows: int = 0  # rows of the whole pass, when other sequences shared it
     expected: float = 1.0  # tokens the controller expects the pass to emit for this request
     declined: bool = False  # a proposer had a draft and the controller took a plain step
+    tree: object | None = None  # an edgespec.tree.DraftTree verified instead of draft (treepass)
 
     @property
     def tokens(self) -> list[int]:
@@ -146,7 +147,8 @@ class Loop:
                     break
                 t_c = time.perf_counter()
                 req.in_flight = True
-                rows = self.ctx.decode(ps.tokens, req.n_past, req.seq_id, logits=ps.logits)
+                rows = (treepass.decode(self, ps) if ps.tree is not None else
+                        self.ctx.decode(ps.tokens, req.n_past, req.seq_id, logits=ps.logits))
                 yield self.complete(ps, rows, time.perf_counter() - t_c)
             yield from self.end(req)
         finally:
@@ -255,14 +257,19 @@ class Loop:
                 t_draft += time.perf_counter() - t_b
                 if forced:
                     draft, used = Draft(tokens=forced, source=FORCED), FORCED
-        return Pass(req, draft, used if draft.tokens else None, t_draft, events,
-                    expected=expected, declined=declined)
+        ps = Pass(req, draft, used if draft.tokens else None, t_draft, events,
+                  expected=expected, declined=declined)
+        if load is None and draft.tokens and req.grammar is None:
+            treepass.plan(self, ps, limit)  # alone in its pass: a tree where one pays
+        return ps
 
     def complete(self, ps: Pass, rows: np.ndarray, verify_seconds: float) -> Step:
         """Verify a pass's rows (the target's logits at the pending token and each draft
         position), trim the rejected positions, and emit what was accepted."""
         from .control import Outcome
 
+        if ps.tree is not None:
+            return treepass.complete(self, ps, rows, verify_seconds)
         req, draft, used, t_draft = ps.req, ps.draft, ps.used, ps.draft_seconds
         n_acc, nxt = self._verify(req, draft, rows)
         req.n_past += 1 + n_acc
