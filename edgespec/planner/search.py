@@ -87,10 +87,11 @@ class _Search:
         self.target, self.draft, self.dev = target, draft, dev
         self.budgets, self.suffix_cap, self.gpu_cap = budgets, suffix_cap, gpu_cap
         self.speed_for, self.k_max = speed_for, k_max
+        self.sequences = 1  # --parallel: the context holds this many sequences of ctx cells
 
     def memory(self, ctx: int, kernel: KernelConfig, g_t: int, draft: ModelFacts | None, g_d: int,
                rows: int) -> MemoryEstimate:
-        return estimate_memory(self.target, n_ctx=ctx, kernel=kernel, n_gpu_layers=g_t, draft=draft,
+        return estimate_memory(self.target, n_ctx=ctx * self.sequences, kernel=kernel, n_gpu_layers=g_t, draft=draft,
                                draft_gpu_layers=g_d, verify_rows=rows, suffix_cap=self.suffix_cap,
                                isa=self.dev.isa)
 
@@ -262,6 +263,7 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
                            target_cal=tc, draft_cal=dc)
 
     search = _Search(target, draft, dev, budgets, suffix_cap, n_gpu_layers, speed_for, k_max)
+    search.sequences = base.parallel if base is not None else 1
     cands: list[Candidate] = []
     for kind, costly in _kinds(proposer, draft is not None):
         acc = acceptance_for(kind, target_name, draft_name) if kind != PLAIN else None
