@@ -174,7 +174,7 @@ class Engine:
              draft_gpu_layers: int = 0, adaptive: bool = True, control_settings=None,
              sinks: Sequence[StatsSink] = (), pull: bool = True,
              budget: str | int | None = None, exact: bool = False,
-             kernel: KernelConfig | None = None) -> "Engine":
+             kernel: KernelConfig | None = None, parallel: int = 1) -> "Engine":
         """Keyword form of :meth:`from_config`.
 
         ``exact=False`` (the default) is lossless: every emitted token is the target's
@@ -188,7 +188,7 @@ class Engine:
                            threads=threads, n_gpu_layers=n_gpu_layers,
                            draft_gpu_layers=draft_gpu_layers, adaptive=adaptive,
                            draft_len=draft_len, control=control_settings,
-                           budget=budget, pull=pull)
+                           budget=budget, pull=pull, parallel=parallel)
         return cls.from_config(cfg, sinks=sinks)
 
     def close(self) -> None:
