@@ -32,6 +32,7 @@ class BridgeTimes:
     steps: int = 0  # proposals made
     draft_tokens: int = 0  # tokens the draft model decoded while proposing
     target_tokens: int = 0  # target tokens proposed
+    ends: int = 0  # proposals ending in the target's end token mapped from the draft's
     draft_seconds: float = 0.0  # the draft model's decodes
     bridge_seconds: float = 0.0  # tokenize/detokenize/alignment, proposing and syncing
     # the same work in this thread's CPU time: what it costs, even where other processes
@@ -170,6 +171,7 @@ class BridgedSession:
         t.steps += 1
         t.draft_tokens += decoded + 1
         t.target_tokens += len(tokens)
+        t.ends += bool(tokens) and tokens[-1] == b.pending.end_token
         t.bridge_seconds += t_bridge
         t.bridge_cpu_seconds += c_bridge
         t.draft_seconds += (t_end - t0) - t_bridge
