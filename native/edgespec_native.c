@@ -718,6 +718,45 @@ static PyObject *Stats_lookup(NativeObject *self, PyObject *args) {
     return Py_BuildValue("(kik)", (unsigned long)e.total, (int)e.best, (unsigned long)e.best_count);
 }
 
+static PyObject *Stats_top(NativeObject *self, PyObject *args) {
+    NEED_INIT(self);
+    PyObject *gram;
+    int k;
+    if (!PyArg_ParseTuple(args, "Oi", &gram, &k)) return NULL;
+    if (k < 0 || k > ES_MAX_TREE_CHILDREN) {
+        PyErr_Format(PyExc_ValueError, "k must be in [0, %d] (got %d)", ES_MAX_TREE_CHILDREN, k);
+        return NULL;
+    }
+    tokens_t tb;
+    if (tokens_get(gram, &tb) < 0) return NULL;
+    if (tb.n < 1 || tb.n > ES_NGSTAT_MAX_N) {
+        tokens_release(&tb);
+        PyErr_Format(PyExc_ValueError, "an n-gram has 1 to %d tokens (got %zd)", ES_NGSTAT_MAX_N, tb.n);
+        return NULL;
+    }
+    int32_t toks[ES_MAX_TREE_CHILDREN];
+    uint32_t counts[ES_MAX_TREE_CHILDREN];
+    int32_t n = 0;
+    uint32_t total = 0;
+    lock_acquire(self->lock);
+    es_status st = es_ngstat_top(self->obj, tb.data, (int32_t)tb.n, k, toks, counts, &n, &total);
+    PyThread_release_lock(self->lock);
+    tokens_release(&tb);
+    if (st != ES_OK) return raise_status(st, "NgramStats.top");
+    PyObject *tt = tuple_of_tokens(toks, n);
+    PyObject *ct = tt ? PyTuple_New(n) : NULL;
+    for (int32_t i = 0; ct != NULL && i < n; i++) {
+        PyObject *v = PyLong_FromUnsignedLong(counts[i]);
+        if (v == NULL) Py_CLEAR(ct);
+        else PyTuple_SET_ITEM(ct, i, v);
+    }
+    if (ct == NULL) {
+        Py_XDECREF(tt);
+        return NULL;
+    }
+    return Py_BuildValue("(NNk)", tt, ct, (unsigned long)total);
+}
+
 static int64_t stats_ngrams_v(const void *s) { return es_ngstat_num_ngrams(s); }
 static int64_t stats_pairs_v(const void *s) { return es_ngstat_num_pairs(s); }
 static int64_t stats_decays_v(const void *s) { return es_ngstat_decays(s); }
@@ -729,6 +768,9 @@ static PyMethodDef Stats_methods[] = {
     CHECK_METHOD,
     {"begin", (PyCFunction)Stats_begin, METH_O,
      "begin(context): start a new sequence continuing context (not counted)."},
+    {"top", (PyCFunction)Stats_top, METH_VARARGS,
+     "top(gram, k) -> (tokens, counts, total): the k most frequent continuations, most "
+     "frequent first (ties: the lowest token); total is the n-gram's samples."},
     {"lookup", (PyCFunction)Stats_lookup, METH_VARARGS,
      "lookup(gram) -> None | (total, best, best_count); lookup(gram, token) -> count."},
     {"records", (PyCFunction)Stats_records, METH_NOARGS,

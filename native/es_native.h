@@ -257,6 +257,14 @@ es_status es_ngstat_lookup(const es_ngstat *s, const int32_t *gram, int32_t n,
 es_status es_ngstat_count(const es_ngstat *s, const int32_t *gram, int32_t n, int32_t token,
                           uint32_t *out);
 
+/* The k (<= ES_MAX_TREE_CHILDREN) most frequent continuations of gram[0..n)
+ * (ties: the lowest token), most frequent first: tokens[i], counts[i], *out_n of
+ * them, and *total the n-gram's samples (0, none, when it was never counted). A
+ * draft tree's alternatives at a position. Scans the pair table once: O(its
+ * slots), which the byte budget bounds; meant for the per-request context table. */
+es_status es_ngstat_top(const es_ngstat *s, const int32_t *gram, int32_t n, int32_t k,
+                        int32_t *tokens, uint32_t *counts, int32_t *out_n, uint32_t *total);
+
 int64_t es_ngstat_num_ngrams(const es_ngstat *s);
 int64_t es_ngstat_num_pairs(const es_ngstat *s);  /* (n-gram, continuation) counts */
 int64_t es_ngstat_decays(const es_ngstat *s);     /* how often the budget forced a decay */

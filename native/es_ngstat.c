@@ -422,6 +422,44 @@ es_status es_ngstat_count(const es_ngstat *s, const int32_t *gram, int32_t n, in
     return ES_OK;
 }
 
+es_status es_ngstat_top(const es_ngstat *s, const int32_t *gram, int32_t n, int32_t k,
+                        int32_t *tokens, uint32_t *counts, int32_t *out_n, uint32_t *total) {
+    if (out_n == NULL || total == NULL || k < 0 || k > ES_MAX_TREE_CHILDREN ||
+        (k > 0 && (tokens == NULL || counts == NULL)))
+        return ES_E_ARG;
+    es_status st = check_gram(s, gram, n);
+    if (st != ES_OK) return st;
+    *out_n = 0;
+    *total = 0;
+    const gram_t *g = lookup(s, gram, n);
+    if (g == NULL) return ES_OK;
+    *total = g->total;
+    uint32_t entry = (uint32_t)(g - s->grams) + 1;
+    int32_t have = 0;
+    /* one pass over the pair table (its size is bounded by the byte budget), keeping the
+     * k best in order: count descending, ties to the lowest token */
+    for (uint64_t i = 0; i <= s->pairs.mask && k > 0; i++) {
+        const pair_t *p = &pslots(s)[i];
+        if (p->gram != entry) continue;
+        int32_t at = have < k ? have++ : k;
+        if (at == k) {
+            if (!(p->count > counts[k - 1] || (p->count == counts[k - 1] && p->tok < tokens[k - 1])))
+                continue;
+            at = k - 1;
+        }
+        while (at > 0 && (p->count > counts[at - 1] ||
+                          (p->count == counts[at - 1] && p->tok < tokens[at - 1]))) {
+            tokens[at] = tokens[at - 1];
+            counts[at] = counts[at - 1];
+            at--;
+        }
+        tokens[at] = p->tok;
+        counts[at] = p->count;
+    }
+    *out_n = have;
+    return ES_OK;
+}
+
 es_status es_ngstat_export(const es_ngstat *s, int32_t *out, int64_t cap, int64_t *n) {
     if (s == NULL || n == NULL) return ES_E_ARG;
     *n = s->n_pairs;

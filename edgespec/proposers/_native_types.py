@@ -28,7 +28,7 @@ from ..native import (MAX_DEPTH, MAX_DRAFT, MAX_NGRAM, NGSTAT_MAX_N, NGSTAT_RECO
 from .base import EMPTY_DRAFT, Draft
 
 __all__ = ["NgramIndex", "NgramStats", "SuffixTree", "SuffixCursor", "DraftBar", "ngram_draft",
-           "speculate", "speculate_tree", "check_int", "check_fraction", "check_spec_params", "draft_from_native",
+           "speculate", "speculate_tree", "ngram_alternatives", "check_int", "check_fraction", "check_spec_params", "draft_from_native",
            "extend_or_drop"]
 
 #: the native source codes, by index (native/es_native.h ES_SRC_*)
@@ -157,6 +157,13 @@ class NgramStats:
     def lookup(self, gram: Tokens) -> tuple[int, int, int] | None:
         """(samples, most frequent continuation, its count) after ``gram``, or None."""
         return call_with_tokens(self._s.lookup, gram)
+
+    def top(self, gram: Tokens, k: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+        """The ``k`` most frequent continuations of ``gram`` (most frequent first, ties to
+        the lowest token), their counts, and the n-gram's samples. One scan of the table:
+        for the per-request context table, once per draft."""
+        check_int("k", k, 0, _native.MAX_TREE_CHILDREN)
+        return call_with_tokens(self._s.top, gram, k)
 
     def count(self, gram: Tokens, token: int) -> int:
         """How often ``token`` followed ``gram``."""
@@ -387,3 +394,48 @@ def speculate_tree(request: SuffixTree | None, cursor: SuffixCursor | None, max_
         request._t if request is not None else None, cursor._c if cursor is not None else None,
         max_tokens, float(factor), float(offset), float(min_prob), max_children)
     return DraftTree.from_parents(toks, parents, probs, SOURCES[src])
+
+
+def ngram_alternatives(context: NgramStats, history: Sequence[int], max_children: int,
+                       depth: int, min_count: int = 1, min_prob: float = 0.1
+                       ) -> list[tuple[tuple[int, ...], tuple[float, ...]]]:
+    """Other continuations the statistics saw at the next position: the most frequent
+    tokens after the longest n-gram of ``history`` counted at least ``min_count`` times,
+    each followed by its most frequent continuations (longest n-gram first) for up to
+    ``depth`` tokens while the path probability (the product of the shares) stays at or
+    above ``min_prob``. Returns (tokens, path probabilities) per alternative, most
+    probable first: a draft tree's branches where the first token is uncertain."""
+    check_int("max_children", max_children, 0, _native.MAX_TREE_CHILDREN)
+    hist = [int(t) for t in history]
+    top_n = context.max_n
+
+    def longest(h):
+        for n in range(min(top_n, len(h)), context.min_n - 1, -1):
+            e = context.lookup(h[len(h) - n:])
+            if e is not None and e[0] >= min_count:
+                return n, e
+        return 0, None
+
+    n, e = longest(hist)
+    if e is None or max_children == 0:
+        return []
+    toks, counts, total = context.top(hist[len(hist) - n:], max_children)
+    out = []
+    for x, c in zip(toks, counts):
+        prob = c / total
+        if prob < min_prob:
+            break
+        path, probs, h = [x], [prob], hist + [x]
+        while len(path) < depth:
+            _, e = longest(h)
+            if e is None:
+                break
+            q = prob * e[2] / e[0]
+            if q < min_prob:
+                break
+            prob = q
+            path.append(e[1])
+            probs.append(prob)
+            h.append(e[1])
+        out.append((tuple(path), tuple(probs)))
+    return out

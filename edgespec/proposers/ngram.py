@@ -32,7 +32,7 @@ from ..errors import InvalidInputError
 from ..native import MAX_DRAFT, MAX_NGRAM, NGSTAT_MAX_N, as_tokens
 from ..params import SamplingParams
 from ._native_types import (DraftBar, NgramIndex, NgramStats, check_fraction, check_int,
-                            extend_or_drop, ngram_draft)
+                            extend_or_drop, ngram_alternatives, ngram_draft)
 from .base import EMPTY_DRAFT, Draft
 from .ngram_stats import DynamicStats, stats_file
 
@@ -134,6 +134,31 @@ class NgramSession:
         if k <= 0 or self._closed or self._context is None:
             return EMPTY_DRAFT
         return ngram_draft(self._context, self._dynamic, k, self._p.bar)
+
+    def propose_tree(self, k: int, max_children: int = 4):
+        """The linear draft as the first branch, the statistics' other continuations of the
+        next position as the rest (see ``ngram_alternatives``): an
+        :class:`edgespec.tree.DraftTree` with path probabilities as confidence."""
+        from ..tree import DraftTree
+        lin = self.propose(k)
+        if self._closed or self._context is None or k <= 0:
+            return DraftTree((), ())
+        k = min(k, self._p.max_draft)
+        paths, confs = [], []
+        if lin.tokens:
+            run, probs = 1.0, []
+            for c in lin.confidence or (0.0,) * len(lin):
+                run *= c
+                probs.append(run)
+            paths.append(lin.tokens)
+            confs.append(tuple(probs))
+        history = [*self._prompt[-self._p.max_n:], *self._output][-self._p.max_n:]
+        for toks, probs in ngram_alternatives(self._context, history, max_children,
+                                              depth=max(1, k // max(1, max_children))):
+            if not lin.tokens or toks[0] != lin.tokens[0]:
+                paths.append(toks)
+                confs.append(probs)
+        return DraftTree.from_paths(paths, confs, source=lin.source or "context", max_nodes=k)
 
     def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None:
         if self._closed:

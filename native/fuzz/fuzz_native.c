@@ -337,6 +337,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             es_status st = es_ngstat_lookup(w.ctx, buf, n, &e, &found);
             if (st == ES_OK && found && (e.total < 1 || e.best_count < 1 || e.best_count > e.total || e.best < 0))
                 die("lookup", "inconsistent entry");
+            /* the alternatives agree with the entry: the best first, sorted, within the total */
+            int32_t k = byte(&in) % (ES_MAX_TREE_CHILDREN + 2), tn = 0;
+            int32_t tt[ES_MAX_TREE_CHILDREN + 1];
+            uint32_t tc[ES_MAX_TREE_CHILDREN + 1], total = 0;
+            es_status ts = es_ngstat_top(w.ctx, buf, n, k, tt, tc, &tn, &total);
+            if (ts == ES_OK) {
+                if (k > ES_MAX_TREE_CHILDREN || st != ES_OK) die("top", "accepted bad arguments");
+                if (total != (found ? e.total : 0u) || tn < 0 || tn > k) die("top", "bad total or count");
+                uint64_t sum = 0;
+                for (int32_t i = 0; i < tn; i++) {
+                    if (tt[i] < 0 || tc[i] < 1 || (i > 0 && (tc[i] > tc[i - 1] ||
+                        (tc[i] == tc[i - 1] && tt[i] <= tt[i - 1]))))
+                        die("top", "not sorted");
+                    sum += tc[i];
+                }
+                if (sum > total) die("top", "counts exceed the total");
+                if (found && k > 0 && (tn < 1 || tt[0] != e.best || tc[0] != e.best_count))
+                    die("top", "the first is not the entry's best");
+            } else if (ts != ES_E_ARG && ts != ES_E_RANGE) {
+                die("top", "unexpected status");
+            }
             break;
         }
         default: { /* invalid arguments must be refused, not crash */
@@ -349,6 +370,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (es_cursor_match_length(NULL, &ml) != ES_E_ARG) die("args", "cursor match");
             if (es_speculate(NULL, NULL, NULL, NULL) != ES_E_ARG) die("args", "speculate");
             if (es_speculate_tree(NULL, NULL, NULL, 1, NULL) != ES_E_ARG) die("args", "speculate_tree");
+            if (es_ngstat_top(w.ctx, buf, 1, 1, NULL, NULL, &n, NULL) != ES_E_ARG) die("args", "ngstat top");
             if (es_ngstat_extend(w.ctx, NULL, 4) != ES_E_ARG || es_ngstat_begin(w.ctx, buf, -1) != ES_E_ARG)
                 die("args", "ngstat extend");
             if (es_ngstat_draft(w.ctx, w.dyn, NULL, NULL) != ES_E_ARG) die("args", "ngstat draft");

@@ -133,3 +133,53 @@ def test_suffix_session_proposes_trees_whose_first_branch_is_its_draft():
     assert s.propose_tree(0).width == 0
     s.close(completed=False)
     assert s.propose_tree(4).width == 0
+
+
+# --- n-gram statistics: the alternatives at a position ---------------------------------------
+
+@settings(max_examples=150, deadline=None)
+@given(tokens=repetitive_stream(120, vocab=5), n=st.integers(1, 3), k=st.integers(0, 8),
+       at=st.integers(0, 200))
+def test_ngstat_top_matches_brute_force_counts(tokens, n, k, at):
+    from collections import Counter
+
+    from edgespec.proposers._native_types import NgramStats
+
+    s = NgramStats(1, 3, 1 << 22)
+    s.begin([])
+    s.extend(tokens)
+    if len(tokens) < n:
+        return
+    i = at % (len(tokens) - n + 1)
+    gram = tokens[i:i + n]
+    follow = Counter(tokens[j + n] for j in range(len(tokens) - n)
+                     if tokens[j:j + n] == gram)
+    want = sorted(follow.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+    toks, counts, total = s.top(gram, k)
+    assert list(zip(toks, counts)) == want
+    assert total == sum(follow.values())
+
+
+def test_ngstat_top_refuses_bad_k():
+    from edgespec.proposers._native_types import NgramStats
+
+    s = NgramStats(1, 2, 1 << 20)
+    with pytest.raises(InvalidInputError, match="k must be"):
+        s.top([1], _native.MAX_TREE_CHILDREN + 1)
+    assert s.top([1], 3) == ((), (), 0)
+
+
+def test_ngram_session_tree_keeps_its_linear_draft_first():
+    from edgespec.params import SamplingParams
+    from edgespec.proposers.ngram import NgramProposer
+
+    p = NgramProposer(use_dynamic=False)
+    s = p.open([1, 2, 3, 4, 9, 8, 1, 2, 3, 5, 9, 7, 1, 2, 3, 4, 9, 6, 1, 2, 3], SamplingParams())
+    draft = s.propose(8)
+    tree = s.propose_tree(8, 3)
+    assert draft.tokens == (4, 9)
+    assert tree.path_tokens(tree.path(tree.leaves[0])) == draft.tokens
+    assert tree.tokens == (4, 9, 5, 9) and tree.parents == (-1, 0, -1, 2)
+    assert tree.confidence == pytest.approx((2 / 3, 2 / 3, 1 / 3, 1 / 3))
+    s.close(completed=False)
+    assert s.propose_tree(8).width == 0
