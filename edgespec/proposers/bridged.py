@@ -124,7 +124,8 @@ class BridgedSession:
     def propose(self, k: int) -> Draft:
         b, ctx, o = self.bridge, self.owner.ctx, self.owner
         steps = int(k * o.max_ratio) + 2
-        if k <= 0 or self.disabled or not b.ready or len(b.tokens) + steps >= ctx.n_ctx:
+        if k <= 0 or self.disabled or not b.ready or not b.tokens or \
+                len(b.tokens) + steps >= ctx.n_ctx:
             b.begin()
             return EMPTY_DRAFT
         if self.kv_len >= len(b.tokens):  # the last token's logits are needed: feed it again
