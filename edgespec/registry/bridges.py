@@ -53,7 +53,7 @@ def check_pair(target, draft, version: str) -> PairSpec:
     named = [p for p in pairs if (p.target, p.draft) == (tn, dn)]
     if named:
         p = named[0]
-        changed = [f"{what} {name} (pinned {pin[:12]}, found {got[:12]})"
+        changed = [f"{what} {name} (vocabulary pinned {pin}, found {got})"
                    for what, name, pin, got in (("target", tn, p.target_vocab_sha256, tdig),
                                                 ("draft", dn, p.draft_vocab_sha256, ddig))
                    if pin != got]
