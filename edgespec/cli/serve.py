@@ -30,6 +30,14 @@ from .options import engine_config, engine_options
 @click.option("--model-id", default=None,
               help="The model id clients send (default: the target's registry name or file "
                    "stem).")
+@click.option("--cache-ram", "cache_ram_mib", type=click.IntRange(0), default=None,
+              help="MiB of RAM for earlier conversations' KV states (prefix reuse across "
+                   "clients; least recently used evicted first; 0 keeps none). Default: the "
+                   "engine's (256).")
+@click.option("--canary", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+              default=None, help="Fraction of each traffic slice's requests that run the plain "
+                                 "path as the baseline; a slice where speculation stops paying "
+                                 "runs plain until probes show it pays again (docs/identity.md).")
 @click.option("--drain-seconds", type=click.FloatRange(0), default=60.0, show_default=True,
               help="On SIGINT/SIGTERM, how long open requests may take to finish.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info",
@@ -37,7 +45,7 @@ from .options import engine_config, engine_options
 @handle_errors
 def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget, host,
           port, api_key, allow_remote, parallel, max_queue, max_tokens_limit, model_id,
-          drain_seconds, log_level):
+          cache_ram_mib, canary, drain_seconds, log_level):
     """Serve the target over an OpenAI-compatible HTTP API (chat, completions, models,
     health, metrics)."""
     from ..engine import Engine
@@ -56,6 +64,11 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
                               max_tokens_limit=max_tokens_limit).validate()
     engine = Engine.from_config(config)
     try:
+        if cache_ram_mib is not None:
+            _set_cache_ram(engine, cache_ram_mib << 20)
+        if canary is not None:
+            from ..control.guard import CanarySettings
+            engine.guard.configure_canary(CanarySettings(fraction=canary).validate())
         scheduler = Scheduler(engine, parallel=parallel, max_queue=max_queue)
         app = create_app(scheduler, engine, settings)
 
@@ -71,6 +84,14 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
         click.echo("edgespec serve: stopped (open requests finished)", err=True)
     finally:
         engine.close()
+
+
+def _set_cache_ram(engine, budget: int) -> None:
+    from ..errors import UnsupportedError
+    ram = getattr(getattr(engine, "kv_cache", None), "ram", None)
+    if ram is None:
+        raise UnsupportedError("this engine keeps no KV states in RAM; leave out --cache-ram")
+    ram.budget_bytes = budget
 
 
 def _model_ids(target: str, model_id: str | None) -> tuple[str, tuple[str, ...]]:

@@ -12,7 +12,10 @@ sequence at the next step.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+import re
+import threading
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -35,6 +38,12 @@ from .schemas import ChatCompletionRequest, CompletionRequest
 from .settings import ServerSettings
 
 log = logging.getLogger("edgespec.server")
+
+#: a request header naming the request's traffic slice (the goodput guard and the canary
+#: judge speculation per slice); without it the slice is the endpoint, "/json" added for
+#: structured output
+SLICE_HEADER = "x-edgespec-slice"
+_SLICE_NAME = re.compile(r"[A-Za-z0-9_.:/-]{1,64}")
 
 #: how often a non-streaming request checks that its client is still there
 _DISCONNECT_POLL_SECONDS = 0.5
@@ -76,10 +85,17 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
         prompt, params = completion_request(req, settings, engine.target.n_vocab)
         return await _generate(request, "completion", req, prompt, params)
 
+    slices = _Slices(settings.max_slices)
+    takes_traffic = "traffic" in inspect.signature(scheduler.submit).parameters
+
     async def _generate(request: Request, kind: str, req, prompt, params):
         bridge = _Bridge(asyncio.get_running_loop(), metrics)
+        extra = {}
+        traffic = slices.of(request.headers.get(SLICE_HEADER), kind, params)
+        if takes_traffic:
+            extra["traffic"] = traffic
         ticket = await run_in_threadpool(
-            lambda: scheduler.submit(prompt, params, on_event=bridge))
+            lambda: scheduler.submit(prompt, params, on_event=bridge, **extra))
         shape = Shape(kind, req.model, identity.short, engine.target.token_piece)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -178,6 +194,32 @@ async def _watch_disconnect(request: Request, ticket, gone: asyncio.Event) -> No
         await asyncio.sleep(_DISCONNECT_POLL_SECONDS)
     gone.set()
     ticket.cancel()
+
+
+class _Slices:
+    """Traffic slice names: checked, and bounded in number (the guard keeps state per
+    slice, so a client must not be able to grow it without limit)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def of(self, header: str | None, kind: str, params) -> str:
+        if header is None:
+            structured = params.json_mode or params.json_schema is not None
+            return kind + ("/json" if structured else "")
+        if not _SLICE_NAME.fullmatch(header):
+            raise APIError(400, f"the {SLICE_HEADER} header must be 1-64 characters of "
+                                "letters, digits and _.:/-", param=SLICE_HEADER,
+                           code="invalid_value")
+        with self._lock:
+            if header not in self.seen and len(self.seen) >= self.limit:
+                raise APIError(400, f"this server already tracks {self.limit} traffic slices; "
+                                    "reuse one of the names you sent before",
+                               param=SLICE_HEADER, code="too_many_slices")
+            self.seen.add(header)
+        return header
 
 
 class _Bridge:

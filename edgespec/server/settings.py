@@ -16,6 +16,7 @@ class ServerSettings:
     max_tokens_limit: int = 4096  # a request asking for more is refused (400), not cut
     max_body_bytes: int = MiB
     default_temperature: float = 1.0  # OpenAI's default when a request names none
+    max_slices: int = 64  # distinct traffic slice names clients may introduce (X-Edgespec-Slice)
 
     def validate(self) -> "ServerSettings":
         if not self.served_model:

@@ -240,3 +240,14 @@ def test_openai_client_raises_its_own_error_classes(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt="word " * 1500, max_tokens=4)
     assert e.value.code == "context_length_exceeded"
+
+
+def test_traffic_slice_header_is_checked(server, client):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            "temperature": 0.0}
+    status, _, raw = server.request("POST", "/v1/chat/completions", body,
+                                    {"X-Edgespec-Slice": "bad slice!"})
+    assert status == 400 and json.loads(raw)["error"]["param"] == "x-edgespec-slice"
+    status, _, raw = server.request("POST", "/v1/chat/completions", body,
+                                    {"X-Edgespec-Slice": "code-review"})
+    assert status == 200, raw
