@@ -435,6 +435,25 @@ class NothingAdmissible(Exception):
     """No token is admissible (nothing the grammar allows survives the sampling settings)."""
 
 
+def cut(state: GrammarState, draft, greedy: bool):
+    """The part of ``draft`` worth verifying under the grammar: its admissible prefix.
+
+    A draft that carries the distributions it was *sampled* from (a draft model under
+    sampling) keeps its first inadmissible token too. Verification rejects that token
+    (the masked target gives it no mass) and draws the position from the residual
+    max(0, p - q): that is what makes the emitted token distributed as p. Cutting it away
+    would draw the position from p instead, having already seen q put the draw outside
+    the grammar, and over-weight what q rarely proposes. A point-mass draft (n-gram,
+    suffix, forced literals) has residual p there, so cutting changes nothing; neither
+    does greedy verification.
+    """
+    from .control import truncate
+    n = state.admissible_prefix(draft.tokens)
+    if n < len(draft.tokens) and draft.probs is not None and not greedy:
+        n += 1
+    return truncate(draft, n)
+
+
 def choose(state: GrammarState, row: np.ndarray, history: Sequence[int], params,
            rng) -> int | None:
     """The plain path's constrained choice at one position (None: nothing admissible)."""

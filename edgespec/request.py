@@ -221,7 +221,7 @@ class Loop:
             cands = {n: s.propose(limit) for n, s in req.sessions.items()
                      if n not in req.costly and limit > 0}
             if req.grammar is not None:  # the controller sees only what the grammar admits
-                cands = {n: truncate(c, req.grammar.admissible_prefix(c.tokens))
+                cands = {n: grammar.cut(req.grammar, c, p.sampling.greedy)
                          for n, c in cands.items()}
             t_draft = time.perf_counter() - t_a
             # what can still be emitted: the max_tokens budget, or the context's room
@@ -248,7 +248,7 @@ class Loop:
                     t_b = time.perf_counter()
                     draft = req.sessions[used].propose(k)
                     if req.grammar is not None:
-                        draft = truncate(draft, req.grammar.admissible_prefix(draft.tokens))
+                        draft = grammar.cut(req.grammar, draft, p.sampling.greedy)
                     t_draft += time.perf_counter() - t_b
             if req.grammar is not None and not draft.tokens and limit > 0:
                 # a literal the grammar forces costs no proposer: draft it
