@@ -8,6 +8,7 @@ alternates between rounds so drift does not favour one side):
 
     edgespec        edgespec serve (the default: lossless speculation, adaptive, batched)
     edgespec-plain  edgespec serve --proposer none (its own plain batched throughput)
+    edgespec-exact  edgespec serve --exact (each pass within the probed invariant rows)
     llama-server    llama.cpp's server built by `make anchors` from the same llama.cpp
     llama-lookup    llama-server with its n-gram speculation (--spec-type ngram-cache)
 
@@ -55,6 +56,8 @@ def server_cmd(kind: str, model: Path, port: int, parallel: int, ctx: int, threa
                "--log-level", "warning", "--max-queue", "64"]
         if kind == "edgespec-plain":
             cmd += ["--proposer", "none"]
+        elif kind == "edgespec-exact":  # what the bitwise promise costs under concurrency
+            cmd += ["--exact"]
         return cmd
     # the kernels edgespec runs: flash attention with a Q8_0 KV cache, repacked weights,
     # one unified cell pool of parallel x ctx
