@@ -55,6 +55,11 @@ DEFAULT_RAM_BYTES = 256 << 20
 #: reused prefix ends, and the suffix starts, on a group boundary, so every position is
 #: computed as a prefill of the whole prompt from position 0 computes it
 ROW_GROUP = 4
+#: ... and a pass of fewer rows than this takes other kernels again (Qwen2.5 Q4_K, repacked:
+#: the rows of a 4-7 row pass differ from the same rows in a long pass; 8 and more agree,
+#: tests/integration/test_kv_refresh_real.py probes it). In exact mode a prefill computes at
+#: least this many rows, and only the rows of passes this long count as prefill-written
+MIN_PASS = 8
 #: positions one refresh pass prefills: a multiple of ROW_GROUP, large enough for the gemm
 #: kernels' throughput, small enough that a cancel waits well under a second
 REFRESH_CHUNK = 64
@@ -188,14 +193,14 @@ class PrefixCache:
         if reuse:
             n = min(common_prefix(self.held, prompt), len(prompt) - 1)
             if exact:
-                n = _aligned(min(n, self.prefilled))
+                n = _aligned(max(0, min(n, self.prefilled, len(prompt) - MIN_PASS)))
             if self.ram is not None:
                 if self.conversation and len(self.held) - n >= SAVE_MIN_DROPPED:
                     self.save()
                 entry, m = self.ram.best(prompt)
                 m = min(m, len(prompt) - 1)
                 if exact and entry is not None:
-                    m = _aligned(min(m, entry.prefilled))
+                    m = _aligned(max(0, min(m, entry.prefilled, len(prompt) - MIN_PASS)))
                 if entry is not None and m > n:
                     n, restored = self._restore(entry, m), True
         elif self.ram is not None and self.conversation and len(self.held) >= SAVE_MIN_DROPPED:
@@ -207,15 +212,18 @@ class PrefixCache:
             elif n < len(self.held):
                 self.ctx.trim(self.seq_id, n)
             self.held = prompt[:n]
-            self.prefilled = min(self.prefilled, n)
+            written = min(self.prefilled, n)  # what of the reused prefix a prefill wrote
+            self.prefilled = written
             logits = self.ctx.decode(prompt[n:], n, self.seq_id, logits="last")
         except BaseException:
             self.invalidate()
             raise
         self.held = prompt
         self.conversation = reuse
-        # positions this prefill computed in whole row groups, aligned as a prefill from 0
-        self.prefilled = _aligned(len(prompt)) if n % ROW_GROUP == 0 else _aligned(n)
+        # this pass extends the prefill-written extent when it continues it on a row-group
+        # boundary (the rows are then grouped as in a prefill from position 0)
+        self.prefilled = (self._marked(n, len(prompt)) if written == n and n % ROW_GROUP == 0
+                          else _aligned(written))
         return Prefill(logits=logits, reused=n, computed=len(prompt) - n, restored=restored)
 
     def commit(self, tokens: Sequence[int]) -> None:
@@ -224,7 +232,7 @@ class PrefixCache:
         self.prefilled = min(self.prefilled, len(self.held))
 
     def refresh(self, stop: Callable[[], bool] = lambda: False,
-                chunk: int = REFRESH_CHUNK) -> int:
+                chunk: int | None = None) -> int:
         """Prefill the held positions no prefill wrote (the last answer's), so exact mode
         reuses them; returns how many positions are now prefill-written that were not.
 
@@ -236,25 +244,46 @@ class PrefixCache:
         sequence must stay contiguous) but stay unmarked: a row group they would share with
         the next turn's tokens is not complete yet.
         """
+        chunk = REFRESH_CHUNK if chunk is None else chunk
         if chunk <= 0 or chunk % ROW_GROUP:
             raise EdgespecError(f"a refresh chunk is a positive multiple of {ROW_GROUP} "
                                 f"positions (got {chunk})")
-        tokens, start = list(self.held), _aligned(self.prefilled)
-        if _aligned(len(tokens)) <= start:
+        tokens = list(self.held)
+        end = _aligned(len(tokens))
+        if end <= self.prefilled:
             return 0
+        before = self.prefilled
+        # a pass shorter than MIN_PASS marks nothing: start early enough for one that long
+        start = max(0, min(_aligned(self.prefilled), _aligned(len(tokens) - MIN_PASS)))
+        chunk = max(MIN_PASS, min(chunk, _aligned(self.ctx.n_batch) - MIN_PASS))
         pos = start
         try:
             self.ctx.trim(self.seq_id, start)
-            self.held, self.prefilled = tokens[:start], start
+            self.held, self.prefilled = tokens[:start], min(self.prefilled, start)
             while pos < len(tokens) and not stop():
                 n = min(chunk, len(tokens) - pos)
+                if len(tokens) - pos - n < MIN_PASS:  # no short pass at the end
+                    n = len(tokens) - pos
                 self.ctx.decode(tokens[pos:pos + n], pos, self.seq_id, logits="none")
+                self.held = tokens[:pos + n]
+                if self.prefilled == pos:
+                    self.prefilled = self._marked(pos, pos + n)
                 pos += n
-                self.held, self.prefilled = tokens[:pos], _aligned(pos)
         except BaseException:
             self.invalidate()
             raise
-        return self.prefilled - start
+        return max(0, self.prefilled - before)
+
+    def _marked(self, pos0: int, end: int) -> int:
+        """The prefill-written extent after a prefill of positions pos0..end-1 that continues
+        one ending at pos0 (a row-group boundary): its whole row groups, except those of a
+        pass shorter than MIN_PASS (the context splits a long input into n_batch passes)."""
+        n = end - pos0
+        n_batch = getattr(self.ctx, "n_batch", n) or n
+        last = n - (n - 1) // n_batch * n_batch if n else 0  # the final pass's rows
+        if last < MIN_PASS:
+            end -= last
+        return max(pos0, _aligned(end))
 
     def invalidate(self) -> None:
         """Forget what the sequence holds (after an error left it unknown)."""

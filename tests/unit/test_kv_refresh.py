@@ -8,7 +8,7 @@ import pytest
 
 from edgespec.conversation import Conversation
 from edgespec.errors import EdgespecError
-from edgespec.kvcache import ROW_GROUP, PrefixCache, StateCache
+from edgespec.kvcache import MIN_PASS, ROW_GROUP, PrefixCache, StateCache, common_prefix
 from edgespec.params import GenerationParams
 from fakes import BOS, Decode, FakeModel, KVMismatch, fake_engine
 from fakes.backend import BANG, HASH
@@ -42,9 +42,32 @@ def test_refresh_prefills_the_answer_from_the_last_group_boundary_in_aligned_chu
     assert all(d.pos0 % ROW_GROUP == 0 for d in passes)
     assert ctx.tokens() == held == kv.held and kv.prefilled == 72
     # the next exact turn reuses every refreshed position and computes only its own tokens
-    nxt = held + [BANG, HASH, BANG]
+    nxt = held + [BANG, HASH] * 4 + [BANG]
     pre = kv.prefill(nxt, exact=True)
-    assert pre.reused == 72 and pre.computed == 3
+    assert pre.reused == 72 and pre.computed == 9
+    # a pass shorter than MIN_PASS takes other kernels: a short suffix starts earlier
+    kv.commit(held)
+    ctx.trim(0, len(held))
+    assert kv.prefill(held + [BANG, HASH, BANG], exact=True).computed == MIN_PASS + 3
+    assert kv.prefilled == 72  # that pass was MIN_PASS rows or more
+
+
+def test_passes_shorter_than_min_pass_mark_nothing():
+    ctx = FakeModel().new_context(n_ctx=512, n_batch=64)
+    kv = PrefixCache(ctx)
+    kv.prefill(PROMPT[:7])
+    assert kv.prefilled == 0
+    kv.prefill(PROMPT[:16])  # not exact: reuses the 7, computes 9 from an unaligned start
+    assert kv.prefilled == 0
+    kv.prefill(PROMPT[:40], reuse=False)
+    assert kv.prefilled == 40
+    kv.prefill(PROMPT[:40] + [BANG] * 6)  # a 6-row pass at 40 adds nothing
+    assert kv.prefilled == 40
+    kv.prefill(PROMPT[:40] + [BANG] * 16, exact=True)  # recomputes from 40: 16 rows
+    assert kv.prefilled == 56
+    # the context splits a long input into n_batch passes: a short last one is not marked
+    kv.prefill(PROMPT[:8] * 8 + [BANG] * 4, reuse=False)  # 68 = 64 + a pass of 4
+    assert kv.prefilled == 64
 
 
 def test_the_tail_past_the_last_boundary_is_prefilled_but_not_marked():
@@ -52,7 +75,7 @@ def test_the_tail_past_the_last_boundary_is_prefilled_but_not_marked():
     assert kv.refresh(chunk=64) == 72 - 40
     assert ctx.decodes[-1] == Decode(tuple(kv.held[40:]), 40, 0, "none")
     assert len(kv.held) == 73 and kv.prefilled == 72
-    assert kv.prefill(kv.held + [BANG], exact=True).reused == 72
+    assert kv.prefill(kv.held + [BANG] * 8, exact=True).reused == 72
 
 
 def test_a_stopped_refresh_keeps_what_it_refreshed_and_the_next_turn_prefills_the_rest():
@@ -107,13 +130,16 @@ def test_settle_in_exact_mode_makes_the_next_turn_reuse_the_answer_and_match_a_f
     eng = fake_engine(FakeModel(chat_template=TEMPLATE), {}, n_ctx=512, exact=True)
     params = GenerationParams(max_tokens=24)
     conv = Conversation(eng, params=params)
-    t1 = conv.ask("x")
-    held = len(eng.kv_cache.held)
-    assert conv.settle() > 0 and conv.turns[-1].refreshed == held - held % ROW_GROUP - (
-        t1.stats.prompt_tokens - t1.stats.prompt_tokens % ROW_GROUP)
-    assert eng.kv_cache.prefilled == held - held % ROW_GROUP
+    conv.ask("x")
+    held, before = list(eng.kv_cache.held), eng.kv_cache.prefilled
+    end = len(held) - len(held) % ROW_GROUP
+    assert conv.settle() == end - before == conv.turns[-1].refreshed > 0
+    assert eng.kv_cache.prefilled == end
+    prompt2 = eng.prompt_tokens([*conv.history(), {"role": "user", "content": "ab"}], params)
     t2 = conv.ask("ab")
-    assert t2.stats.prompt_reused == held - held % ROW_GROUP
+    # everything held, but for the last MIN_PASS positions (a pass that long is recomputed)
+    shared = min(common_prefix(held, prompt2), len(prompt2) - MIN_PASS)
+    assert t2.stats.prompt_reused == shared - shared % ROW_GROUP > before
     ref = fake_engine(FakeModel(chat_template=TEMPLATE), {}, n_ctx=512, exact=True).generate(
         conv.history()[:-1], params)
     assert ref.text == t2.text

@@ -282,23 +282,24 @@ def test_exact_reuse_stops_where_decode_passes_wrote_the_kv():
     kv.prefill(prompt)
     ctx.decode([HASH, BANG, HASH], len(prompt), 0)  # an answer, written by decode steps
     kv.commit(ctx.tokens())
-    nxt = ctx.tokens() + [BANG]
+    nxt = ctx.tokens() + [BANG] * 8  # a new message of at least kvcache.MIN_PASS tokens
     assert kv.prefill(nxt, exact=True).reused == len(prompt)
     assert kv.prefill(nxt, exact=False).reused == len(nxt) - 1
     # a prefix that ends inside a row group is reused up to the group's start
     kv.invalidate()
     kv.prefill(prompt[:42])
-    assert kv.prefilled == 40 and kv.prefill(prompt, exact=True).reused == 40
-    assert kv.prefilled == 44  # that prefill started on a group boundary
+    p2 = prompt + [BANG, HASH, BANG, HASH]  # 48 tokens
+    assert kv.prefilled == 40 and kv.prefill(p2, exact=True).reused == 40
+    assert kv.prefilled == 48  # that prefill started on a group boundary
     assert ROW_GROUP == 4
     # a RAM entry remembers how much of it a prefill wrote
-    ctx.decode([BANG, HASH, BANG], len(prompt), 0)
+    ctx.decode([BANG, HASH, BANG], len(p2), 0)
     kv.commit(ctx.tokens())
     long_a = ctx.tokens()
     kv.prefill([BOS] + [A] * 40)  # another conversation: a's state goes to RAM
     (entry,) = kv.ram.entries()
-    assert entry.prefilled == 44
-    assert kv.prefill(long_a + [BANG], exact=True).reused == 44
+    assert entry.prefilled == 48
+    assert kv.prefill(long_a + [BANG] * 8, exact=True).reused == 48
     assert kv.prefill(long_a + [BANG], exact=False).reused == len(long_a)
 
 
