@@ -266,6 +266,8 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
     search.sequences = base.parallel if base is not None else 1
     cands: list[Candidate] = []
     for kind, costly in _kinds(proposer, draft is not None):
+        if proposer == AUTO and costly and _bridged(kind) and draft.n_vocab == target.n_vocab:
+            continue  # a draft sharing the vocabulary needs no bridge: not a choice to weigh
         acc = acceptance_for(kind, target_name, draft_name) if kind != PLAIN else None
         bad = _draft_incompatibility(target, draft, kind) if costly else ""
         cands.append(Candidate(kind, False, acceptance=acc, note=bad) if bad else

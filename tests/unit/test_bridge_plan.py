@@ -26,8 +26,9 @@ def test_a_cross_vocabulary_draft_is_a_bridge_candidate_not_a_draft_one():
 
 def test_a_same_vocabulary_draft_needs_no_bridge():
     by = _by(planner.plan(QWEN_15, QWEN_05, device=cpu()))
-    assert by["draft"].fits
-    assert not by["bridge"].fits and "needs no bridge" in by["bridge"].note
+    assert by["draft"].fits and "bridge" not in by  # not weighed under auto
+    asked = _by(planner.plan(QWEN_15, QWEN_05, device=cpu(), proposer="ngram+bridge"))
+    assert not asked["bridge"].fits and "needs no bridge" in asked["bridge"].note
 
 
 def test_the_bridge_costs_more_than_the_same_draft_without_it():
