@@ -4,12 +4,17 @@ Each turn reuses the KV cache of the conversation so far and prefills only the n
 message. Commands: /stats, /reset, /save NAME, /load NAME, /system TEXT, /quit.
 Ctrl-C cancels the current turn, not the conversation. When stdin is not a terminal,
 each line is one user message (or command); with --json each turn prints one record.
+
+With --exact, the answer's KV is prefilled again after each turn (Conversation.settle), so
+the next turn reuses it: in a terminal while you type (your next message stops it), from a
+pipe before the next line is read.
 """
 from __future__ import annotations
 
 import json
 import signal
 import sys
+import threading
 import warnings
 from contextlib import contextmanager
 
@@ -58,8 +63,11 @@ def chat(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, bu
         interactive = sys.stdin.isatty()
         if interactive:
             ui.note(f"{engine.target_name} · proposer {engine.default_proposer} · {HELP}")
+        settle = None  # the conversation whose last turn still has idle-time work
         while True:
-            line = _read(interactive)
+            with _settling(settle, background=interactive, ui=ui):
+                line = _read(interactive)
+            settle = None
             if line is None:
                 break
             line = line.strip()
@@ -72,6 +80,7 @@ def chat(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, bu
                 continue
             try:
                 _turn(conv, line, engine, ui)
+                settle = conv
             except EdgespecError as e:  # a refused message ends the turn, not the chat
                 ui.error(str(e))
     finally:
@@ -86,6 +95,36 @@ def _read(interactive: bool) -> str | None:
         return line if line else None
     except EOFError:
         return None
+
+
+@contextmanager
+def _settling(conv, background: bool, ui: "_Ui"):
+    """The idle-time work of the last turn (Conversation.settle: exact mode's KV refresh),
+    while the next message is read: on a thread that the message stops between chunks, or
+    (stdin not a terminal, the message already waiting) before reading it."""
+    if conv is None:
+        yield
+        return
+    if not background:
+        _settle(conv, None, ui)
+        yield
+        return
+    stop = threading.Event()
+    worker = threading.Thread(target=_settle, args=(conv, stop.is_set, ui),
+                              name="edgespec-kv-refresh", daemon=True)
+    worker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        worker.join()
+
+
+def _settle(conv, stop, ui: "_Ui") -> None:
+    try:
+        conv.settle(stop)
+    except EdgespecError as e:  # the next turn prefills what the refresh could not
+        ui.error(f"warning: the KV refresh failed ({e}); the next turn prefills the answer")
 
 
 @contextmanager
