@@ -10,11 +10,11 @@ from tools.soak import ServeProcess
 
 @pytest.fixture(scope="session")
 def server(model_path):
-    """The main server: exact mode (greedy output equals the plain path's, alone or under
-    concurrency), the free proposers, room for 8 queued requests."""
+    """The main server: four sequences batched in exact mode (greedy output equals the
+    plain path's, alone or under concurrency), the free proposers, 8 queued requests."""
     model_path(MODEL)  # pulled before the server needs it
-    with ServeProcess(base_args("--proposer", "ngram+suffix", "--exact", "--max-queue", "8",
-                                "--max-tokens-limit", "512")) as s:
+    with ServeProcess(base_args("--proposer", "ngram+suffix", "--exact", "--parallel", "4",
+                                "--max-queue", "8", "--max-tokens-limit", "512")) as s:
         yield s
 
 

@@ -120,8 +120,9 @@ def test_response_format_json_object_and_schema(client):
     jsonschema.validate(json.loads(r.choices[0].message.content), schema)
 
 
-def test_concurrent_clients_equal_their_requests_alone(client):
-    """--exact: four clients at once each get exactly what their request gets alone."""
+def test_concurrent_clients_equal_their_requests_alone(client, server):
+    """--exact --parallel 4: four clients at once (their sequences batched in one pass)
+    each get exactly what their request gets alone."""
     prompts = ["Name three colours.", "What is 2 + 2?", "Write a haiku about rain.",
                "List two fruits."]
     alone = [chat(client, p, max_tokens=24, **GREEDY).choices[0].message.content
@@ -139,9 +140,13 @@ def test_concurrent_clients_equal_their_requests_alone(client):
     threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
+    running = 0
+    while any(t.is_alive() for t in threads):
+        running = max(running, server.health()["running"])
     for t in threads:
         t.join(120)
     assert not errors
+    assert running >= 2  # they really ran together
     assert together == alone
 
 
