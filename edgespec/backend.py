@@ -756,3 +756,53 @@ def check_tree(tokens, positions, seq_ids_per_token, logits_mask, n_ctx: int, n_
                 any(not 0 <= s < n_seq_max for s in seqs):
             raise EdgespecError(f"each token needs distinct sequence ids in 0..{n_seq_max - 1} "
                                 f"(got {tuple(seqs)})")
+
+
+# --- benchmark anchor: llama-cpp-python's prompt cache across conversation turns ----------
+class RamCacheAnchor:
+    """llama-cpp-python's high-level ``Llama`` with ``LlamaRAMCache``, the prompt cache its users
+    reuse a conversation's KV with, for tools/bench_turn2.py. ``complete`` streams a
+    completion of a token prompt and returns (text, seconds to the first token, seconds in
+    all); ``reset`` forgets the context's own tokens, so the next prompt's prefix can come
+    only from the RAM cache."""
+
+    def __init__(self, llm, cache) -> None:
+        self._llm, self.cache = llm, cache
+
+    def complete(self, prompt_tokens: Sequence[int], max_tokens: int) -> tuple[str, float, float]:
+        import time
+
+        t0 = time.perf_counter()
+        first, pieces = None, []
+        try:
+            for chunk in self._llm.create_completion(prompt=list(prompt_tokens),
+                                                     max_tokens=max_tokens, temperature=0.0,
+                                                     top_k=1, repeat_penalty=1.0, stream=True):
+                first = time.perf_counter() - t0 if first is None else first
+                pieces.append(chunk["choices"][0]["text"])
+        except (ValueError, RuntimeError) as e:
+            raise EdgespecError(f"llama-cpp-python's completion failed: {e}") from None
+        total = time.perf_counter() - t0
+        return "".join(pieces), first if first is not None else total, total
+
+    def reset(self) -> None:
+        self._llm.reset()
+
+    def close(self) -> None:
+        self._llm.close()
+
+
+def anchor_ram_cache_llama(model_path: str | os.PathLike, n_ctx: int, threads: int | None,
+                           capacity_bytes: int = 2 << 30) -> RamCacheAnchor:
+    """Load the RAM-cache anchor (its own context of ``n_ctx`` tokens, beside the engine's)."""
+    _ensure_init()
+    threads = threads or default_threads()
+    try:
+        llm = _ll.Llama(model_path=str(model_path), n_ctx=n_ctx, n_threads=threads,
+                        n_threads_batch=threads, verbose=False)
+    except (ValueError, RuntimeError) as e:
+        raise ModelError(f"llama-cpp-python could not load {model_path} for the RAM-cache "
+                         f"anchor: {e}") from None
+    cache = _ll.LlamaRAMCache(capacity_bytes=capacity_bytes)
+    llm.set_cache(cache)
+    return RamCacheAnchor(llm, cache)
