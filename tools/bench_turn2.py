@@ -1,0 +1,163 @@
+"""Turn-2 time to first token of the two-turn MT-bench questions in Spec-Bench: with prefix reuse
+(default mode; --exact without and with the idle-time KV refresh), without reuse, and
+llama-cpp-python's LlamaRAMCache on the same questions, interleaved per question in one process.
+
+    nice -n 19 .venv/bin/python tools/bench_turn2.py --target qwen-1.5b --threads 1 \\
+        --questions 10 --answer-tokens 128 --out turn2.json
+
+Per question: turn 1 is answered once (greedy, exact: the plain path's answer) and the
+target's KV state after it is kept; each configuration starts from that state (restored with
+llama.cpp's sequence state API) and asks turn 2:
+
+    none            the whole conversation prefilled (reuse off)
+    default         reuse of everything the KV holds (the default, lossless mode)
+    exact           --exact: reuse of prefill-written positions only (the answer is prefilled)
+    exact+refresh   --exact after Conversation.settle's refresh of the answer (timed apart:
+                    it runs while the user reads the answer, before the next message)
+    llama-cpp-python   its own greedy turn 1, then ``reset()`` and turn 2, whose prefix can
+                    only come from LlamaRAMCache (backend.anchor_ram_cache_llama)
+
+The configurations' order rotates per question. ``--check-tokens`` greedy tokens of turn 2 are
+generated for none, default and exact+refresh: exact+refresh must equal none.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from edgespec import Engine, GenerationParams, backend, registry
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = ("none", "default", "exact", "exact+refresh")
+
+
+def questions(n: int) -> list[dict]:
+    rows = [json.loads(line) for line in open(ROOT / "data" / "spec_bench_question.jsonl",
+                                              encoding="utf-8")]
+    return [r for r in rows if len(r.get("turns", ())) >= 2][:n]
+
+
+def turn2(eng: Engine, mode: str, msgs: list[dict], snapshot, check: int) -> dict:
+    """One configuration's turn 2 from the state turn 1 left."""
+    kv = eng.kv_cache
+    tokens, state, prefilled = snapshot
+    kv.invalidate()
+    refresh_s = 0.0
+    if mode != "none":
+        assert kv.adopt(tokens, state, prefilled), "the turn-1 state was refused"
+    if mode == "exact+refresh":
+        t0 = time.perf_counter()
+        eng.refresh_kv(exact=True)
+        refresh_s = time.perf_counter() - t0
+    n = 1 if mode == "exact" else check
+    r = eng.generate(msgs, GenerationParams(max_tokens=max(n, 1)), reuse=mode != "none",
+                     exact=mode != "default")
+    s = r.stats
+    return {"ttft": s.ttft_seconds, "reused": s.prompt_reused, "prompt": s.prompt_tokens,
+            "refresh_seconds": refresh_s, "tokens": list(r.tokens) if n > 1 else None}
+
+
+def anchor_turn2(anchor, eng: Engine, q: dict, answer_tokens: int) -> dict:
+    p = GenerationParams(max_tokens=answer_tokens)
+    msgs1 = [{"role": "user", "content": q["turns"][0]}]
+    anchor.reset()
+    answer, _, _ = anchor.complete(eng.prompt_tokens(msgs1, p), answer_tokens)
+    msgs2 = [*msgs1, {"role": "assistant", "content": answer.strip()},
+             {"role": "user", "content": q["turns"][1]}]
+    prompt2 = eng.prompt_tokens(msgs2, p)
+    anchor.reset()  # the prefix can only come from the RAM cache now
+    _, ttft, _ = anchor.complete(prompt2, 1)
+    return {"ttft": ttft, "prompt": len(prompt2)}
+
+
+def summary(rows: list[dict]) -> dict:
+    def ratios(num: str, den: str) -> list[float]:
+        return [r[num]["ttft"] / r[den]["ttft"] for r in rows if num in r and den in r]
+
+    out = {}
+    for den in ("default", "exact", "exact+refresh", "llama-cpp-python"):
+        xs = ratios("none", den)
+        if xs:
+            out[f"none/{den}"] = {"median": statistics.median(xs), "min": min(xs),
+                                  "max": max(xs), "geomean": statistics.geometric_mean(xs)}
+    for mine in ("default", "exact+refresh"):
+        xs = ratios("llama-cpp-python", mine)
+        if xs:
+            out[f"llama-cpp-python/{mine}"] = {"median": statistics.median(xs),
+                                               "min": min(xs), "max": max(xs)}
+    checked = [r for r in rows if r["none"].get("tokens")]
+    out["exact+refresh identical to none"] = (
+        f"{sum(r['exact+refresh']['tokens'] == r['none']['tokens'] for r in checked)}"
+        f"/{len(checked)}")
+    out["default identical to none"] = (
+        f"{sum(r['default']['tokens'] == r['none']['tokens'] for r in checked)}/{len(checked)}")
+    out["median ttft seconds"] = {m: statistics.median(r[m]["ttft"] for r in rows)
+                                  for m in (*OURS, "llama-cpp-python") if m in rows[0]}
+    out["median refresh seconds"] = statistics.median(
+        r["exact+refresh"]["refresh_seconds"] for r in rows)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="qwen-1.5b")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--questions", type=int, default=80, help="first N two-turn questions")
+    ap.add_argument("--answer-tokens", type=int, default=128, help="turn-1 answer cap")
+    ap.add_argument("--check-tokens", type=int, default=16,
+                    help="turn-2 tokens generated to compare outputs (1: TTFT only)")
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--no-anchor", action="store_true", help="skip llama-cpp-python")
+    ap.add_argument("--out", type=Path, default=None, help="JSON with every question's figures")
+    a = ap.parse_args()
+
+    eng = Engine.load(a.target, proposer="ngram+suffix", n_ctx=a.ctx, threads=a.threads)
+    eng.kv_cache.ram.budget_bytes = 0  # each configuration starts from the turn-1 state only
+    anchor = None if a.no_anchor else backend.anchor_ram_cache_llama(
+        registry.resolve(a.target), a.ctx, a.threads)
+    modes = [*OURS, *([] if anchor is None else ["llama-cpp-python"])]
+    print(f"target {a.target}, threads {eng.ctx.n_threads}, proposer {eng.default_proposer}, "
+          f"{a.answer_tokens}-token turn-1 answers, configurations {', '.join(modes)}",
+          flush=True)
+    rows = []
+    try:
+        for i, q in enumerate(questions(a.questions)):
+            p = GenerationParams(max_tokens=a.answer_tokens)
+            msgs1 = [{"role": "user", "content": q["turns"][0]}]
+            eng.kv_cache.invalidate()
+            t1 = eng.generate(msgs1, p, reuse=True, exact=True)
+            kv = eng.kv_cache
+            snapshot = (list(kv.held), eng.ctx.state_get(0), kv.prefilled)
+            msgs2 = [*msgs1, {"role": "assistant", "content": t1.text},
+                     {"role": "user", "content": q["turns"][1]}]
+            row = {"question_id": q["question_id"], "category": q["category"],
+                   "answer_tokens": len(t1.tokens)}
+            k = i % len(modes)
+            for mode in modes[k:] + modes[:k]:
+                row[mode] = (anchor_turn2(anchor, eng, q, a.answer_tokens)
+                             if mode == "llama-cpp-python"
+                             else turn2(eng, mode, msgs2, snapshot, a.check_tokens))
+            rows.append(row)
+            cells = "  ".join(f"{m} {row[m]['ttft'] * 1000:.0f} ms"
+                              + (f" ({row[m]['reused']}/{row[m]['prompt']})" if "reused" in row[m]
+                                 else "") for m in modes)
+            same = row["exact+refresh"]["tokens"] == row["none"]["tokens"]
+            print(f"q{q['question_id']} {q['category']}: {cells}  refresh "
+                  f"{row['exact+refresh']['refresh_seconds'] * 1000:.0f} ms  exact+refresh "
+                  f"{'=' if same else '!='} none", flush=True)
+    finally:
+        if anchor is not None:
+            anchor.close()
+        eng.close()
+    result = summary(rows)
+    print(json.dumps(result, indent=2))
+    if a.out is not None:
+        a.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
+                                     "summary": result, "questions": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
