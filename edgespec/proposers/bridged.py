@@ -78,6 +78,10 @@ class BridgedDraftProposer:
         self.ratio = 1.2  # draft tokens per target token of the same text (running estimate)
         self.times = BridgeTimes()  # over the proposer's life
         self.last = BridgeTimes()  # the last closed session
+        #: set per request by the engine: start from the longest prefix the KV cache holds
+        self.reuse_prefix = False
+        self._held: list[int] = []  # the draft tokens its KV cache holds between requests
+        self.last_reused = 0
         self._busy = False
 
     def open(self, prompt_tokens: Sequence[int], sampling: SamplingParams) -> "BridgedSession":
@@ -111,14 +115,24 @@ class BridgedSession:
         self.times.bridge_cpu_seconds += time.thread_time() - c0
         self.times.bridge_seconds += time.perf_counter() - t0
         ctx = owner.ctx
-        ctx.clear()
         toks = self.bridge.tokens
         # a prompt the draft's context cannot hold (its tokenizer may need more tokens than
         # the target's) leaves the request to the other proposers: nothing is drafted
         self.disabled = len(toks) + 8 >= ctx.n_ctx
-        self.kv_len = 0
-        if not self.disabled and len(toks) > 1:
-            ctx.decode(toks[:-1], 0, logits="none")  # prefill now: part of the TTFT
+        # a conversation's next turn starts with the draft tokens of the last one (the last
+        # prompt token is fed with the first proposal, so it is never reused)
+        from ..kvcache import common_prefix
+        n = min(common_prefix(owner._held, toks), max(len(toks) - 1, 0)) \
+            if owner.reuse_prefix and not self.disabled else 0
+        owner._held = []
+        if n == 0:
+            ctx.clear()
+        else:
+            ctx.trim(0, n)
+        owner.last_reused = n
+        self.kv_len = n
+        if not self.disabled and len(toks) - 1 > n:
+            ctx.decode(toks[n:-1], n, logits="none")  # prefill now: part of the TTFT
             self.kv_len = len(toks) - 1
 
     def propose(self, k: int) -> Draft:
@@ -197,6 +211,13 @@ class BridgedSession:
             self.disabled = True
 
     def close(self, completed: bool) -> None:  # noqa: ARG002
+        # the KV keeps exactly bridge.tokens[:kv_len] for the next request to reuse
+        try:
+            n = min(self.kv_len, len(self.bridge.tokens))
+            self.owner.ctx.trim(0, n)
+            self.owner._held = list(self.bridge.tokens[:n])
+        except Exception:
+            self.owner._held = []
         self.owner._release(self.times)
 
 

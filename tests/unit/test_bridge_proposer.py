@@ -154,3 +154,16 @@ def test_every_draft_length_keeps_the_kv_in_step(k):
             gp = GenerationParams(max_tokens=30, chat=False, sampling=sp)
             assert eng.generate(prompt, gp, proposer="bridge").tokens == \
                 eng.generate(prompt, gp, proposer="none").tokens, (prompt, seed)
+
+
+def test_a_follow_up_request_reuses_the_drafts_kv_prefix():
+    eng, prop, draft = engine()
+    params = GenerationParams(max_tokens=12, chat=False)
+    first = eng.generate("x. ", params, proposer="bridge", reuse=True)
+    assert prop.last_reused == 0
+    follow = "x. " + first.text + " ab"
+    again = eng.generate(follow, params, proposer="bridge", reuse=True)
+    assert prop.last_reused >= 3  # the earlier prompt's draft tokens were kept
+    assert again.tokens == eng.generate(follow, params, proposer="none").tokens
+    fresh = eng.generate(follow, params, proposer="bridge", reuse=False)
+    assert prop.last_reused == 0 and fresh.tokens == again.tokens
