@@ -40,6 +40,10 @@ def plan(loop, ps, limit: int) -> None:
     cal = getattr(req.controller, "cal", None)
     if len(seqs) < 2 or cal is None or not hasattr(session, "propose_tree"):
         return
+    if cal.source == "prior":
+        # a prior's flat stretches are assumptions; on them trees lost to linear drafts in
+        # the recorded replay (docs/trees.md): size trees on a measured curve only
+        return
     max_nodes = min(limit, loop.ctx.n_batch - 1)
     if req.exact and cal.exact_max_drafts is not None:
         max_nodes = min(max_nodes, cal.exact_max_drafts)

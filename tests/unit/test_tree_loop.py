@@ -136,3 +136,10 @@ def test_the_cpu_curve_keeps_linear_drafts():
     _, fin = run(eng, GenerationParams(chat=False, max_tokens=30))
     assert fin.tokens == plain_tokens(30)
     assert fin.stats.tree_passes == 0 and "tree" not in eng.ctx.calls
+
+
+def test_a_prior_curve_sizes_no_trees():
+    eng, prop = engine(Calibration.prior_cpu())
+    _, fin = run(eng, GenerationParams(chat=False, max_tokens=30))
+    assert fin.tokens == plain_tokens(30)
+    assert fin.stats.tree_passes == 0
