@@ -4,7 +4,8 @@
 
 The source is the vendored tree of the installed llama-cpp-python's sdist (fetched with
 pip), so the anchors and the engine run the same kernels; the CMake flags are the ones the
-Makefile gave llama-cpp-python. Only the three tool targets are built, linked statically
+Makefile gave llama-cpp-python. Only the tool targets are built (llama-server for the
+serving benchmark, tools/bench_serve.py), linked statically
 (the shared/static choice changes no kernel) so the binaries need nothing beside them.
 Idempotent: a stamp next to the binaries records version and flags; a second run with the
 same ones does nothing, different flags rebuild from a clean build tree.
@@ -28,7 +29,7 @@ from .anchor_paths import TOOL_TARGETS, anchors_bin_dir, anchors_root, llama_cpp
 STAMP = "BUILD.json"
 # Build switches that keep the build to what the tools need; none touches a kernel.
 FIXED_ARGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-              "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF")
+              "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_CURL=OFF")
 
 
 class AnchorBuildError(EdgespecError):
