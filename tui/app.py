@@ -8,6 +8,7 @@ a fast stream cannot starve input handling.
 from __future__ import annotations
 
 import functools
+import threading
 import traceback
 from pathlib import Path
 from typing import Callable
@@ -20,16 +21,17 @@ from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Button, DataTable, Footer, Input, Label, Select, Static
+from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, Select, Static
 
 from edgespec.errors import Cancelled, EdgespecError, InvalidInputError
 from edgespec.events import Event, Finished, PrefillDone, RequestStarted, Step
 from edgespec.proposers import needs_model
 
+from .conversation import Transcript
 from .help import HelpScreen
 from .metrics import LiveMetrics
 from .render import (HISTORY_COLUMNS, Palette, histogram_text, history_row, live_text,
-                     positions_text, spark_text, summary_line)
+                     positions_text, spark_text, summary_line, transcript_text)
 from .source import NO_PROPOSER, Choices, EventSource, Settings, default_proposer
 from .widgets import DRAFT, TARGET, AnswerView, History, PromptArea
 
@@ -62,6 +64,16 @@ class StreamFailed(Message):
 
 class StreamEnded(Message):
     pass
+
+
+class Settled(Message):
+    """The idle-time work after a conversation turn ended (positions of KV refreshed)."""
+
+    def __init__(self, stop, refreshed: int, error: BaseException | None = None) -> None:
+        self.stop = stop  # which refresh this was (a later turn starts another)
+        self.refreshed = refreshed
+        self.error = error
+        super().__init__()
 
 
 def _while_mounted(handler):
@@ -105,6 +117,7 @@ class EdgespecApp(App[None]):
         Binding("f1,question_mark", "help", "Help"),
         Binding("f2", "toggle_settings", "Settings"),
         Binding("f3", "toggle_colour", "Colour"),
+        Binding("ctrl+n", "new_conversation", "New chat"),
         Binding("ctrl+up", "recall(-1)", "Prev prompt", show=False),
         Binding("ctrl+down", "recall(1)", "Next prompt", show=False),
         Binding("ctrl+q", "quit", "Quit", priority=True),
@@ -132,6 +145,11 @@ class EdgespecApp(App[None]):
         self._proposer_values: list[tuple[str, str | None]] = []
         self._panels_dirty = True
         self._phase = "idle"
+        #: the conversation kept while "keep the conversation" is on (each turn sends it all)
+        self.transcript = Transcript()
+        self._turn_user: str | None = None  # the running request's message, in a conversation
+        self._settle_stop: threading.Event | None = None  # set: the refresh should end
+        self.settling = False
         try:
             self.choices = source.models()
             self._choices_error: str | None = None
@@ -189,6 +207,9 @@ class EdgespecApp(App[None]):
                 yield Label("stop strings")
                 yield Input(placeholder=r"comma-separated, \n = newline", id="stop",
                             compact=True)
+                yield Label("conversation")
+                yield Checkbox("keep it (^n: new)", id="conversation", compact=True)
+                yield Checkbox("exact greedy", bool(s and s.exact), id="exact", compact=True)
             with Vertical(id="main"):
                 with VerticalScroll(id="answer-box"):
                     yield AnswerView(id="answer")
@@ -242,9 +263,16 @@ class EdgespecApp(App[None]):
             return
         self.history.add(prompt)
         self._settings = settings
+        self._stop_settling()
+        chat = self._main.query_one("#conversation", Checkbox).value
+        self._turn_user = prompt if chat else None
+        payload = self.transcript.messages(prompt) if chat else prompt
         self.metrics = LiveMetrics(self._plain_timing.get(settings.target, (0, 0.0)))
         answer = self._main.query_one(AnswerView)
         answer.clear()
+        answer.set_context(transcript_text(self.transcript.turns, prompt) if chat else Text())
+        if chat:  # the message is in the transcript now; the box is for the next one
+            self._main.query_one(PromptArea).load_text("")
         box = self._main.query_one("#answer-box")
         box.border_subtitle = ""
         box.anchor(False)
@@ -255,7 +283,7 @@ class EdgespecApp(App[None]):
         self._set_running(True)
         self._panels_dirty = True
         self._refresh_all()
-        self._generate(prompt, settings)
+        self._generate(payload, settings)
 
     def action_cancel(self) -> None:
         if self.running and not self.cancelling:
@@ -281,6 +309,19 @@ class EdgespecApp(App[None]):
         answer = self._main.query_one(AnswerView)
         answer.colour = not answer.colour
         self._refresh_legend()
+
+    def action_new_conversation(self) -> None:
+        if self.running:
+            self.notify("a request is running: Esc cancels it first", severity="warning")
+            return
+        self._stop_settling()
+        self.transcript.clear()
+        answer = self._main.query_one(AnswerView)
+        answer.clear()
+        answer.set_context(Text())
+        self._main.query_one("#answer-box").border_subtitle = ""
+        self._phase = "new conversation"
+        self._refresh_all()
 
     def action_recall(self, direction: int) -> None:
         prompt = self._main.query_one(PromptArea)
@@ -371,11 +412,12 @@ class EdgespecApp(App[None]):
             stop=parse_stop(self._main.query_one("#stop", Input).value),
             draft_len=_number(self._main.query_one("#draft-len", Input).value, int,
                               "draft length", None),
+            exact=self._main.query_one("#exact", Checkbox).value,
         )
 
     # --- the worker --------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
-    def _generate(self, prompt: str, settings: Settings) -> None:
+    def _generate(self, prompt: str | list, settings: Settings) -> None:
         try:
             for event in self.source.start(prompt, settings):
                 self.post_message(StreamEvent(event))
@@ -425,12 +467,48 @@ class EdgespecApp(App[None]):
         if self._phase not in ("error", "done", "cancelled"):
             self._phase = "ended"
         self._set_running(False)
+        settings, chatted = self._settings, self._turn_user is not None
+        self._turn_user = None
+        if chatted and settings is not None and settings.exact and \
+                hasattr(self.source, "settle") and self._phase in ("done", "cancelled"):
+            # exact mode reuses only prefill-written KV: refresh the answer's while it is read
+            self.settling = True
+            self._phase += " · refreshing KV…"
+            self._settle_stop = threading.Event()
+            self._settle(settings, self._settle_stop)
         self._refresh_all()
         self.call_after_refresh(self._refresh_tick)  # anchors a long answer once laid out
+
+    @work(thread=True, group="settle", exit_on_error=False)
+    def _settle(self, settings: Settings, stop: threading.Event) -> None:
+        try:
+            self.post_message(Settled(stop, self.source.settle(settings, stop.is_set)))
+        except Exception as e:  # the next turn then prefills the answer: say so, carry on
+            self.post_message(Settled(stop, 0, e))
+
+    @on(Settled)
+    @_while_mounted
+    def _on_settled(self, message: Settled) -> None:
+        if message.stop is not self._settle_stop:
+            return  # an earlier turn's refresh, stopped by the run that followed it
+        self.settling = False
+        if message.error is not None:
+            self.notify(f"the KV refresh failed ({message.error}); the next turn prefills the "
+                        "answer", title="conversation", severity="warning")
+        if not self.running:
+            self._phase = self._phase.replace(
+                " · refreshing KV…", f" · KV refreshed ({message.refreshed} tok)")
+            self._refresh_status()
+
+    def _stop_settling(self) -> None:
+        if self._settle_stop is not None:
+            self._settle_stop.set()
 
     def _record(self, ev: Finished) -> None:
         s = ev.stats
         self.requests_done += 1
+        if self._turn_user is not None:
+            self.transcript.record(self._turn_user, ev)
         self._phase = "cancelled" if ev.stop_reason == "cancelled" else "done"
         settings = self._settings
         if settings is not None:
@@ -509,6 +587,8 @@ class EdgespecApp(App[None]):
         t.append("edgespec ", Style(bold=True))
         t.append(f"│ {label} │ ")
         t.append(self._phase, Style(bold=self.running))
+        if self.transcript.turns:
+            t.append(f" │ chat: {len(self.transcript)} turns")
         n = self.metrics.stats.generated_tokens
         if n:
             t.append(f" · {n} tok")
@@ -531,6 +611,7 @@ class EdgespecApp(App[None]):
         self._main.query_one("#legend", Static).update(t)
 
     async def on_unmount(self) -> None:
+        self._stop_settling()
         if self.running:
             self.source.cancel()
 

@@ -15,6 +15,7 @@ KEYS = [
     ("down (last line), ctrl+down", "next prompt"),
     ("F2", "show / hide the settings panel"),
     ("F3", "token-origin colouring on / off"),
+    ("ctrl+n", "new conversation (with \"keep it\" on in the settings)"),
     ("F1 / ?", "this help (Esc closes it)"),
     ("tab / shift+tab", "move between fields"),
     ("ctrl+q", "quit"),
@@ -42,7 +43,13 @@ prefill, and a proposer's own setup over the prompt), shown apart.
 • [b]time[/b]: prefill / draft / verify (plain steps count as verify).
 • [b]memory[/b]: resident memory of this process.
 • Accepted length per pass, acceptance by draft position, and the last requests \
-for comparison.
+for comparison ([b]reused[/b]: prompt tokens whose KV an earlier request left).
+
+[b]Conversation[/b]  With [i]keep it[/i] on (settings, F2), each run sends the whole \
+conversation and the engine reuses the KV of what it already holds; every earlier turn \
+says how many of its prompt tokens were reused. With [i]exact greedy[/i] also on, the \
+answer's KV is prefilled again while you read it (exact mode reuses only prefill-written \
+KV), so the next turn reuses the answer too; a new run stops that refresh.
 """
 
 

@@ -204,15 +204,39 @@ def summary_line(s: RequestStats) -> str:
     """One line that stays under the answer after the request ends."""
     acc = f"acc {s.acceptance_rate:.0%} · " if s.drafted else ""
     ttft = f"ttft {ms(s.ttft_seconds)} ms · " if s.ttft_seconds is not None else ""
-    return (f"{s.generated_tokens} tok · {s.total_seconds:.1f} s · {ttft}"
+    reused = f"reused {reused_text(s)} · " if s.prompt_reused else ""
+    return (f"{s.generated_tokens} tok · {s.total_seconds:.1f} s · {ttft}{reused}"
             f"{s.decode_tokens_per_second:.1f} tok/s · {acc}"
             f"len {s.mean_accepted_length:.2f} · {s.stop_reason}")
 
 
+def reused_text(s: RequestStats) -> str:
+    """Prompt tokens whose KV an earlier request left, of the prompt: "180/212"."""
+    return f"{s.prompt_reused}/{s.prompt_tokens}"
+
+
 def history_row(n: int, label: str, s: RequestStats) -> tuple[str, ...]:
-    return (str(n), label, str(s.generated_tokens), f"{s.decode_tokens_per_second:.1f}",
-            f"{s.acceptance_rate:.0%}" if s.drafted else "-",
+    return (str(n), label, str(s.generated_tokens), reused_text(s),
+            f"{s.decode_tokens_per_second:.1f}", f"{s.acceptance_rate:.0%}" if s.drafted else "-",
             f"{s.mean_accepted_length:.2f}", s.stop_reason)
 
 
-HISTORY_COLUMNS = ("#", "proposer", "tok", "tok/s", "acc", "len", "stop")
+HISTORY_COLUMNS = ("#", "proposer", "tok", "reused", "tok/s", "acc", "len", "stop")
+
+
+def transcript_text(turns: Sequence, user: str | None) -> Text:
+    """The conversation above the answer: each earlier turn under a header that says how
+    many of its prompt tokens were reused, then the message being answered."""
+    t = Text()
+    for i, turn in enumerate(turns, 1):
+        t.append(f"▸ you · turn {i} · reused {turn.reused}/{turn.prompt_tokens} prompt tokens\n",
+                 Style(bold=True))
+        t.append(f"{turn.user}\n")
+        t.append(f"◂ {'answer (cancelled)' if turn.stop_reason == 'cancelled' else 'answer'}\n",
+                 Style(bold=True))
+        t.append(f"{turn.answer}\n\n")
+    if user is not None:
+        t.append(f"▸ you · turn {len(turns) + 1}\n", Style(bold=True))
+        t.append(f"{user}\n")
+        t.append("◂ answer\n", Style(bold=True))
+    return t

@@ -46,6 +46,7 @@ class Settings:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     draft_len: int | None = None  # None: the adaptive controller decides; N: always N
+    exact: bool = False  # greedy output bitwise the plain path's (the engine's --exact)
 
     def params(self) -> GenerationParams:
         """The engine request, validated here so bad input fails before any model loads."""
@@ -61,7 +62,7 @@ class Settings:
     @property
     def label(self) -> str:
         how = f"{self.proposer} {_short(self.draft)}" if needs_model(self.proposer) else self.proposer
-        return f"{_short(self.target)} + {how}"
+        return f"{_short(self.target)} + {how}{' · exact' if self.exact else ''}"
 
 
 def _short(name: str | None) -> str:
@@ -111,6 +112,10 @@ class EventSource(Protocol):
         """Ask the running request to stop; its stream then ends with stop_reason 'cancelled'."""
         ...
 
+    # optional: settle(settings, stop) -> int, idle-time work after a conversation turn (on
+    # a worker thread, after the stream ended; ``stop()`` turns true when the next request
+    # comes): the engine's exact-mode KV refresh. Returns the positions refreshed.
+
 
 # --- scripted ----------------------------------------------------------------
 Script = Union[Sequence[Union[Event, BaseException]],
@@ -134,6 +139,9 @@ class ScriptedSource:
         self.choices = choices or Choices(targets=("scripted",), drafts=("scripted-draft",),
                                           default_target="scripted")
         self.requests: list[tuple[Prompt, Settings]] = []
+        self.settled: list[Settings] = []
+        self.settle_returns: list[int] = []
+        self.settle_steps = 0
         self._cancel = threading.Event()
 
     def models(self) -> Choices:
@@ -164,6 +172,19 @@ class ScriptedSource:
 
     def cancel(self) -> None:
         self._cancel.set()
+
+    def settle(self, settings: Settings, stop: Callable[[], bool]) -> int:
+        """Records the call; ``settle_steps`` polls ``stop`` that many times, ``delay`` apart
+        (an engine's refresh passes), then returns the positions it "refreshed"."""
+        self.settled.append(settings)
+        n = self.settle_steps
+        for i in range(self.settle_steps):
+            if stop():
+                n = i
+                break
+            threading.Event().wait(self.delay or 0.01)
+        self.settle_returns.append(16 * n)
+        return 16 * n
 
 
 def _event_time(ev: object) -> float | None:
@@ -232,7 +253,11 @@ class EngineSource:
         # "auto" was decided when the engine loaded: its default proposer is the plan's
         proposer = None if settings.proposer == AUTO_PROPOSER else settings.proposer
         forwarded = False
-        for ev in engine.stream(prompt, params, proposer=proposer):
+        # chat messages are a conversation: the engine reuses the KV of the turns so far
+        stream = (engine.chat(prompt, params, proposer=proposer, exact=settings.exact)
+                  if isinstance(prompt, list) else
+                  engine.stream(prompt, params, proposer=proposer, exact=settings.exact))
+        for ev in stream:
             # The engine clears its cancel flag when a request starts; a cancel that
             # came in before that would be lost, so forward it (once) from here.
             if self._cancel.is_set() and not forwarded:
@@ -245,6 +270,14 @@ class EngineSource:
         engine = self._engine
         if engine is not None:
             engine.cancel()
+
+    def settle(self, settings: Settings, stop: Callable[[], bool]) -> int:
+        """In exact mode, prefill the last answer's KV again so the next turn reuses it
+        (Engine.refresh_kv); nothing to do otherwise."""
+        engine = self._engine
+        if engine is None or not settings.exact:
+            return 0
+        return engine.refresh_kv(exact=True, stop=stop)
 
     def close(self) -> None:
         engine, self._engine, self._key = self._engine, None, None

@@ -32,11 +32,12 @@ def step_pieces(step: Step) -> list[tuple[str, str]]:
 class AnswerView(Static):
     """The streamed answer; each run of text coloured by where its tokens came from."""
 
-    COMPONENT_CLASSES = {"answer--draft", "answer--target"}
+    COMPONENT_CLASSES = {"answer--draft", "answer--target", "answer--context"}
     DEFAULT_CSS = """
     AnswerView { width: 1fr; height: auto; }
     AnswerView > .answer--draft { color: $text-success; text-style: bold; }
     AnswerView > .answer--target { color: $text-primary; }
+    AnswerView > .answer--context { color: $text-muted; }
     """
 
     colour = reactive(True)
@@ -44,10 +45,16 @@ class AnswerView(Static):
     def __init__(self, **kw) -> None:
         super().__init__("", **kw)
         self.runs: list[tuple[str, str]] = []
+        #: shown above the answer, muted: the conversation so far (tui.conversation)
+        self.context: Text = Text()
         self._dirty = False
 
     def clear(self) -> None:
         self.runs.clear()
+        self._dirty = True
+
+    def set_context(self, context: Text) -> None:
+        self.context = context
         self._dirty = True
 
     def add_step(self, step: Step) -> None:
@@ -69,10 +76,12 @@ class AnswerView(Static):
                 TARGET: self.get_component_rich_style("answer--target", partial=True)}
 
     def styled_text(self) -> Text:
+        context = self.context.copy()
+        context.stylize(self.get_component_rich_style("answer--context", partial=True))
         if not self.colour:
-            return Text(self.plain)
+            return context + Text(self.plain)
         styles = self.origin_styles()
-        text = Text()
+        text = context
         for run, origin in self.runs:
             text.append(run, styles[origin])
         return text

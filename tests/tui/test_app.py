@@ -33,7 +33,7 @@ async def test_typing_a_prompt_streams_the_answer(fixed_memory):
         table = app.query_one("#history", DataTable)
         assert table.row_count == 1
         row = table.get_row_at(0)
-        assert row[1] == "ngram" and row[2] == "5" and row[6] == "length"
+        assert row[1] == "ngram" and row[2] == "5" and row[3] == "0/5" and row[7] == "length"
         assert "5 tok" in str(app.query_one("#answer-box").border_subtitle)
         assert app._phase == "done" and not app.errors
         # the run button is usable again and a second request appends to the history
@@ -80,7 +80,7 @@ async def test_escape_cancels_mid_stream(fixed_memory):
         assert 4 <= n < 400
         assert len(answer(app).plain) < len("".join(p for s in steps for p, _ in s))
         row = app.query_one("#history", DataTable).get_row_at(0)
-        assert row[6] == "cancelled"
+        assert row[7] == "cancelled"
         assert app.query_one("#cancel").disabled and not app.query_one("#run").disabled
 
 

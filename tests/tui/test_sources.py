@@ -96,13 +96,24 @@ class FakeEngine:
         self.proposers = {"ngram": object(), "suffix": object(),
                           **({"draft": object()} if kw["draft"] else {})}
         self.streams: list = []
+        self.chats: list = []
+        self.refreshes: list = []
         self.cancels = 0
         self.closed = False
         loads.append(self)
 
-    def stream(self, prompt, params, proposer=None):
+    def stream(self, prompt, params, proposer=None, exact=None):
         self.streams.append((prompt, params, proposer))
+        self.exact = exact
         yield from TWO_STEPS
+
+    def chat(self, messages, params, proposer=None, exact=None):
+        self.chats.append((messages, exact))
+        yield from TWO_STEPS
+
+    def refresh_kv(self, exact=None, stop=None):
+        self.refreshes.append((exact, stop()))
+        return 40
 
     def cancel(self) -> None:
         self.cancels += 1
@@ -194,3 +205,18 @@ def test_a_cancel_during_loading_skips_the_request():
     gate.set()
     t.join(5)
     assert out == [] and loads and loads[0].streams == []
+
+
+def test_chat_messages_are_a_conversation_and_exact_turns_settle():
+    src, loads = _engine_source()
+    msgs = [{"role": "user", "content": "hi"}]
+    assert src.settle(Settings(target="qwen", exact=True), lambda: False) == 0  # nothing loaded
+    assert list(src.start(msgs, Settings(target="qwen", exact=True))) == TWO_STEPS
+    eng = loads[0]
+    assert eng.chats == [(msgs, True)] and eng.streams == []
+    list(src.start("plain text", Settings(target="qwen")))
+    assert eng.streams[-1][0] == "plain text" and eng.exact is False
+    # the idle-time refresh runs only in exact mode, and hands the engine the stop signal
+    assert src.settle(Settings(target="qwen"), lambda: False) == 0 and eng.refreshes == []
+    assert src.settle(Settings(target="qwen", exact=True), lambda: True) == 40
+    assert eng.refreshes == [(True, True)]
