@@ -15,8 +15,10 @@ tokens was written by decode and verify passes, whose kernels can differ from a 
 prefill's in the last bits (Qwen2.5 1.5B Q4_K_M here: turn 2 of Spec-Bench question 81
 changed), so the previous answer is prefilled again and greedy output stays the output
 without reuse. Even a prefilled prefix is reused only up to a multiple of ROW_GROUP, so the
-kernels group every row as a prefill of the whole prompt would. Positions stay what they were when the tokens were first evaluated, so a
-reused prefix means exactly what it meant then.
+kernels group every row as a prefill of the whole prompt would, and only rows of passes of
+at least MIN_PASS tokens count as prefill-written (shorter passes take other kernels); the
+suffix computed is never shorter than MIN_PASS either. Positions stay what they were when
+the tokens were first evaluated, so a reused prefix means exactly what it meant then.
 
 What is held after a request is the prompt and the generated tokens the target has
 evaluated (the pending last token is not): the next turn of the conversation, whose
@@ -30,9 +32,10 @@ per-sequence state API (``Context.state_get`` / ``state_set``).
 
 :meth:`PrefixCache.refresh` gives exact mode its reuse back: once a turn has finished (idle
 time, while its answer is read), the generated tokens' positions are prefilled again, from
-the last row-group boundary a prefill wrote, in chunks that each start on a boundary. The
-sequence then holds prefill-written KV for the whole turn and the next turn computes only
-its new message. Cancelled between chunks, it keeps what it refreshed.
+the last row-group boundary a prefill wrote, in passes that each start on a boundary and
+hold at least MIN_PASS tokens. The sequence then holds prefill-written KV for the whole turn
+and the next turn computes only its new message. Stopped between passes, it keeps what it
+refreshed.
 """
 from __future__ import annotations
 
