@@ -1,6 +1,7 @@
 """Offline replay of draft trees vs linear drafts on recorded greedy generations.
 
     python tools/tree_replay.py tests/unit/data/spec_bench_traces_qwen15b.jsonl
+    python tools/tree_replay.py --breakeven     # what a second branch must carry, per curve
 
 Under greedy decoding the target's output does not depend on how it was speculated
 (edgespec.simulate), so a recorded generation says which tokens each pass would keep.
@@ -112,5 +113,32 @@ def main(path: str) -> None:
                       f"{tr['kept'] / max(tr['passes'], 1):.1f} |")
 
 
+def breakeven() -> None:
+    """The smallest probability of a second first-token branch for which size_tree takes
+    the tree: the first token at 0.55, each next token 0.9 of the one before, both branches
+    k tokens long, against the linear draft of k."""
+    from edgespec.tree import DraftTree
+
+    print("| curve | k = 1 | k = 2 | k = 4 | k = 8 |")
+    print("|---|---|---|---|---|")
+    for name, cal in curves().items():
+        row = []
+        for k in (1, 2, 4, 8):
+            lin = [0.55 * 0.9 ** i for i in range(k)]
+            need = "> 0.45"
+            for q100 in range(1, 46):
+                alt = [q100 / 100 * 0.9 ** i for i in range(k)]
+                t = DraftTree.from_paths([range(1, k + 1), range(100, 100 + k)], [lin, alt])
+                if size_tree(t, cal, max_nodes=16, linear_k=k).is_tree:
+                    need = f"{q100 / 100:.2f}"
+                    break
+            row.append(need)
+        print(f"| {name} | " + " | ".join(row) + " |")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/unit/data/spec_bench_traces_qwen15b.jsonl")
+    if sys.argv[1:2] == ["--breakeven"]:
+        breakeven()
+    else:
+        main(sys.argv[1] if len(sys.argv) > 1 else
+             "tests/unit/data/spec_bench_traces_qwen15b.jsonl")
