@@ -19,7 +19,7 @@ from typing import Sequence
 
 from . import sampling, verify
 from .control.tree import size_tree
-from .tree import DraftTree, commit, prepare
+from .tree import DraftTree, commit, prepare, release
 
 __all__ = ["plan", "decode", "complete", "MAX_CHILDREN"]
 
@@ -64,7 +64,11 @@ def decode(loop, ps):
     req, tree = ps.req, ps.tree
     seqs = _seqs(loop, req)[:tree.width]
     prepare(loop.ctx, req.n_past, seqs)
-    return loop.ctx.decode_tree(*tree.batch(req.tokens[-1], req.n_past, seqs))
+    try:
+        return loop.ctx.decode_tree(*tree.batch(req.tokens[-1], req.n_past, seqs))
+    except BaseException:
+        release(loop.ctx, seqs)  # the request's own sequence is the loop's to trim
+        raise
 
 
 class _Rows:

@@ -143,3 +143,21 @@ def test_a_prior_curve_sizes_no_trees():
     _, fin = run(eng, GenerationParams(chat=False, max_tokens=30))
     assert fin.tokens == plain_tokens(30)
     assert fin.stats.tree_passes == 0
+
+
+def test_a_failed_tree_pass_releases_the_scratch_sequences():
+    eng, prop = engine(FLAT)
+    ctx = eng.ctx
+    real = ctx.decode_tree
+
+    def failing(*a):
+        real(*a)
+        raise RuntimeError("decode failed")
+
+    ctx.decode_tree = failing
+    with pytest.raises(RuntimeError, match="decode failed"):
+        run(eng, GenerationParams(chat=False, max_tokens=40))
+    assert ctx.tokens(1) == [] and ctx.tokens(2) == []
+    ctx.decode_tree = real
+    _, fin = run(eng, GenerationParams(chat=False, max_tokens=40))  # the engine still serves
+    assert fin.tokens == plain_tokens(40)
