@@ -123,6 +123,11 @@ class Scheduler:
         self.loop = engine._loop
         self.parallel = parallel
         self.max_queue = max_queue
+        # sequences 0..parallel-1 serve requests; draft trees use scratch sequences past them
+        busy = set(getattr(self.loop, "tree_seqs", ())) & set(range(parallel))
+        if busy:
+            raise EdgespecError(f"sequences {sorted(busy)} are both request slots and draft-tree "
+                                "scratch sequences; build the engine with parallel set")
         self._slots = [_Slot(0, engine.kv_cache)] + [
             _Slot(i, PrefixCache(engine.ctx, seq_id=i, ram=engine.kv_cache.ram))
             for i in range(1, parallel)]
@@ -291,7 +296,12 @@ class Scheduler:
         try:
             if len(passes) == 1:
                 a, ps = passes[0]
-                outs = [loop.ctx.decode(ps.tokens, a.req.n_past, a.req.seq_id, logits=ps.logits)]
+                if ps.tree is not None:  # alone in the pass: the loop may verify a draft tree
+                    from ..treepass import decode as decode_tree
+                    outs = [decode_tree(loop, ps)]
+                else:
+                    outs = [loop.ctx.decode(ps.tokens, a.req.n_past, a.req.seq_id,
+                                            logits=ps.logits)]
             else:
                 outs = loop.ctx.decode_multi([(ps.tokens, a.req.n_past, a.req.seq_id, ps.logits)
                                               for a, ps in passes])
