@@ -17,8 +17,8 @@ def check(api_key: str | None, path: str, authorization: str | None) -> None:
     if api_key is None or path in OPEN_PATHS:
         return
     scheme, _, token = (authorization or "").partition(" ")
-    # compare bytes of the whole header value either way, so the time taken does not say
-    # whether the scheme or the key was wrong
+    # a missing header or another scheme still runs the comparison (against b""), so the
+    # time taken does not tell a wrong scheme from a wrong key
     given = token.strip().encode("utf-8") if scheme.lower() == "bearer" else b""
     if not hmac.compare_digest(given, api_key.encode("utf-8")):
         raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer KEY' with "

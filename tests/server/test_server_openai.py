@@ -146,8 +146,8 @@ def test_concurrent_clients_equal_their_requests_alone(client, server):
     for t in threads:
         t.join(120)
     assert not errors
-    assert running >= 2  # they really ran together
-    assert together == alone
+    assert running >= 2, "they never ran together"
+    assert together == alone, f"together: {together}\nalone: {alone}"
 
 
 def test_models_lists_the_loaded_model_with_its_identity(client, server):
