@@ -68,7 +68,7 @@ class Shape:
         raw = bytes(self.piece(tok))
         return raw.decode("utf-8", "replace"), list(raw)
 
-    def logprobs(self, lps: tuple[TokenLogprob, ...], text: str) -> dict | None:
+    def logprobs(self, lps: tuple[TokenLogprob, ...]) -> dict | None:
         if not lps:
             return None
         if self.kind == "chat":
@@ -95,7 +95,7 @@ class Shape:
 
     # --- whole responses ------------------------------------------------------------------
     def whole(self, fin: Finished, identity: str) -> dict:
-        lps = self.logprobs(tuple(fin.logprobs), fin.text)
+        lps = self.logprobs(tuple(fin.logprobs))
         reason = FINISH_REASON.get(fin.stop_reason, "stop")
         if self.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": fin.text,
@@ -111,7 +111,7 @@ class Shape:
     # --- stream chunks --------------------------------------------------------------------
     def chunk(self, text: str, lps: tuple[TokenLogprob, ...] = (), *, first: bool = False,
               include_usage: bool = False) -> dict:
-        logprobs = self.logprobs(lps, text)
+        logprobs = self.logprobs(lps)
         if self.kind == "chat":
             delta = {"role": "assistant", "content": text} if first else {"content": text}
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}
@@ -126,14 +126,12 @@ class Shape:
         return body
 
     def final_chunk(self, fin: Finished, identity: str, include_usage: bool) -> dict:
-        body = self.chunk("")
+        body = self.chunk("", include_usage=include_usage)
         choice = body["choices"][0]
         if self.kind == "chat":
             choice["delta"] = {}
         choice["finish_reason"] = FINISH_REASON.get(fin.stop_reason, "stop")
         body["edgespec"] = extension(fin, identity)
-        if include_usage:
-            body["usage"] = None
         return body
 
     def usage_chunk(self, fin: Finished) -> dict:
