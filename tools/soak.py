@@ -165,7 +165,8 @@ def _action(server: ServeProcess, rnd: random.Random, model: str) -> tuple[str, 
                        "whole_disconnect", "bad_request"])
     if kind == "chat":
         status, _, body = server.request("POST", "/v1/chat/completions", _chat(rnd, model))
-        return kind, None if status == 200 and json.loads(body)["choices"] else f"{status} {body[:200]!r}"
+        ok = status == 200 and json.loads(body)["choices"]
+        return kind, None if ok else f"{status} {body[:200]!r}"
     if kind == "json":
         status, _, body = server.request("POST", "/v1/chat/completions", _chat(
             rnd, model, response_format={"type": "json_object"}))

@@ -22,7 +22,8 @@ class ServerSettings:
         if not self.served_model:
             raise InvalidInputError("the server needs a model id to serve")
         if self.max_tokens_limit < 1:
-            raise InvalidInputError(f"--max-tokens-limit must be >= 1 (got {self.max_tokens_limit})")
+            raise InvalidInputError(f"--max-tokens-limit must be >= 1 "
+                                    f"(got {self.max_tokens_limit})")
         if self.max_body_bytes < 1024:
             raise InvalidInputError(f"the body size limit must be at least 1 KiB "
                                     f"(got {self.max_body_bytes} bytes)")
