@@ -99,8 +99,9 @@ class EngineConfig:
             proposers.spec(name).check_options(opts)
         if any(proposers.needs_model(n) for n in self.proposer.split("+")):
             _guard(self.draft is not None,
-                   f"--proposer {self.proposer} needs --draft NAME|PATH (a model that shares the "
-                   "target's vocabulary, see `edgespec models list`)")
+                   f"--proposer {self.proposer} needs --draft NAME|PATH (for draft: a model "
+                   "that shares the target's vocabulary; for bridge: a pinned bridge pair; see "
+                   "`edgespec models list`)")
         _guard(self.draft_len is None or self.draft_len >= 1,
                f"--draft-len must be >= 1 (got {self.draft_len})")
         _guard(self.n_ctx is None or self.n_ctx >= 16,

@@ -132,12 +132,19 @@ def collect(engine) -> Identity:
     ctx: dict[str, Any] = {"target": {"name": target_name, "path": str(engine.target.path)},
                            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                            "python_executable": sys.executable}
-    draft = getattr(engine.proposers.get("draft"), "model", None)
+    # the draft model, whichever proposer holds it (the same-vocabulary draft or the bridge)
+    holder = next((p for p in engine.proposers.values() if getattr(p, "costly", False)
+                   and getattr(p, "model", None) is not None), None)
+    draft = getattr(holder, "model", None)
     if draft is not None:
         dname = str(getattr(engine, "draft_name", "") or "")
         dcomp = model_component(dname, Path(draft.path))
         comps["draft"] = {**dcomp, "tokenizer": tokenizer_component(draft, dcomp["sha256"])}
         ctx["draft"] = {"name": dname, "path": str(draft.path)}
+        if getattr(holder, "name", "") == "bridge":
+            from .bridge import BRIDGE_VERSION
+            # the bridge is a release artifact: its version is part of what a result rests on
+            comps["draft"]["bridge_version"] = BRIDGE_VERSION
     try:
         import psutil
         ctx["ram_available"] = psutil.virtual_memory().available

@@ -82,10 +82,16 @@ class Choices:
     #: target -> the drafts known to share its tokenizer; a target not listed (a .gguf
     #: path, a scripted source) is offered every draft, and the engine checks at load
     compatible_drafts: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    #: target -> the drafts with another tokenizer pinned as bridge pairs in models.toml
+    #: (a proposer with same_vocab=False, the vocabulary bridge, is offered only these)
+    bridge_drafts: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
 
-    def drafts_for(self, target: str | None) -> tuple[str, ...]:
+    def drafts_for(self, target: str | None, same_vocab: bool = True) -> tuple[str, ...]:
+        known = self.compatible_drafts if same_vocab else self.bridge_drafts
+        if target is not None and target in known:
+            return known[target]
         if target is not None and target in self.compatible_drafts:
-            return self.compatible_drafts[target]
+            return ()  # a registry target with no pinned bridge pair
         return self.drafts
 
     def proposer_options(self, target: str | None = None) -> list[tuple[str, tuple[str, str | None]]]:
@@ -93,10 +99,17 @@ class Choices:
         out: list[tuple[str, tuple[str, str | None]]] = []
         for p in self.proposers:
             if needs_model(p):
-                out.extend((f"{p}: {d}", (p, d)) for d in self.drafts_for(target))
+                out.extend((f"{p}: {d}", (p, d))
+                           for d in self.drafts_for(target, _same_vocab(p)))
             else:
                 out.append((p, (p, None)))
         return out
+
+
+def _same_vocab(proposer: str) -> bool:
+    from edgespec.proposers import REGISTRY
+    spec = REGISTRY.get(proposer)
+    return spec.same_vocab if spec is not None else True
 
 
 class EventSource(Protocol):
@@ -319,7 +332,8 @@ class EngineSource:
 
 def registry_choices() -> Choices:
     """Picker contents from models.toml: targets first; drafts by role, and per target
-    only those whose tokenizer is the target's (a draft must share the vocabulary)."""
+    only those whose tokenizer is the target's (a draft must share the vocabulary), or,
+    for the vocabulary bridge, the drafts pinned as its bridge pairs."""
     from edgespec.registry import load_registry
 
     registry = load_registry()
@@ -336,6 +350,9 @@ def registry_choices() -> Choices:
         compatible_drafts={t: tuple(d for d in drafts if d != t and
                                     models[d].tokenizer == models[t].tokenizer)
                            for t in targets},
+        bridge_drafts={t: tuple(p.draft for p in registry.pairs
+                                if p.target == t and p.bridge_version and p.draft)
+                       for t in targets},
     )
 
 

@@ -278,10 +278,13 @@ async def test_changing_the_target_offers_only_drafts_that_fit_it(fixed_memory):
         app.query_one("#target", Select).value = "big"
         await pilot.pause()
         assert drafts() == ["small"] and proposer.value == ("suffix", None)
-        # a .gguf path: the registry cannot tell, so every draft is offered
+        # a .gguf path: the registry cannot tell, so every draft is offered (to the
+        # same-vocabulary draft proposer and to the bridge; the engine checks at load)
         app.query_one("#path", Input).value = "/nowhere/model.gguf"
         await pilot.pause()
-        assert drafts() == ["small", "tiny"]
+        assert drafts() == ["small", "tiny", "small", "tiny"]
+        assert [v[0] for _, v in proposer._options if v != Select.BLANK and v[1]] == \
+            ["draft", "draft", "bridge", "bridge"]
 
 
 @sync

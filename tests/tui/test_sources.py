@@ -59,10 +59,14 @@ def test_the_draft_picker_offers_only_drafts_sharing_the_target_tokenizer():
     def model_opts(target):
         return [v for _, v in c.proposer_options(target) if needs_model(v[0])]
 
-    assert model_opts("qwen-1.5b") == [("draft", "qwen-0.5b")]
+    # the same-vocabulary draft, then the bridge with the drafts pinned as bridge pairs
+    assert model_opts("qwen-1.5b") == [("draft", "qwen-0.5b"), ("bridge", "smollm2-135m"),
+                                       ("bridge", "gemma-270m")]
     assert model_opts("gemma-270m") == []
+    pinned = {(p.target, p.draft) for p in load_registry().pairs if p.bridge_version}
+    assert all((t, d) in pinned for t, ds in c.bridge_drafts.items() for d in ds)
     # a target the registry does not know (a .gguf path): every draft, checked at load
-    assert [d for _, d in model_opts("/m/other.gguf")] == list(c.drafts)
+    assert [d for p, d in model_opts("/m/other.gguf") if p == "draft"] == list(c.drafts)
 
 
 def test_scripted_source_replays_and_raises_scripted_errors():

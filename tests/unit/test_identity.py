@@ -186,3 +186,23 @@ def test_bench_reports_carry_the_engine_release_identity(home):
     assert run["models"]["target"]["name"] == "fake.gguf"
     assert run["edgespec"]["version"] and "load_average" in run["machine"]
     assert run["engine"]["control_knobs"] == {"ngram": {"k": 2}}
+
+
+def test_the_draft_model_is_in_the_identity_whichever_proposer_holds_it(home, tmp_path):
+    class Holder(ScriptedProposer):
+        """A costly proposer holding a draft model, named as the registry names it."""
+
+    target, dmodel = FakeModel(), FakeModel(name="draft.gguf")
+    (tmp_path / "draft.gguf").write_bytes(b"a draft model")
+    dmodel.path = tmp_path / "draft.gguf"
+    same = Holder(target, [2], name="draft", costly=True)
+    same.model = dmodel
+    bridged = Holder(target, [2], name="bridge", costly=True)
+    bridged.model = dmodel
+    a = engine(target, proposers={"draft": same}).identity.components["draft"]
+    b = engine(target, proposers={"bridge": bridged}).identity.components["draft"]
+    assert a["sha256"] == b["sha256"] is not None
+    # the bridge is a release artifact: its version is part of the identity
+    from edgespec.bridge import BRIDGE_VERSION
+    assert b["bridge_version"] == BRIDGE_VERSION and "bridge_version" not in a
+    assert engine(target).identity.components["draft"] is None
