@@ -299,6 +299,11 @@ class Loop:
         return step
 
     def end(self, req: Request) -> Iterator[Event]:
+        for sess in req.sessions.values():  # a bridged draft's own alignment work
+            times = getattr(sess, "times", None)
+            if times is not None and hasattr(times, "bridge_seconds"):
+                req.stats.bridge_seconds += times.bridge_seconds
+                req.stats.bridge_steps += times.steps
         tail = req.text.flush()
         total = time.perf_counter() - req.t0
         req.stats.finish(req.stop_reason, total)

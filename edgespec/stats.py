@@ -48,6 +48,10 @@ class RequestStats:
     tree_branches: int = 0
     tree_accepted: int = 0
     tree_off_first: int = 0
+    # the vocabulary bridge's own work (tokenize, detokenize, alignment), part of
+    # draft_seconds, kept apart from the draft model's inference (docs/bridge.md)
+    bridge_seconds: float = 0.0
+    bridge_steps: int = 0
 
     # --- observation -------------------------------------------------------
     def observe_prefill(self, n_tokens: int, seconds: float, reused: int = 0) -> None:
@@ -189,6 +193,9 @@ class RequestStats:
             "itl_p99": _pct(itl, 99),
             "identity": self.identity,
             **self.tree_dict(),
+            **({"bridge_seconds": self.bridge_seconds,
+                "bridge_us_per_step": self.bridge_seconds / self.bridge_steps * 1e6}
+               if self.bridge_steps else {}),
         }
 
     def summary(self) -> str:
@@ -211,6 +218,10 @@ class RequestStats:
         ]
         if self.control_events:
             lines.append("control " + ", ".join(f"{k}×{v}" for k, v in self.control_events.items()))
+        if self.bridge_steps:
+            lines.append(f"bridge: {self.bridge_seconds * 1000:.1f} ms over {self.bridge_steps} "
+                         f"proposals ({self.bridge_seconds / self.bridge_steps * 1e6:.0f} µs each), "
+                         "apart from the draft model's inference")
         if self.tree_passes:
             lines.append(f"trees: {self.tree_passes} passes, {self.tree_nodes / self.tree_passes:.1f} "
                          f"nodes and {self.tree_branches / self.tree_passes:.1f} branches each, "

@@ -93,6 +93,11 @@ def test_drafts_are_accepted_and_the_draft_kv_follows_the_text():
     # "abcéd abcéd ...": the target writes "a","b" where its tokenizer would merge "ab", so
     # proposals starting there are rejected, and the rest accepted
     assert 0 < spec.stats.accepted < spec.stats.drafted
+    # the bridge's own time is in the request's stats, apart from the draft's inference
+    st = spec.stats
+    assert st.bridge_steps >= st.verify_passes > 0
+    assert st.bridge_seconds > 0
+    assert "bridge_us_per_step" in st.to_dict() and "bridge:" in st.summary()
     held = draft.contexts[-1].tokens()
     text = b"".join(draft.token_piece(t) for t in held)
     full = b"a" + eng.target.detokenize(spec.tokens)
