@@ -39,10 +39,14 @@ ROOT = Path(__file__).resolve().parent.parent
 OURS = ("none", "default", "exact", "exact+refresh")
 
 
-def questions(n: int) -> list[dict]:
+def questions(n: int, every: int = 1) -> list[dict]:
+    """The first ``n`` of every ``every``-th two-turn question (they come in categories of
+    10: ``--every 10`` takes one of each category first)."""
     rows = [json.loads(line) for line in open(ROOT / "data" / "spec_bench_question.jsonl",
                                               encoding="utf-8")]
-    return [r for r in rows if len(r.get("turns", ())) >= 2][:n]
+    two = [r for r in rows if len(r.get("turns", ())) >= 2]
+    order = [q for k in range(every) for q in two[k::every]]
+    return order[:n]
 
 
 def turn2(eng: Engine, mode: str, msgs: list[dict], snapshot, check: int) -> dict:
@@ -119,6 +123,8 @@ def main() -> None:
     ap.add_argument("--target", default="qwen-1.5b")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--questions", type=int, default=80, help="first N two-turn questions")
+    ap.add_argument("--every", type=int, default=1,
+                    help="take every K-th question first (10: one per MT-bench category)")
     ap.add_argument("--answer-tokens", type=int, default=128, help="turn-1 answer cap")
     ap.add_argument("--check-tokens", type=int, default=16,
                     help="turn-2 tokens generated to compare outputs (1: TTFT only)")
@@ -137,7 +143,7 @@ def main() -> None:
           flush=True)
     rows = []
     try:
-        for i, q in enumerate(questions(a.questions)):
+        for i, q in enumerate(questions(a.questions, a.every)):
             p = GenerationParams(max_tokens=a.answer_tokens)
             msgs1 = [{"role": "user", "content": q["turns"][0]}]
             eng.kv_cache.invalidate()
