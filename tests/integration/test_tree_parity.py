@@ -59,3 +59,29 @@ def test_trees_ran_and_left_the_first_branch(engine):
         assert s.drafted >= s.accepted
     assert passes >= 3
     assert off >= 1
+
+
+def test_sampling_parity_passes_with_trees(engine, monkeypatch):
+    """The parity harness (plain vs speculative samples, disjoint seeds) on a raw prompt
+    whose context was continued two ways, so that the suffix tree offers both."""
+    from edgespec import parity as P
+    from edgespec import treepass
+    from edgespec.params import SamplingParams
+
+    passes = []
+    real = treepass.complete
+
+    def counting(loop, ps, rows, secs):
+        passes.append(ps.tree.width)
+        return real(loop, ps, rows, secs)
+
+    monkeypatch.setattr(treepass, "complete", counting)
+    # " red" comes first either way; the suffix tree then holds " and" and " or"
+    prompt = P.ParityPrompt("branches", "test", "Q: the colour? A: red and blue. Q: the colour? "
+                            "A: red or green. Q: the colour? A:")
+    report = P.ConfigReport("suffix", alpha=1e-3)
+    report.sampling.extend(P.sampling_parity(engine, [prompt], ["suffix"],
+                                             SamplingParams(temperature=1.0), n_seeds=40,
+                                             positions=5, chat=False))
+    assert report.sampling_ok, report.to_json()
+    assert passes and max(passes) >= 2  # tree passes with several branches ran
