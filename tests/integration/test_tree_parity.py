@@ -19,7 +19,8 @@ from edgespec.engine import Engine
 
 PROMPTS = [
     "Repeat this sentence three times: the quick brown fox jumps over the lazy dog.",
-    "Rewrite this code with better names:\n\ndef f(a, b):\n    c = a + b\n    d = c * 2\n    return d\n\n"
+    "Rewrite this code with better names:\n\ndef f(a, b):\n    c = a + b\n    d = c * 2\n"
+    "    return d\n\n"
     "def g(a, b):\n    c = a - b\n    d = c * 2\n    return d\n\ndef h(a, b):\n    c = a * b\n"
     "    d = c * 2\n    return d\n",
     "Summarize: The cat sat on the mat. The dog sat on the log. The cat and the dog sat on "

@@ -44,7 +44,8 @@ def test_worked_example_branches_where_the_request_did():
     assert tree.confidence == (1.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5)
     assert tree.source == "request" and tree.width == 2 and tree.depth == 4
     # the first branch is the linear draft
-    assert tree.path_tokens(tree.path(tree.leaves[0])) == speculate(t, None, 8, 2.0, 0.0, 0.0).tokens
+    linear = speculate(t, None, 8, 2.0, 0.0, 0.0)
+    assert tree.path_tokens(tree.path(tree.leaves[0])) == linear.tokens
     # a node budget cuts the least probable nodes, ties to the later ones
     small = speculate_tree(t, None, 4, factor=2.0, offset=0.0, min_prob=0.0, max_children=4)
     assert small.tokens == (3, 4, 9, 5)
