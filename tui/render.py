@@ -229,8 +229,8 @@ def transcript_text(turns: Sequence, user: str | None) -> Text:
     many of its prompt tokens were reused, then the message being answered."""
     t = Text()
     for i, turn in enumerate(turns, 1):
-        t.append(f"▸ you · turn {i} · reused {turn.reused}/{turn.prompt_tokens} prompt tokens\n",
-                 Style(bold=True))
+        t.append(f"▸ you · turn {i} · reused {turn.reused}/{turn.prompt_tokens} "
+                 "prompt tokens\n", Style(bold=True))
         t.append(f"{turn.user}\n")
         t.append(f"◂ {'answer (cancelled)' if turn.stop_reason == 'cancelled' else 'answer'}\n",
                  Style(bold=True))
