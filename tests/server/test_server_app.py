@@ -222,3 +222,25 @@ def test_api_key_check():
         with pytest.raises(APIError) as e:
             check("k", "/v1/models", header)
         assert e.value.status == 401 and e.value.code == "invalid_api_key"
+
+
+def test_traffic_slices_reach_a_scheduler_that_takes_them(engine):
+    class SlicedScheduler(StubScheduler):
+        def submit(self, prompt, params, *, on_event, traffic="default", **kw):
+            return super().submit(prompt, params, on_event=on_event, traffic=traffic, **kw)
+
+    sched = SlicedScheduler([finished()])
+    with app_client(sched, engine, max_slices=2) as c:
+        post(c, "/v1/chat/completions", {"model": "fake", "messages": MSG})
+        post(c, "/v1/chat/completions", {"model": "fake", "messages": MSG,
+                                         "response_format": {"type": "json_object"}})
+        post(c, "/v1/completions", {"model": "fake", "prompt": "x"})
+        for name in ("code", "docs", "code"):
+            r = post(c, "/v1/completions", {"model": "fake", "prompt": "x"},
+                     headers={"X-Edgespec-Slice": name})
+            assert r.status_code == 200
+        assert [kw["traffic"] for _, _, kw in sched.calls] == \
+            ["chat", "chat/json", "completion", "code", "docs", "code"]
+        r = post(c, "/v1/completions", {"model": "fake", "prompt": "x"},
+                 headers={"X-Edgespec-Slice": "third"})  # beyond max_slices new names
+        assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_slices"
