@@ -64,7 +64,7 @@ class _Common(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: Union[str, list[str], None] = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, lt=2**64)  # what numpy's generator takes
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None

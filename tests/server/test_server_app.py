@@ -112,6 +112,7 @@ def test_request_fields_reach_the_scheduler_as_generation_params(engine):
      "response_format.json_schema"),
     ({"messages": MSG, "temperature": 3}, "temperature"),
     ({"messages": MSG, "stop": 5}, "stop"),
+    ({"messages": MSG, "seed": -5}, "seed"),
 ])
 def test_chat_refusals_name_the_field(engine, body, param):
     sched = StubScheduler([finished()])
