@@ -245,3 +245,33 @@ def test_traffic_slices_reach_a_scheduler_that_takes_them(engine):
         r = post(c, "/v1/completions", {"model": "fake", "prompt": "x"},
                  headers={"X-Edgespec-Slice": "third"})  # beyond max_slices new names
         assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_slices"
+
+
+FIELDS = ["max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stream",
+          "stream_options", "stop", "seed", "presence_penalty", "frequency_penalty",
+          "logit_bias", "logprobs", "top_logprobs", "response_format", "top_k", "min_p",
+          "repeat_penalty", "tools", "tool_choice", "user", "metadata", "messages", "model"]
+
+
+def test_any_json_body_gets_an_answer_never_a_500(engine):
+    """Random values for every field: each request is answered 200 or an OpenAI-shaped 4xx."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
+                        st.floats(allow_nan=False), st.text(max_size=8))
+    values = st.recursive(scalars, lambda kids: st.one_of(
+        st.lists(kids, max_size=3), st.dictionaries(st.text(max_size=6), kids, max_size=3)),
+        max_leaves=6)
+    sched = StubScheduler([finished()])
+    with app_client(sched, engine) as c:
+        @settings(max_examples=150, deadline=None,
+                  suppress_health_check=[HealthCheck.function_scoped_fixture])
+        @given(st.dictionaries(st.sampled_from(FIELDS), values, max_size=4))
+        def check(fields):
+            body = {"model": "fake", "messages": MSG, **fields}
+            r = post(c, "/v1/chat/completions", body)
+            assert r.status_code in (200, 400, 404), (body, r.text)
+            if r.status_code != 200:
+                assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+        check()
