@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
 from .. import __version__
-from ..errors import EdgespecError
+from ..errors import ContextOverflowError, EdgespecError
 from ..events import Finished, Step
 from ..serving import DONE
 from . import auth
@@ -94,8 +94,12 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
         traffic = slices.of(request.headers.get(SLICE_HEADER), kind, params)
         if takes_traffic:
             extra["traffic"] = traffic
-        ticket = await run_in_threadpool(
-            lambda: scheduler.submit(prompt, params, on_event=bridge, **extra))
+        try:
+            ticket = await run_in_threadpool(
+                lambda: scheduler.submit(prompt, params, on_event=bridge, **extra))
+        except ContextOverflowError as e:
+            raise APIError(400, str(e), param="messages" if kind == "chat" else "prompt",
+                           code="context_length_exceeded") from None
         shape = Shape(kind, req.model, identity.short, engine.target.token_piece)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -244,7 +244,7 @@ def test_openai_client_raises_its_own_error_classes(client):
     assert e.value.code == "unsupported_parameter" and e.value.param == "n"
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt="word " * 1500, max_tokens=4)
-    assert e.value.code == "context_length_exceeded"
+    assert e.value.code == "context_length_exceeded" and e.value.param == "prompt"
 
 
 def test_traffic_slice_header_is_checked(server, client):
