@@ -175,7 +175,7 @@ class Model:
     # contexts ----------------------------------------------------------------
     def new_context(self, n_ctx: int, n_batch: int = 512, n_threads: int | None = None,
                     n_seq_max: int = 1, flash_attn: int = 1, type_k: int | None = None,
-                    type_v: int | None = None) -> "Context":
+                    type_v: int | None = None, kv_unified: bool | None = None) -> "Context":
         """A context whose kernels give a position the same logits alone or in a small batch.
 
         Flash attention on with a Q8_0 KV cache: with an F16 cache, single-token decodes
@@ -193,10 +193,15 @@ class Model:
         p.n_batch = n_batch
         p.n_ubatch = n_batch
         p.n_seq_max = n_seq_max
-        # one cell pool for all sequences: a step mixes sequences with different numbers of
-        # rows (a draft here, a single token there), which a split cache would cut into one
-        # micro-batch per length; a unified pool evaluates the whole step in one graph
-        p.kv_unified = n_seq_max > 1
+        # unified (the default with several sequences): one cell pool, so a step that mixes
+        # sequences with different numbers of rows (a draft here, a single token there) is
+        # one graph; a split cache cuts it into micro-batches of equal rows per sequence.
+        # But in a shared pool a sequence's cells fill the holes others' rejected drafts
+        # left, out of position order, and attention sums them in cell order: the logits
+        # move by rounding (docs/parity.md). Split streams keep each sequence's cells in
+        # order, bitwise as alone: what exact mode needs.
+        unified = n_seq_max > 1 if kv_unified is None else bool(kv_unified and n_seq_max > 1)
+        p.kv_unified = unified
         p.n_threads = threads
         p.n_threads_batch = threads
         p.flash_attn_type = flash_attn
@@ -210,7 +215,7 @@ class Model:
         # llama.cpp may round the context up (the user's limit still holds) and clamp the batch.
         return Context(self, handle, n_ctx=min(n_ctx, int(_ll.llama_n_ctx(handle)) // n_seq_max),
                        n_batch=min(int(_ll.llama_n_batch(handle)), int(_ll.llama_n_ubatch(handle))),
-                       n_threads=threads)
+                       n_threads=threads, unified=unified)
 
     def close(self) -> None:
         if not self._closed and self._m:
@@ -291,13 +296,15 @@ def check_multi(segments, n_ctx: int, n_batch: int) -> None:
 class Context:
     """One llama.cpp context: a KV cache with sequences, and batched decoding."""
 
-    def __init__(self, model: Model, handle, n_ctx: int, n_batch: int, n_threads: int) -> None:
+    def __init__(self, model: Model, handle, n_ctx: int, n_batch: int, n_threads: int,
+                 unified: bool = False) -> None:
         self.model = model
         self._c = handle
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self.n_threads = n_threads
         self.n_seq_max = int(_ll.llama_n_seq_max(handle))
+        self.unified = self.n_seq_max > 1 and bool(unified)
         self._mem = _ll.llama_get_memory(handle)
         self._batch_cap = n_batch
         self._batch = _ll.llama_batch_init(n_batch, 0, 1)
@@ -471,9 +478,10 @@ class Context:
         (p1 = -1: to the end). In a unified pool this marks cells, it copies nothing."""
         self._check_seq(src)
         self._check_seq(dst)
-        if self.n_seq_max < 2:
+        if not self.unified:
             # llama.cpp asserts (aborts the process) on a partial copy in a split pool
-            raise EdgespecError("seq_cp needs a context with n_seq_max > 1")
+            raise EdgespecError("seq_cp needs a context whose sequences share one KV pool "
+                                "(n_seq_max > 1, unified: not an exact-mode engine)")
         _ll.llama_memory_seq_cp(self._mem, int(src), int(dst), int(p0), int(p1))
 
     def seq_keep(self, seq_id: int) -> None:

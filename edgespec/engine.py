@@ -135,6 +135,9 @@ class Engine:
             k = config.kernel
             ctx = tmodel.new_context(n_ctx=n_ctx, n_batch=k.n_batch, n_threads=config.threads,
                                      n_seq_max=config.parallel,
+                                     # several sequences: exact mode keeps each one's KV
+                                     # cells in order (backend.new_context says why)
+                                     kv_unified=not config.exact,
                                      flash_attn=int(k.flash_attn), type_k=k.kv_ggml_type,
                                      type_v=k.kv_ggml_type)
             stack.callback(ctx.close)

@@ -169,6 +169,18 @@ class Prefill:
     restored: bool  # the reused prefix came from the RAM state cache
 
 
+@dataclass(frozen=True)
+class PrefillStart:
+    """A prefill under way (:meth:`PrefixCache.start`): positions ``reused`` onwards of
+    ``prompt`` are still to be decoded."""
+
+    prompt: list[int]
+    reused: int
+    restored: bool
+    written: int  # of the reused prefix, what earlier prefills wrote
+    reuse: bool
+
+
 class PrefixCache:
     """The tokens one sequence of a context holds, and prefix reuse over them.
 
@@ -189,6 +201,21 @@ class PrefixCache:
 
     def prefill(self, prompt: Sequence[int], reuse: bool = True, exact: bool = False) -> Prefill:
         """``exact``: reuse only what earlier prefills wrote (the module docstring says why)."""
+        start = self.start(prompt, reuse, exact)
+        try:
+            logits = self.ctx.decode(start.prompt[start.reused:], start.reused, self.seq_id,
+                                     logits="last")
+        except BaseException:
+            self.invalidate()
+            raise
+        return self.finish(start, logits)
+
+    def start(self, prompt: Sequence[int], reuse: bool = True,
+              exact: bool = False) -> "PrefillStart":
+        """The first half of a prefill: pick the prefix to reuse (restoring it from RAM when
+        a saved state holds more), trim the rest. The caller decodes ``prompt[reused:]`` from
+        position ``reused`` (in one pass, or in chunks shared with other sequences), then
+        calls :meth:`finish`; on an error, :meth:`invalidate`."""
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise EdgespecError("prefill called with an empty prompt")
@@ -217,17 +244,25 @@ class PrefixCache:
             self.held = prompt[:n]
             written = min(self.prefilled, n)  # what of the reused prefix a prefill wrote
             self.prefilled = written
-            logits = self.ctx.decode(prompt[n:], n, self.seq_id, logits="last")
         except BaseException:
             self.invalidate()
             raise
+        return PrefillStart(prompt, n, restored, written, reuse)
+
+    def finish(self, start: "PrefillStart", logits, whole: bool = True) -> Prefill:
+        """The sequence now holds the whole prompt. ``whole``: the rest was decoded by this
+        sequence's own passes of n_batch rows, as a prefill from position 0 would group
+        them; chunks shared with other sequences (continuous batching) are not, and count
+        as decode-written for exact reuse."""
+        prompt, n, written = start.prompt, start.reused, start.written
         self.held = prompt
-        self.conversation = reuse
+        self.conversation = start.reuse
         # this pass extends the prefill-written extent when it continues it on a row-group
         # boundary (the rows are then grouped as in a prefill from position 0)
-        self.prefilled = (self._marked(n, len(prompt)) if written == n and n % ROW_GROUP == 0
+        self.prefilled = (self._marked(n, len(prompt))
+                          if whole and written == n and n % ROW_GROUP == 0
                           else _aligned(written))
-        return Prefill(logits=logits, reused=n, computed=len(prompt) - n, restored=restored)
+        return Prefill(logits=logits, reused=n, computed=len(prompt) - n, restored=start.restored)
 
     def commit(self, tokens: Sequence[int]) -> None:
         """The sequence holds exactly ``tokens`` now (positions 0..len-1)."""

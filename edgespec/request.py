@@ -112,6 +112,7 @@ class Loop:
     (:mod:`edgespec.serving.scheduler` runs several in one ``llama_decode`` per step):
 
         begin(req)        prefill, open proposer sessions, the first token   (events)
+                          (or the prefill in chunks by the scheduler, then prefilled(req, pre))
         plan(req, load)   propose, decide, cut the draft: a Pass, or None when it ended
         complete(pass, rows, seconds)   verify, trim, accept, observe, emit  (a Step)
         end(req)          flush the text, finish the stats                   (events)
@@ -170,9 +171,14 @@ class Loop:
             kv.invalidate()
 
     def begin(self, req: Request) -> Iterator[Event]:
-        p = req.params
         kv = req.kv if req.kv is not None else self.kv
         pre = kv.prefill(req.tokens, reuse=req.reuse, exact=req.exact)
+        yield from self.prefilled(req, pre)
+
+    def prefilled(self, req: Request, pre) -> Iterator[Event]:
+        """After the prompt is in the KV cache (``pre``: an edgespec.kvcache.Prefill, whose
+        logits are the last prompt token's): open the proposer sessions, emit the first token."""
+        p = req.params
         logits = pre.logits
         req.n_past = len(req.tokens)
         # Opening a session indexes the prompt (a draft model prefills it): part of TTFT.

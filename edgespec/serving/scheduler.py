@@ -18,13 +18,15 @@ its controller sees the rows the requests before it already put in the pass and 
 they expect from it (edgespec.request.Load), so on a compute-bound device drafts shrink and
 stop as the batch grows, and come back as it empties; a request whose controller declines
 a draft because of the load gets a ``load_yield`` Control event (``load_resume`` when it
-drafts again). New requests join at step boundaries (their prompt is prefilled alone, one
-at a time); finished ones free their sequence at once.
+drafts again). New requests join at step boundaries; their prompt loads in chunks of at
+most PREFILL_CHUNK positions that ride along in the passes the others decode in (so a long
+prompt does not stop everyone's stream), and finished requests free their sequence at once.
 
 Exact mode. Several sequences in a pass are rows of one matrix product, exactly as drafts
 are: when any active request is exact, the whole pass holds at most the probed invariant
 number of rows (Engine.exact_max_draft() + 1), so a request may wait a step for its turn
-(round robin). That bounds exact throughput; the default mode is not bounded.
+(round robin), and a prompt loads alone. That bounds exact throughput; the default mode
+is not bounded.
 
 ``on_event`` runs on the scheduler thread: it must not block (the server hands events to
 its asyncio loop with ``call_soon_threadsafe``).
@@ -46,6 +48,9 @@ from ..request import Load as StepLoad
 
 #: what on_event receives after a request's last event
 DONE = None
+#: prompt positions a loading request adds to a pass that others decode in: small enough
+#: that their next token waits ~one long pass, large enough for the batched kernels
+PREFILL_CHUNK = 128
 
 
 class QueueFullError(EdgespecError):
@@ -99,6 +104,8 @@ class _Active:
     route: object
     slot: _Slot
     yielding: bool = False  # its drafts are held back by the load (a load_yield was sent)
+    prefill: object | None = None  # an edgespec.kvcache.PrefillStart while its prompt loads
+    pos: int = 0  # the next prompt position to decode, while prefilling
 
 
 class Scheduler:
@@ -152,6 +159,12 @@ class Scheduler:
         # is refused before it takes a place in the queue
         prepared = self.engine.prepare(prompt, params, proposer=proposer, exact=exact,
                                        reuse=reuse)
+        if prepared.exact and self.parallel > 1 and getattr(self.engine.ctx, "unified", False):
+            prepared.close()
+            raise UnsupportedError(
+                "this server shares one KV pool between its sequences, where a sequence's "
+                "logits can move by rounding when others' drafts are trimmed; exact requests "
+                "need a server started with --exact (or --parallel 1)")
         ticket = Ticket(next(self._ids), on_event, self, prepared)
         with self._lock:
             try:
@@ -251,7 +264,13 @@ class Scheduler:
             self._active.append(a)
         try:
             self._send(a, loop.started(req))
-            for ev in loop.begin(req):  # the prefill, alone: others wait one prefill
+            if self.parallel > 1 and not req.exact:
+                # the prompt loads in chunks that share the next passes with the sequences
+                # already decoding, so they keep emitting while it loads
+                a.prefill = slot.kv.start(req.tokens, reuse=req.reuse, exact=False)
+                a.pos = req.n_past = a.prefill.reused
+                return
+            for ev in loop.begin(req):  # alone: exact mode, or nobody else to wait
                 self._send(a, ev)
         except BaseException as e:
             self._finish(a, error=e)
@@ -261,20 +280,24 @@ class Scheduler:
 
     def _step(self) -> None:
         loop, eng = self.loop, self.engine
-        order = self._active[self._rr % len(self._active):] + self._active[:self._rr % len(self._active)]
+        n = len(self._active)
+        order = self._active[self._rr % n:] + self._active[:self._rr % n]
         self._rr += 1
         exact = any(a.req.exact for a in order)
-        budget = eng.exact_max_draft() + 1 if exact else loop.ctx.n_batch
-        budget = max(1, budget)
-        passes, rows, tokens = [], 0, 0.0
-        for i, a in enumerate(order):
-            left = len(order) - i - 1  # requests still to plan, a row each at least
+        budget = max(1, eng.exact_max_draft() + 1 if exact else loop.ctx.n_batch)
+        decoding = [a for a in order if a.prefill is None]
+        chunks = self._prefill_chunks([a for a in order if a.prefill is not None], decoding,
+                                      budget, exact)
+        passes, rows, tokens = [], sum(c for _, c in chunks), 0.0
+        for i, a in enumerate(decoding):
+            left = len(decoding) - i - 1  # requests still to plan, a row each at least
             room = budget - rows - (left if not exact else 0)
             if room < 1:
                 break  # exact mode: this request waits for its turn
             try:
+                shared = len(decoding) > 1 or chunks
                 ps = loop.plan(a.req, StepLoad(rows=rows, tokens=tokens, max_rows=room)
-                               if len(order) > 1 else None)
+                               if shared else None)
             except BaseException as e:
                 self._finish(a, error=e)
                 continue
@@ -287,14 +310,16 @@ class Scheduler:
             passes.append((a, ps))
             rows += len(ps.tokens)
             tokens += ps.expected
-        if not passes:
+        if not passes and not chunks:
             return
         for a, ps in passes:
             a.req.in_flight = True
-            ps.batch_rows = rows if len(passes) > 1 else 0
+            ps.batch_rows = rows if len(passes) + len(chunks) > 1 else 0
+        for a, _ in chunks:
+            a.req.in_flight = True
         t0 = time.perf_counter()
         try:
-            if len(passes) == 1:
+            if len(passes) == 1 and not chunks:
                 a, ps = passes[0]
                 if ps.tree is not None:  # alone in the pass: the loop may verify a draft tree
                     from ..treepass import decode as decode_tree
@@ -303,10 +328,13 @@ class Scheduler:
                     outs = [loop.ctx.decode(ps.tokens, a.req.n_past, a.req.seq_id,
                                             logits=ps.logits)]
             else:
-                outs = loop.ctx.decode_multi([(ps.tokens, a.req.n_past, a.req.seq_id, ps.logits)
-                                              for a, ps in passes])
+                segs = [(ps.tokens, a.req.n_past, a.req.seq_id, ps.logits) for a, ps in passes]
+                segs += [(a.req.tokens[a.pos:a.pos + c], a.pos, a.req.seq_id,
+                          "last" if a.pos + c == len(a.req.tokens) else "none")
+                         for a, c in chunks]
+                outs = loop.ctx.decode_multi(segs)
         except BaseException as e:  # the pass failed for everyone in it
-            for a, _ in passes:
+            for a, _ in [*passes, *chunks]:
                 self._finish(a, error=e)
             return
         seconds = time.perf_counter() - t0
@@ -319,6 +347,61 @@ class Scheduler:
                 continue
             if a.req.stop_reason:
                 self._finish(a)
+        for (a, c), out in zip(chunks, outs[len(passes):]):
+            a.pos += c
+            a.req.n_past, a.req.in_flight = a.pos, False
+            if a.pos == len(a.req.tokens):
+                self._prefilled(a, out, whole=False)
+
+    def _prefill_chunks(self, prefilling: list, decoding: list, budget: int,
+                        exact: bool) -> list[tuple[_Active, int]]:
+        """How many prompt positions each loading request decodes in this pass. While
+        others decode, a pass takes at most PREFILL_CHUNK of them (the others' next token
+        waits for the whole pass); alone, a whole batch. When an exact request is active,
+        shared passes must stay within its invariant rows: a prompt then loads alone."""
+        out: list[tuple[_Active, int]] = []
+        room = budget - len(decoding)
+        per = PREFILL_CHUNK if decoding else budget
+        for a in prefilling:
+            if a.ticket.cancelled.is_set():
+                a.req.stop_reason = "cancelled"
+                self._finish(a)
+                continue
+            if exact:
+                self._prefill_alone(a)
+                continue
+            c = min(len(a.req.tokens) - a.pos, room, per)
+            if c <= 0:
+                continue  # waits for the next pass
+            out.append((a, c))
+            room -= c
+        return out
+
+    def _prefill_alone(self, a: _Active) -> None:
+        req = a.req
+        # a prompt that loads in one go, as kvcache's own prefill does, counts as prefilled
+        whole = a.pos == a.prefill.reused
+        try:
+            req.in_flight = True
+            logits = self.loop.ctx.decode(req.tokens[a.pos:], a.pos, req.seq_id, logits="last")
+            req.in_flight = False
+            a.pos = req.n_past = len(req.tokens)
+        except BaseException as e:
+            self._finish(a, error=e)
+            return
+        self._prefilled(a, logits, whole=whole)
+
+    def _prefilled(self, a: _Active, logits, whole: bool) -> None:
+        try:
+            pre = a.slot.kv.finish(a.prefill, logits, whole=whole)
+            a.prefill = None
+            for ev in self.loop.prefilled(a.req, pre):
+                self._send(a, ev)
+        except BaseException as e:
+            self._finish(a, error=e)
+            return
+        if a.req.stop_reason:
+            self._finish(a)
 
     def _load_events(self, a: _Active, ps, rows: int) -> None:
         """A load_yield when the controller declines a draft it has because the pass is

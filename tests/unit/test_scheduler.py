@@ -181,3 +181,47 @@ def test_a_draft_model_is_refused_with_parallel_sequences():
     eng = fake_engine(model, {"draft": ScriptedProposer(model, [3], costly=True)}, parallel=2)
     with pytest.raises(UnsupportedError, match="--parallel 1"):
         Scheduler(eng)
+
+
+def test_a_long_prompt_loads_in_chunks_while_others_keep_decoding():
+    model = FakeModel()
+    eng = fake_engine(model, {"scripted": ScriptedProposer(model, [2])}, parallel=2,
+                      n_batch=32, n_ctx=256)
+    sch = Scheduler(eng)
+    params = raw(max_tokens=40)
+    first, second = Collector(), Collector()
+    steps_before: list[int] = []
+
+    def on_first(ev):
+        first(ev)
+        if isinstance(ev, Step) and len(steps_before) == 0 and len(first.events) > 4:
+            steps_before.append(1)
+            sch.submit("#" * 90, raw(max_tokens=6), on_event=second)  # 91 prompt tokens
+    sch.submit("a", params, on_event=on_first)
+    f1, f2 = first.finished, second.finished
+    sch.close()
+    assert f1.tokens == alone("a", params, [2]).tokens
+    assert f2.tokens == alone("#" * 90, raw(max_tokens=6), [2]).tokens
+    # the prompt went in pieces of at most n_batch - 1 rows, each sharing a pass with the
+    # decoding request (one llama_decode holding both sequences)
+    calls = eng.ctx.calls
+    multi = [i for i, c in enumerate(calls) if c == "multi"]
+    shared = [(calls[i + 1], calls[i + 2]) for i in multi
+              if isinstance(calls[i + 2], Decode) and calls[i + 2].logits in ("none", "last")
+              and calls[i + 1].seq_id != calls[i + 2].seq_id and len(calls[i + 2].tokens) > 4]
+    assert len(shared) >= 2
+    assert all(len(p.tokens) <= 31 for _, p in shared)
+    assert f2.stats.prompt_tokens == 91
+
+
+def test_exact_requests_need_sequences_with_their_own_cells():
+    eng = fake_engine(FakeModel(), {}, parallel=2)
+    eng.ctx.unified = True  # a default-mode engine: one shared KV pool
+    eng._exact_cap = 2
+    sch = Scheduler(eng)
+    with pytest.raises(UnsupportedError, match="--exact"):
+        sch.submit("a", raw(max_tokens=4), on_event=Collector(), exact=True)
+    ok = Collector()
+    sch.submit("a", raw(max_tokens=4), on_event=ok)  # the default mode is served
+    assert ok.finished.stop_reason == "length"
+    sch.close()
