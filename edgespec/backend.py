@@ -175,7 +175,8 @@ class Model:
     # contexts ----------------------------------------------------------------
     def new_context(self, n_ctx: int, n_batch: int = 512, n_threads: int | None = None,
                     n_seq_max: int = 1, flash_attn: int = 1, type_k: int | None = None,
-                    type_v: int | None = None, kv_unified: bool | None = None) -> "Context":
+                    type_v: int | None = None, kv_unified: bool | None = None,
+                    full_seqs: int | None = None) -> "Context":
         """A context whose kernels give a position the same logits alone or in a small batch.
 
         Flash attention on with a Q8_0 KV cache: with an F16 cache, single-token decodes
@@ -189,10 +190,6 @@ class Model:
         threads = n_threads or default_threads()
         n_batch = max(1, min(n_batch, n_ctx))
         p = _ll.llama_context_default_params()
-        p.n_ctx = n_ctx * n_seq_max  # n_ctx is each sequence's limit
-        p.n_batch = n_batch
-        p.n_ubatch = n_batch
-        p.n_seq_max = n_seq_max
         # unified (the default with several sequences): one cell pool, so a step that mixes
         # sequences with different numbers of rows (a draft here, a single token there) is
         # one graph; a split cache cuts it into micro-batches of equal rows per sequence.
@@ -201,6 +198,13 @@ class Model:
         # move by rounding (docs/parity.md). Split streams keep each sequence's cells in
         # order, bitwise as alone: what exact mode needs.
         unified = n_seq_max > 1 if kv_unified is None else bool(kv_unified and n_seq_max > 1)
+        # n_ctx is each sequence's limit; sequences past ``full_seqs`` (draft-tree scratch
+        # sequences, unified pools only) share cells and add at most a batch of their own
+        full = n_seq_max if full_seqs is None or not unified else max(1, min(full_seqs, n_seq_max))
+        p.n_ctx = n_ctx * full + (n_seq_max - full) * n_batch
+        p.n_batch = n_batch
+        p.n_ubatch = n_batch
+        p.n_seq_max = n_seq_max
         p.kv_unified = unified
         p.n_threads = threads
         p.n_threads_batch = threads
@@ -213,7 +217,8 @@ class Model:
             raise EdgespecError(f"llama.cpp could not create a context of {n_ctx} tokens for "
                                 f"{self.path.name}: {recent_log(4)}")
         # llama.cpp may round the context up (the user's limit still holds) and clamp the batch.
-        return Context(self, handle, n_ctx=min(n_ctx, int(_ll.llama_n_ctx(handle)) // n_seq_max),
+        cells = int(_ll.llama_n_ctx(handle))
+        return Context(self, handle, n_ctx=min(n_ctx, cells if unified else cells // n_seq_max),
                        n_batch=min(int(_ll.llama_n_batch(handle)), int(_ll.llama_n_ubatch(handle))),
                        n_threads=threads, unified=unified)
 

@@ -81,6 +81,9 @@ class EngineConfig:
     exact: bool = False
     n_ctx: int | None = None  # per sequence: with parallel > 1 the context holds parallel * n_ctx
     parallel: int = 1  # sequences that decode together in one pass (edgespec serve --parallel)
+    # scratch KV sequences for draft trees (edgespec.treepass): a tree's branches are
+    # verified in one pass where the cost curve says a tree pays; 0 = linear drafts only
+    tree_width: int = 0
     threads: int | None = None
     n_gpu_layers: int = 0
     draft_gpu_layers: int = 0
@@ -108,6 +111,12 @@ class EngineConfig:
                f"--ctx must be at least 16 tokens (got {self.n_ctx})")
         _guard(1 <= self.parallel <= 64,
                f"--parallel must be between 1 and 64 sequences (got {self.parallel})")
+        _guard(0 <= self.tree_width <= 32,
+               f"--tree-width must be between 0 and 32 branches (got {self.tree_width})")
+        _guard(not (self.tree_width and self.exact and self.parallel > 1),
+               "draft trees share KV cells between sequences, which an exact engine with "
+               "--parallel > 1 keeps apart (docs/parity.md); drop --tree-width, --exact or "
+               "--parallel")
         _guard(self.threads is None or self.threads >= 1,
                f"--threads must be >= 1 (got {self.threads})")
         _guard(self.n_gpu_layers >= -1 and self.draft_gpu_layers >= -1,

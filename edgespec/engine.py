@@ -134,10 +134,11 @@ class Engine:
                                         f"({tmodel.n_ctx_train})")
             k = config.kernel
             ctx = tmodel.new_context(n_ctx=n_ctx, n_batch=k.n_batch, n_threads=config.threads,
-                                     n_seq_max=config.parallel,
-                                     # several sequences: exact mode keeps each one's KV
+                                     n_seq_max=config.parallel + config.tree_width,
+                                     full_seqs=config.parallel,
+                                     # several requests: exact mode keeps each one's KV
                                      # cells in order (backend.new_context says why)
-                                     kv_unified=not config.exact,
+                                     kv_unified=not (config.exact and config.parallel > 1),
                                      flash_attn=int(k.flash_attn), type_k=k.kv_ggml_type,
                                      type_v=k.kv_ggml_type)
             stack.callback(ctx.close)
@@ -161,6 +162,9 @@ class Engine:
             eng = cls(tmodel, ctx, config=config, proposers=loaded, calibration=cal, sinks=sinks,
                       plan=plan, default_proposer=default)
             eng._proposer_options = options
+            # the sequences past the request slots are the draft trees' scratch branches
+            eng._loop.tree_seqs = tuple(range(config.parallel,
+                                              config.parallel + config.tree_width))
             if not user_len and config.exact:
                 # a default fixed length shrinks to what exact mode verifies; a user's is refused
                 cap = max(1, eng.exact_max_draft())

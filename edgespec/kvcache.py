@@ -329,7 +329,7 @@ class PrefixCache:
         self.prefilled = 0
         self.conversation = False
         try:
-            self.ctx.clear()
+            self.ctx.trim(self.seq_id, 0)  # this sequence only: others may be serving
         except Exception:  # pragma: no cover - a closed context holds nothing anyway
             pass
 

@@ -42,6 +42,8 @@ class SamplingParams:
         _guard(0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1) (got {self.min_p})")
         _guard(self.repeat_penalty > 0.0, f"repeat_penalty must be > 0 (got {self.repeat_penalty})")
         _guard(self.repeat_last_n >= 0, f"repeat_last_n must be >= 0 (got {self.repeat_last_n})")
+        _guard(self.seed is None or 0 <= self.seed < 2 ** 64,
+               f"seed must be between 0 and 2**64 - 1 (got {self.seed})")
         return self
 
 

@@ -33,6 +33,10 @@ def engine_options(fn):
         click.option("--draft", default=None,
                      help="Draft model (registry name or .gguf path) for --proposer draft."),
         proposer_option,
+        click.option("--tree-width", type=click.IntRange(0, 32), default=0,
+                     expose_value=False, callback=_remember("tree_width"),
+                     help="Draft trees: up to N branches verified in one pass where the "
+                          "device's cost curve says a tree pays (0: linear drafts)."),
         click.option("--draft-len", type=click.IntRange(1, 64), default=None,
                      help="Draft length (the maximum when adaptive control is on)."),
         click.option("--adaptive/--no-adaptive", default=True, show_default=True,
@@ -51,11 +55,22 @@ def engine_options(fn):
     return fn
 
 
+def _remember(name: str):
+    """A click callback keeping a flag in the command's context (read by engine_config),
+    so adding an engine flag does not change every command's signature."""
+    def keep(ctx: click.Context, _param, value):
+        ctx.meta[f"edgespec.{name}"] = value
+        return value
+    return keep
+
+
 def engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget):
     from ..config import EngineConfig
+    ctx = click.get_current_context(silent=True)
+    tree_width = ctx.meta.get("edgespec.tree_width", 0) if ctx is not None else 0
     return EngineConfig(target=target, draft=draft, proposer=proposer, draft_len=draft_len,
                         adaptive=adaptive, exact=exact, n_ctx=n_ctx, threads=threads,
-                        budget=budget).validate()
+                        budget=budget, tree_width=tree_width).validate()
 
 
 def structured_options(fn):

@@ -12,7 +12,6 @@ sequence at the next step.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import re
 import threading
@@ -86,17 +85,13 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
         return await _generate(request, "completion", req, prompt, params)
 
     slices = _Slices(settings.max_slices)
-    takes_traffic = "traffic" in inspect.signature(scheduler.submit).parameters
 
     async def _generate(request: Request, kind: str, req, prompt, params):
         bridge = _Bridge(asyncio.get_running_loop(), metrics)
-        extra = {}
         traffic = slices.of(request.headers.get(SLICE_HEADER), kind, params)
-        if takes_traffic:
-            extra["traffic"] = traffic
         try:
             ticket = await run_in_threadpool(
-                lambda: scheduler.submit(prompt, params, on_event=bridge, **extra))
+                lambda: scheduler.submit(prompt, params, on_event=bridge, traffic=traffic))
         except ContextOverflowError as e:
             raise APIError(400, str(e), param="messages" if kind == "chat" else "prompt",
                            code="context_length_exceeded") from None

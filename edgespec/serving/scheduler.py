@@ -153,12 +153,13 @@ class Scheduler:
     # --- clients -------------------------------------------------------------------------
     def submit(self, prompt: str | Sequence[dict], params: GenerationParams, *,
                on_event: Callable[[object], None], proposer: str | None = None,
-               exact: bool | None = None, reuse: bool = True) -> Ticket:
+               exact: bool | None = None, reuse: bool = True,
+               traffic: str = "default") -> Ticket:
         self._admissible()
         # validation and tokenization happen here, on the caller's thread: a bad request
         # is refused before it takes a place in the queue
         prepared = self.engine.prepare(prompt, params, proposer=proposer, exact=exact,
-                                       reuse=reuse)
+                                       reuse=reuse, traffic=traffic)
         if prepared.exact and self.parallel > 1 and getattr(self.engine.ctx, "unified", False):
             prepared.close()
             raise UnsupportedError(

@@ -177,7 +177,8 @@ class FakeModel:
     # --- contexts --------------------------------------------------------------------
     def new_context(self, n_ctx: int, n_batch: int = 512, n_threads: int | None = None,
                     n_seq_max: int = 1, flash_attn: int = 1, type_k: int | None = None,
-                    type_v: int | None = None, kv_unified: bool | None = None) -> "FakeContext":
+                    type_v: int | None = None, kv_unified: bool | None = None,
+                    full_seqs: int | None = None) -> "FakeContext":
         if n_ctx <= 0:
             raise EdgespecError(f"context size must be positive (got {n_ctx})")
         ctx = FakeContext(self, n_ctx=n_ctx, n_batch=max(1, min(n_batch, n_ctx)),

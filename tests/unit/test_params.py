@@ -36,6 +36,7 @@ def test_an_empty_grammar_is_still_a_grammar():
     ({"sampling": SamplingParams(top_k=-1)}, "top_k"),
     ({"sampling": SamplingParams(repeat_penalty=0.0)}, "repeat_penalty"),
     ({"sampling": SamplingParams(repeat_last_n=-1)}, "repeat_last_n"),
+    ({"sampling": SamplingParams(seed=-1)}, "seed"),
 ])
 def test_out_of_range_values_name_the_field(kw, needle):
     with pytest.raises(InvalidInputError, match=needle):

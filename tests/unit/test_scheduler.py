@@ -225,3 +225,17 @@ def test_exact_requests_need_sequences_with_their_own_cells():
     sch.submit("a", raw(max_tokens=4), on_event=ok)  # the default mode is served
     assert ok.finished.stop_reason == "length"
     sch.close()
+
+
+def test_a_request_runs_in_its_traffic_slice():
+    model = FakeModel()
+    eng = fake_engine(model, {"scripted": ScriptedProposer(model, [2])}, parallel=2)
+    seen = []
+    real = eng.guard.route
+    eng.guard.route = lambda traffic, label: seen.append(traffic) or real(traffic, label)
+    sch = Scheduler(eng)
+    c = Collector()
+    t = sch.submit("a", raw(max_tokens=4), on_event=c, traffic="/v1/chat/completions/json")
+    assert c.finished.stop_reason == "length"
+    sch.close()
+    assert t.prepared.traffic == "/v1/chat/completions/json" and seen == [t.prepared.traffic]
