@@ -76,16 +76,52 @@ class DraftSession:
         self.kv_len = 0  # how many of seq are in the draft's KV cache
         self.sampling = sampling
         self.pending: list[int] = []  # last proposal, to match against accepted tokens
+        self._last = None  # (that Draft, its per-position (logits, distribution) rows)
         self._rng = None
         if not sampling.greedy:
             from ..sampling import make_rng
             self._rng = make_rng(sampling.seed, "draft")
 
     def propose(self, k: int) -> Draft:
+        return self._propose(k, 0)[0]
+
+    def propose_tree(self, k: int, max_children: int = 4):
+        """The linear draft as the first branch, plus at every position the draft's next
+        most probable tokens (up to ``max_children - 1``) as leaves beside it: where the
+        draft hesitates, a second guess rides in the same target pass. Node confidences are
+        path probabilities under the draft. The leaves cost no draft decode."""
+        from ..tree import DraftTree
+        n_alts = max(0, max_children - 1)
+        if self.pending and self._last is not None:
+            # the linear draft of this step is already decoded (the tree is no deeper than
+            # it; drafting on would decode again): its rows give the leaves
+            draft, rows = self._last
+            draft = Draft(tokens=draft.tokens[:k], confidence=(draft.confidence or ())[:k],
+                          source="draft")
+            alts = [_runners_up(lg, p, t, n_alts) for (lg, p), t in zip(rows, draft.tokens)]
+        else:
+            draft, alts = self._propose(k, n_alts)
+        if not draft.tokens:
+            return DraftTree((), ())
+        toks, conf = list(draft.tokens), list(draft.confidence or (0.0,) * len(draft.tokens))
+        path_p, acc = [], 1.0
+        for c in conf:
+            acc *= c
+            path_p.append(acc)
+        paths, confs = [toks], [path_p]
+        for i, options in enumerate(alts):
+            before = path_p[i - 1] if i else 1.0
+            for tok, pr in options:
+                paths.append([*toks[:i], tok])
+                confs.append([*path_p[:i], before * pr])
+        return DraftTree.from_paths(paths, confs, source="draft")
+
+    def _propose(self, k: int, n_alts: int) -> tuple[Draft, list[list[tuple[int, float]]]]:
         ctx = self.owner.ctx
+        alts: list[list[tuple[int, float]]] = []
         if k <= 0 or len(self.seq) + k >= ctx.n_ctx:
             self.pending = []
-            return EMPTY_DRAFT
+            return EMPTY_DRAFT, alts
         t0 = time.perf_counter()
         feed = self.seq[self.kv_len:]
         logits = ctx.decode(feed, self.kv_len, logits="last")[0]
@@ -93,6 +129,7 @@ class DraftSession:
         tokens: list[int] = []
         probs: list[np.ndarray] = []
         conf: list[float] = []
+        rows: list = []
         history = list(self.seq)
         for i in range(k):
             tok, p, c = self._choose(logits, history)
@@ -100,6 +137,9 @@ class DraftSession:
             conf.append(c)
             if p is not None:
                 probs.append(p)
+            rows.append((logits if p is None else None, p))  # decode gave a fresh array
+            if n_alts:
+                alts.append(_runners_up(logits if p is None else None, p, tok, n_alts))
             history.append(tok)
             if i + 1 < k:
                 logits = ctx.decode([tok], self.kv_len + i, logits="last")[0]
@@ -109,8 +149,10 @@ class DraftSession:
         o = self.owner
         o.seconds_per_token = est if o.seconds_per_token == 0 else 0.8 * o.seconds_per_token + 0.2 * est
         self.pending = tokens
-        return Draft(tokens=tuple(tokens), probs=np.stack(probs) if probs else None,
-                     confidence=tuple(conf), source="draft")
+        draft = Draft(tokens=tuple(tokens), probs=np.stack(probs) if probs else None,
+                      confidence=tuple(conf), source="draft")
+        self._last = (draft, rows)
+        return draft, alts
 
     def _choose(self, logits: np.ndarray, history: list[int]):
         if self._rng is None:
@@ -133,6 +175,7 @@ class DraftSession:
             self.kv_len = keep
         self.seq.extend(int(t) for t in tokens)
         self.pending = []
+        self._last = None
 
     def close(self, completed: bool) -> None:  # noqa: ARG002
         # a proposal not yet accepted left its tokens past kv_len: drop them, so the KV
@@ -145,6 +188,19 @@ class DraftSession:
             self.owner._held = []
         self.pending = []
         self.owner._release()
+
+
+def _runners_up(logits: np.ndarray | None, p: np.ndarray | None, chosen: int,
+                n: int) -> list[tuple[int, float]]:
+    """The ``n`` most probable tokens other than ``chosen``, with their probabilities (from
+    the sampling distribution ``p``, or the softmax of greedy ``logits``)."""
+    if p is None:
+        x = logits.astype(np.float64)
+        p = np.exp(x - x.max())
+        p /= p.sum()
+    idx = np.argpartition(-p, n)[:n + 1]
+    idx = idx[np.argsort(-p[idx])]
+    return [(int(t), float(p[t])) for t in idx if int(t) != chosen and p[t] > 0][:n]
 
 
 def check_compatible(target, draft) -> None:
