@@ -309,6 +309,7 @@ def render_markdown(run: Mapping, plots: Mapping[str, str] | None = None) -> str
         lines += _speedup_section(run, cats, others, m)
     lines += _acceptance_section(run, cats, labels)
     lines += _pass_size_section(run, cats, labels)
+    lines += _tree_section(run, cats, labels)
     lines += _divergence_section(run)
     lines += _latency_section(run, labels)
     errors = [r for r in run["records"] if "error" in r]
@@ -443,6 +444,45 @@ def _pass_size_section(run, cats, labels) -> list[str]:
             rows.append((cat, str(n), _f2(histogram_mean(h)), dist))
         lines += _table(("category", "passes", "mean size", "size:share"), rows) + [""]
     return lines
+
+
+def tree_summary(records: Sequence[Mapping]) -> dict | None:
+    """Draft-tree figures over records (None when no tree pass ran): passes, nodes and
+    branches per pass, accepted path length, the share of accepted paths off the first
+    branch, and verify occupancy (drafted positions per pass vs those kept)."""
+    rs = [r for r in records if r.get("tree_passes")]
+    passes = sum(r["tree_passes"] for r in rs)
+    if not passes:
+        return None
+    share = sum(r.get("branch_utilisation", 0.0) * r["tree_passes"] for r in rs) / passes
+    drafted = sum(r.get("drafted", 0) for r in rs)
+    kept = sum(r.get("accepted", 0) for r in rs)
+    vp = sum(r.get("verify_passes", 0) or 0 for r in rs) or 1
+    return {"passes": passes, "nodes": sum(r["tree_nodes"] for r in rs) / passes,
+            "branches": sum(r["tree_branches"] for r in rs) / passes,
+            "path": sum(r["tree_accepted"] for r in rs) / passes, "off_first": share,
+            "drafted_per_pass": drafted / vp, "kept_per_pass": kept / vp}
+
+
+def _tree_section(run, cats, labels) -> list[str]:
+    rows = []
+    for c in labels:
+        for cat in [*cats, OVERALL]:
+            recs = [r for r in ok_records(run) if r.get("config") == c
+                    and (cat == OVERALL or r.get("category") == cat)]
+            t = tree_summary(recs)
+            if t is not None:
+                rows.append((c, cat, str(t["passes"]), _f2(t["nodes"]), _f2(t["branches"]),
+                             _f2(t["path"]), _pct(t["off_first"]),
+                             f"{t['kept_per_pass']:.2f} / {t['drafted_per_pass']:.2f}"))
+    if not rows:
+        return []
+    return ["## Draft trees", "",
+            "Passes that verified a tree (`--tree-width`): nodes and branches per pass, the "
+            "accepted path's length, how often it left the first branch (what a linear draft "
+            "would not have kept), and verify occupancy: positions kept / drafted per pass.", "",
+            *_table(("config", "category", "tree passes", "nodes", "branches", "accepted path",
+                     "off first branch", "occupancy"), rows), ""]
 
 
 def divergences(run: Mapping) -> list[dict]:

@@ -282,3 +282,17 @@ def test_markdown_shows_anchors_pass_sizes_plain_paths_and_divergences():
     assert "## Divergences from the plain path" in md and "| suffix | p1 | 0 | 5 | 0.400 | near-tie |" in md
     # the tool's acceptance and tokens per pass come from its own counts
     assert "| llama-lookup | 90% | 4.00 |" in md
+
+
+def test_markdown_shows_draft_tree_figures_only_where_trees_ran():
+    from edgespec.bench.report import tree_summary
+    assert "## Draft trees" not in render_markdown(_run(RECORDS))
+    tree = _rec("suffix", "p2", "summarization", 16.0, drafted=12, accepted=6, verify_passes=3,
+                tree_passes=2, tree_nodes=10, tree_branches=4, tree_accepted=5,
+                branch_utilisation=0.5)
+    t = tree_summary([tree])
+    assert t["nodes"] == 5 and t["branches"] == 2 and t["path"] == 2.5 and t["off_first"] == 0.5
+    assert t["kept_per_pass"] == 2 and t["drafted_per_pass"] == 4
+    md = render_markdown(_run([*RECORDS, tree]))
+    assert "## Draft trees" in md
+    assert "| suffix | summarization | 2 | 5.00 | 2.00 | 2.50 | 50% | 2.00 / 4.00 |" in md
