@@ -111,6 +111,10 @@ def live_text(m: LiveMetrics, *, rss: int | None, width: int, p: Palette = Palet
              + (f" {m.proposer_now}" if m.proposer_now else "") + "\n")
     label("per pass")
     t.append(f"{s.mean_accepted_length:.2f} tok\n")
+    if s.tree_passes:  # draft trees (--tree-width): only where one was verified
+        label("trees")
+        t.append(f"{s.tree_passes} · path {s.tree_path_length:.2f} · off 1st "
+                 f"{s.branch_utilisation:.0%}\n")
     # decode rates on both sides of the speedup; what the prompt cost is TTFT, shown apart
     label("decode")
     rate = m.tokens_per_second_now
@@ -205,8 +209,10 @@ def summary_line(s: RequestStats) -> str:
     acc = f"acc {s.acceptance_rate:.0%} · " if s.drafted else ""
     ttft = f"ttft {ms(s.ttft_seconds)} ms · " if s.ttft_seconds is not None else ""
     reused = f"reused {reused_text(s)} · " if s.prompt_reused else ""
+    trees = (f"trees {s.tree_passes} (path {s.tree_path_length:.2f}, off 1st "
+             f"{s.branch_utilisation:.0%}) · " if s.tree_passes else "")
     return (f"{s.generated_tokens} tok · {s.total_seconds:.1f} s · {ttft}{reused}"
-            f"{s.decode_tokens_per_second:.1f} tok/s · {acc}"
+            f"{s.decode_tokens_per_second:.1f} tok/s · {acc}{trees}"
             f"len {s.mean_accepted_length:.2f} · {s.stop_reason}")
 
 

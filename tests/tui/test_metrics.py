@@ -184,3 +184,13 @@ def test_history_recall_keeps_what_was_being_typed():
     assert h.recall(+1, "one") == "two"
     assert h.recall(+1, "two") == "typing"
     assert h.recall(+1, "typing") is None
+
+
+def test_tree_figures_show_only_where_trees_ran():
+    from edgespec.stats import RequestStats
+    from tui.render import summary_line
+    s = RequestStats(generated_tokens=20, total_seconds=1.0, stop_reason="length")
+    assert "trees" not in summary_line(s)
+    s.observe_tree(nodes=6, branches=2, accepted=3, off_first=True)
+    s.observe_tree(nodes=6, branches=2, accepted=1, off_first=False)
+    assert "trees 2 (path 2.00, off 1st 50%)" in summary_line(s)
