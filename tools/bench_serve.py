@@ -180,7 +180,9 @@ def main() -> int:
             cmd = server_cmd(kind, model, port, max(levels), args.ctx, args.threads,
                              edgespec_bin, llama_server)
             print(f"[round {rnd + 1}] {kind}: {' '.join(cmd)}", flush=True)
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            args.out.mkdir(parents=True, exist_ok=True)
+            log = open(args.out / f"{kind}.server.log", "wb")
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
             try:
                 wait_ready(port, proc)
@@ -198,6 +200,7 @@ def main() -> int:
                     proc.wait(60)
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
+                log.close()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(
         {"args": {k: str(v) for k, v in vars(args).items()},
