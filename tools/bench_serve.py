@@ -108,7 +108,7 @@ async def level(port: int, prompts: list[list[dict]], c: int, max_tokens: int) -
     queue = list(prompts)
     out: list[dict] = []
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
-                                timeout=600.0, max_retries=0)
+                                timeout=600.0, max_retries=3)  # llama-server drops idle keep-alives
 
     model = (await client.models.list()).data[0].id
 
