@@ -23,6 +23,21 @@ def model_path():
     return get
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fresh_learned_state(tmp_path_factory):
+    """Real-model tests start from no persisted n-gram statistics and no saved sessions:
+    what the proposers learned in earlier runs on this machine (a benchmark, a previous
+    test run) must not decide what a test sees. Models and calibration stay shared."""
+    from edgespec import paths
+
+    mp = pytest.MonkeyPatch()
+    root = tmp_path_factory.mktemp("learned")
+    mp.setattr(paths, "ngram_dir", lambda: root / "ngram")
+    mp.setattr(paths, "sessions_dir", lambda: root / "sessions")
+    yield
+    mp.undo()
+
+
 _ENGINES: dict = {}
 
 

@@ -58,7 +58,10 @@ def test_trees_ran_and_left_the_first_branch(engine):
         passes += s.tree_passes
         off += s.tree_off_first
         assert s.drafted >= s.accepted
-    assert passes >= 3
+    # how many passes the adaptive controller spends on trees depends on the pass times it
+    # measures (1-3 in repeated runs); that trees run and a path leaves the first branch
+    # does not
+    assert passes >= 1
     assert off >= 1
 
 
