@@ -32,8 +32,14 @@ def _fresh_learned_state(tmp_path_factory):
 
     mp = pytest.MonkeyPatch()
     root = tmp_path_factory.mktemp("learned")
-    mp.setattr(paths, "ngram_dir", lambda: root / "ngram")
-    mp.setattr(paths, "sessions_dir", lambda: root / "sessions")
+    home = os.environ.get("EDGESPEC_HOME")
+    ngram, sessions = paths.ngram_dir, paths.sessions_dir
+
+    # a test that points EDGESPEC_HOME elsewhere gets exactly that home
+    mp.setattr(paths, "ngram_dir", lambda: root / "ngram"
+               if os.environ.get("EDGESPEC_HOME") == home else ngram())
+    mp.setattr(paths, "sessions_dir", lambda: root / "sessions"
+               if os.environ.get("EDGESPEC_HOME") == home else sessions())
     yield
     mp.undo()
 
