@@ -315,6 +315,14 @@ class Context:
         self._batch = _ll.llama_batch_init(n_batch, 0, 1)
         self._closed = False
 
+    def _run_batch(self, b, n: int, what: str = "") -> None:
+        """Evaluate the first ``n`` entries of batch ``b`` (every decode ends here)."""
+        b.n_tokens = n
+        rc = _ll.llama_decode(self._c, b)
+        if rc != 0:
+            raise EdgespecError(f"llama_decode{what} failed with status {rc}"
+                                f"{' (KV cache full)' if rc == 1 else ''}: {recent_log(3)}")
+
     def decode(self, tokens: Sequence[int], pos0: int, seq_id: int = 0,
                logits: str = "last") -> np.ndarray:
         """Evaluate ``tokens`` at positions pos0.. in sequence ``seq_id``.
@@ -339,11 +347,7 @@ class Context:
                 b.seq_id[i][0] = seq_id
                 want = last_chunk and (logits == "all" or (logits == "last" and i == len(chunk) - 1))
                 b.logits[i] = 1 if want else 0
-            b.n_tokens = len(chunk)
-            rc = _ll.llama_decode(self._c, b)
-            if rc != 0:
-                raise EdgespecError(f"llama_decode failed with status {rc}"
-                                    f"{' (KV cache full)' if rc == 1 else ''}: {recent_log(3)}")
+            self._run_batch(b, len(chunk))
             if last_chunk and logits != "none":
                 rows = len(chunk) if logits == "all" else 1
                 ptr = _ll.llama_get_logits(self._c)
@@ -375,11 +379,7 @@ class Context:
                 b.logits[i] = 1 if want else 0
                 i += 1
             wanted.append(n if logits == "all" else 1 if logits == "last" else 0)
-        b.n_tokens = i
-        rc = _ll.llama_decode(self._c, b)
-        if rc != 0:
-            raise EdgespecError(f"llama_decode failed with status {rc}"
-                                f"{' (KV cache full)' if rc == 1 else ''}: {recent_log(3)}")
+        self._run_batch(b, i)
         total = sum(wanted)
         out: list[np.ndarray] = []
         if total:
@@ -459,11 +459,7 @@ class Context:
             for j, s in enumerate(seqs):
                 b.seq_id[i][j] = int(s)
             b.logits[i] = 1 if want else 0
-        b.n_tokens = len(tokens)
-        rc = _ll.llama_decode(self._c, b)
-        if rc != 0:
-            raise EdgespecError(f"llama_decode of a draft tree failed with status {rc}"
-                                f"{' (KV cache full)' if rc == 1 else ''}: {recent_log(3)}")
+        self._run_batch(b, len(tokens), " of a draft tree")
         rows = sum(1 for w in logits_mask if w)
         if not rows:
             return np.zeros((0, self.model.n_vocab), dtype=np.float32)
