@@ -94,6 +94,8 @@ class Model:
         self.size_bytes = int(_ll.llama_model_size(handle))
         self.n_gpu_layers = n_gpu_layers
         self.use_extra_bufts = use_extra_bufts
+        self.rpc: tuple[str, ...] = ()  # RPC servers holding some layers (load_model)
+        self.tensor_split: tuple[float, ...] | None = None
         self.bos = int(_ll.llama_vocab_bos(self._vocab))
         self.eos = int(_ll.llama_vocab_eos(self._vocab))
         self.add_bos = bool(_ll.llama_vocab_get_add_bos(self._vocab))
@@ -104,6 +106,12 @@ class Model:
                               for t in range(self.n_vocab)], dtype=bool)
         self._piece_cache: dict[int, bytes] = {}
         self._closed = False
+
+    @property
+    def placement(self) -> str:
+        """Where the layers run, for caches keyed by it ('' = all on this machine)."""
+        from .rpc import placement_key
+        return placement_key(self.rpc, self.n_gpu_layers, self.tensor_split)
 
     # vocabulary ------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
@@ -245,12 +253,18 @@ def default_threads() -> int:
 
 
 def load_model(path: str | os.PathLike, n_gpu_layers: int = 0, use_extra_bufts: bool = True,
-               use_mmap: bool = True) -> Model:
+               use_mmap: bool = True, rpc: Sequence[str] = (),
+               tensor_split: Sequence[float] | None = None) -> Model:
     """Load a GGUF file. The caller has already checked the header (registry.check_gguf).
 
     ``use_extra_bufts`` (repacked CPU weight layouts, llama.cpp's default) makes verify
     passes much cheaper (a 4-token pass ~1.7x a step instead of ~2.7x here); its kernels
     stay batch-invariant up to 3 tokens a pass, which is what exact mode verifies.
+
+    ``rpc`` names llama.cpp RPC servers (already probed, :mod:`edgespec.rpc`): the last
+    ``n_gpu_layers`` layers go to their devices, split by ``tensor_split`` (one share per
+    device; llama.cpp's default splits by free memory). Without ``rpc`` a model never lands
+    on an RPC server another load of this process registered.
     """
     _ensure_init()
     p = Path(path)
@@ -263,11 +277,28 @@ def load_model(path: str | os.PathLike, n_gpu_layers: int = 0, use_extra_bufts: 
         # read the weights into RAM: repacked matrices are then not also resident as mapped
         # file pages (edgespec.planner.repack); llama.cpp's default mode maps the file
         params.load_mode = 0  # LLAMA_LOAD_MODE_NONE
+    keep = []  # ctypes arrays llama.cpp reads while loading
+    devices = rpc_devices(rpc) if rpc else (_local_accelerators() if _RPC_REGS else None)
+    if devices is not None:
+        arr = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)  # NULL-terminated
+        params.devices = ctypes.cast(arr, ctypes.c_void_p).value
+        keep.append(arr)
+    if tensor_split is not None:
+        n_max = int(_ll.llama_max_devices())
+        if devices is None or len(tensor_split) != len(devices) or len(devices) > n_max:
+            raise EdgespecError(f"--tensor-split gives {len(tensor_split)} shares for "
+                                f"{len(devices or ())} devices")
+        split = (ctypes.c_float * n_max)(*[float(x) for x in tensor_split])
+        params.tensor_split = split
+        keep.append(split)
     handle = _ll.llama_model_load_from_file(str(p).encode(), params)
     if not handle:
         raise ModelError(f"llama.cpp could not load {p}: {recent_log(4) or 'unknown error'}. "
                          "Check the file with `edgespec models verify`.")
-    return Model(p, handle, n_gpu_layers, use_extra_bufts)
+    model = Model(p, handle, n_gpu_layers, use_extra_bufts)
+    model.rpc = tuple(rpc)
+    model.tensor_split = tuple(tensor_split) if tensor_split is not None else None
+    return model
 
 
 # --- context -----------------------------------------------------------------
@@ -705,31 +736,47 @@ def anchor_prompt_lookup(model_path: str | os.PathLike, n_ctx: int, threads: int
 _DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}  # enum ggml_backend_dev_type
 
 
+_GGML = None
+
+
+def _ggml_lib():
+    """libggml as llama-cpp-python loaded it, with the backend-registry calls typed once."""
+    global _GGML
+    _ensure_init()
+    if _GGML is None:
+        from llama_cpp import _ggml  # the ggml library llama-cpp-python ships and already loaded
+
+        lib = _ggml.libggml
+        vp, sz, cp = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
+        for name, args, res in (
+                ("ggml_backend_dev_count", [], sz), ("ggml_backend_dev_get", [sz], vp),
+                ("ggml_backend_dev_name", [vp], cp), ("ggml_backend_dev_description", [vp], cp),
+                ("ggml_backend_dev_type", [vp], ctypes.c_int),
+                ("ggml_backend_dev_memory", [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)], None),
+                ("ggml_backend_dev_backend_reg", [vp], vp), ("ggml_backend_reg_name", [vp], cp),
+                ("ggml_backend_reg_by_name", [cp], vp), ("ggml_backend_register", [vp], None),
+                ("ggml_backend_reg_dev_count", [vp], sz), ("ggml_backend_reg_dev_get", [vp, sz], vp),
+                ("ggml_backend_reg_get_proc_address", [vp, cp], vp),
+                ("ggml_backend_dev_by_type", [ctypes.c_int], vp)):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+        _GGML = lib
+    return _GGML
+
+
 def list_devices() -> list[dict]:
     """The compute devices this llama.cpp build can use, without loading a model.
 
     Plain dicts: ``name``, ``description``, ``type`` ("cpu", "gpu", "igpu",
     "accel"), ``free`` and ``total`` memory in bytes (for the CPU device, host RAM).
-    A build without GPU/Metal/Vulkan backends lists the CPU only.
+    A build without GPU/Metal/Vulkan backends lists the CPU only; RPC servers added by
+    :func:`rpc_devices` are left out (they are not this machine's).
     """
-    _ensure_init()
-    from llama_cpp import _ggml  # the ggml library llama-cpp-python ships and already loaded
-
-    lib = _ggml.libggml
-    vp = ctypes.c_void_p
-    lib.ggml_backend_dev_count.argtypes, lib.ggml_backend_dev_count.restype = [], ctypes.c_size_t
-    lib.ggml_backend_dev_get.argtypes, lib.ggml_backend_dev_get.restype = [ctypes.c_size_t], vp
-    lib.ggml_backend_dev_name.argtypes, lib.ggml_backend_dev_name.restype = [vp], ctypes.c_char_p
-    lib.ggml_backend_dev_description.argtypes = [vp]
-    lib.ggml_backend_dev_description.restype = ctypes.c_char_p
-    lib.ggml_backend_dev_type.argtypes, lib.ggml_backend_dev_type.restype = [vp], ctypes.c_int
-    lib.ggml_backend_dev_memory.argtypes = [vp, ctypes.POINTER(ctypes.c_size_t),
-                                            ctypes.POINTER(ctypes.c_size_t)]
-    lib.ggml_backend_dev_memory.restype = None
+    lib = _ggml_lib()
     out = []
     for i in range(lib.ggml_backend_dev_count()):
         dev = lib.ggml_backend_dev_get(i)
-        if not dev:
+        if not dev or _is_rpc(lib, dev):
             continue
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
@@ -741,6 +788,82 @@ def list_devices() -> list[dict]:
             "total": int(total.value),
         })
     return out
+
+
+# --- RPC: layers on other machines (edgespec.rpc) ------------------------------------
+_RPC_REGS: dict[str, int] = {}  # endpoint -> its registered ggml_backend_reg_t
+
+
+def _is_rpc(lib, dev) -> bool:
+    reg = lib.ggml_backend_dev_backend_reg(dev)
+    return bool(reg) and (lib.ggml_backend_reg_name(reg) or b"").startswith(b"RPC")
+
+
+def rpc_supported() -> bool:
+    """Whether this llama.cpp was built with GGML_RPC."""
+    _ensure_init()
+    return bool(_ll.llama_supports_rpc())
+
+
+def require_rpc() -> None:
+    if not rpc_supported():
+        raise EdgespecError(
+            "this llama.cpp was built without the RPC backend: reinstall it with -DGGML_RPC=ON "
+            "(`make install` does; with your own CMAKE_ARGS, add -DGGML_RPC=ON to them)")
+
+
+def _rpc_proc(name: str):
+    lib = _ggml_lib()
+    require_rpc()
+    reg = lib.ggml_backend_reg_by_name(b"RPC")
+    addr = lib.ggml_backend_reg_get_proc_address(reg, name.encode()) if reg else None
+    if not addr:  # pragma: no cover - a GGML_RPC build always has both
+        raise EdgespecError(f"llama.cpp's RPC backend has no {name}")
+    return addr
+
+
+def rpc_devices(endpoints: Sequence[str]) -> list[int]:
+    """The devices of these RPC servers, in order, registered with llama.cpp once each.
+
+    Probe every endpoint first (:func:`edgespec.rpc.probe`): llama.cpp aborts the process
+    when a server cannot be reached, and it connects here."""
+    lib = _ggml_lib()
+    add = None
+    out: list[int] = []
+    for ep in endpoints:
+        reg = _RPC_REGS.get(ep)
+        if reg is None:
+            add = add or ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(
+                _rpc_proc("ggml_backend_rpc_add_server"))
+            reg = add(ep.encode())
+            if not reg:
+                raise EdgespecError(f"RPC server {ep} reports no devices")
+            lib.ggml_backend_register(reg)
+            _RPC_REGS[ep] = reg
+        out += [lib.ggml_backend_reg_dev_get(reg, i) for i in range(lib.ggml_backend_reg_dev_count(reg))]
+    return out
+
+
+def _local_accelerators() -> list[int]:
+    """This machine's GPU devices, what llama.cpp's default device choice would take when no
+    RPC server had been registered in this process."""
+    lib = _ggml_lib()
+    devs = (lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count()))
+    return [d for d in devs if d and lib.ggml_backend_dev_type(d) in (1, 2) and not _is_rpc(lib, d)]
+
+
+def serve_rpc(endpoint: str, n_threads: int, cache_dir: str | None = None) -> None:
+    """Serve this machine's CPU to RPC clients at ``endpoint``; returns only when llama.cpp's
+    server loop does (it could not listen). Run it in a thread of its own process."""
+    lib = _ggml_lib()
+    start = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                             ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p))(
+        _rpc_proc("ggml_backend_rpc_start_server"))
+    cpu = lib.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    if not cpu:  # pragma: no cover
+        raise EdgespecError("llama.cpp reports no CPU device")
+    devices = (ctypes.c_void_p * 1)(cpu)
+    start(endpoint.encode(), cache_dir.encode() if cache_dir else None, n_threads, 1, devices)
 
 
 def check_tree(tokens, positions, seq_ids_per_token, logits_mask, n_ctx: int, n_batch: int,

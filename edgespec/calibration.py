@@ -341,9 +341,10 @@ def _largest_exact(ctx, toks: Sequence[int], n_cached: int, limit: int) -> int:
 # --- identity and cache --------------------------------------------------------
 def device_fingerprint(n_threads: int | None, n_gpu_layers: int = 0,
                        build: str | None = None, extra: Mapping[str, str] | None = None,
-                       kernel: KernelConfig | None = None) -> dict:
-    """What makes a cost curve and an exactness limit valid: the CPU, the threads, offload,
-    the kernel configuration and the llama.cpp build."""
+                       kernel: KernelConfig | None = None, placement: str = "") -> dict:
+    """What makes a cost curve and an exactness limit valid: the CPU, the threads, offload
+    (and an RPC split's servers, ``placement``), the kernel configuration and the llama.cpp
+    build."""
     fp = {
         "cpu": _cpu_model(),
         "machine": platform.machine(),
@@ -353,6 +354,8 @@ def device_fingerprint(n_threads: int | None, n_gpu_layers: int = 0,
         "kernel": (kernel or KernelConfig()).key(),
         "build": build if build is not None else _llama_build(),
     }
+    if placement:
+        fp["placement"] = placement
     if extra:
         fp.update({str(k): str(v) for k, v in extra.items()})
     return fp
@@ -473,7 +476,8 @@ def load_or_measure(model_path: str | os.PathLike, *, n_threads: int | None = No
     if n_threads is None:
         from .backend import default_threads
         n_threads = default_threads()
-    device = device_fingerprint(n_threads, n_gpu_layers, build, kernel=kernel)
+    device = device_fingerprint(n_threads, n_gpu_layers, build, kernel=kernel,
+                                placement=getattr(model, "placement", "") or "")
     ident = model_identity(model_path, sha256, home)
     key = cache_key(device, ident)
     if not force:

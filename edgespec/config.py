@@ -87,6 +87,11 @@ class EngineConfig:
     threads: int | None = None
     n_gpu_layers: int = 0
     draft_gpu_layers: int = 0
+    # llama.cpp RPC servers (host:port) that hold the target's last n_gpu_layers layers
+    # (0: as many as their memory takes), split by tensor_split shares (one per remote
+    # device; None: by free memory); edgespec.rpc, docs/rpc.md
+    rpc: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] | None = None
     adaptive: bool = True  # --adaptive/--no-adaptive
     draft_len: int | None = None  # --draft-len: fixed length, or with adaptive control the cap
     control: object | None = None  # a full edgespec.control.ControlSettings; wins over the two above
@@ -121,6 +126,13 @@ class EngineConfig:
                f"--threads must be >= 1 (got {self.threads})")
         _guard(self.n_gpu_layers >= -1 and self.draft_gpu_layers >= -1,
                "GPU layer counts must be >= 0 (or -1 for all)")
+        if self.rpc:
+            from .rpc import parse_endpoints
+            parse_endpoints(self.rpc)
+        if self.tensor_split is not None:
+            _guard(bool(self.rpc), "--tensor-split shares layers between RPC servers: give --rpc too")
+            _guard(all(x >= 0 for x in self.tensor_split) and sum(self.tensor_split) > 0,
+                   f"--tensor-split shares must be >= 0 and not all 0 (got {self.tensor_split})")
         self.kernel.validate()
         if self.control is not None:
             self.control.validate()

@@ -125,8 +125,11 @@ class Engine:
             from . import planner
             plan = planner.plan_engine(config)
             config = plan.config
+        elif config.rpc:
+            from . import planner
+            config, _ = planner.resolve_rpc(config)
         with ExitStack() as stack:
-            tmodel = _load(config.target, config, config.n_gpu_layers, stack)
+            tmodel = _load(config.target, config, config.n_gpu_layers, stack, rpc=config.rpc)
             tpath = tmodel.path
             n_ctx = config.n_ctx or min(DEFAULT_CTX, tmodel.n_ctx_train)
             if n_ctx > tmodel.n_ctx_train:
@@ -479,14 +482,20 @@ class Engine:
 
 
 # --- builder steps -------------------------------------------------------------------
-def _load(name: str, config: EngineConfig, gpu_layers: int, stack: ExitStack) -> backend.Model:
-    """Resolve (pull), check the header, load with the engine's kernel configuration; the
-    stack frees it if a later step fails."""
+def _load(name: str, config: EngineConfig, gpu_layers: int, stack: ExitStack,
+          rpc: tuple[str, ...] = ()) -> backend.Model:
+    """Resolve (pull), check the header, load with the engine's kernel configuration (the
+    last ``gpu_layers`` layers on the ``rpc`` servers, probed again first: llama.cpp aborts
+    on one that went away); the stack frees it if a later step fails."""
     from . import registry
     path = registry.resolve(name, pull=config.pull)
     registry.check_gguf(path)
+    if rpc:
+        from .rpc import probe_all
+        probe_all(rpc)
     model = backend.load_model(path, n_gpu_layers=gpu_layers, use_extra_bufts=config.kernel.repack,
-                               use_mmap=config.kernel.use_mmap)
+                               use_mmap=config.kernel.use_mmap, rpc=rpc,
+                               tensor_split=config.tensor_split if rpc else None)
     stack.callback(model.close)
     return model
 

@@ -322,7 +322,9 @@ def runtime_component(engine) -> dict:
     cfg = engine.config
     return {"threads": int(engine.ctx.n_threads), "n_ctx": int(engine.ctx.n_ctx),
             "n_batch": int(getattr(engine.ctx, "n_batch", cfg.kernel.n_batch)),
-            "n_gpu_layers": int(cfg.n_gpu_layers), "draft_gpu_layers": int(cfg.draft_gpu_layers)}
+            "n_gpu_layers": int(cfg.n_gpu_layers), "draft_gpu_layers": int(cfg.draft_gpu_layers),
+            # an RPC split: the servers' hosts, the layers they hold and the shares
+            "rpc": getattr(engine.target, "placement", "") or None}
 
 
 def policy_component(engine) -> dict:

@@ -48,6 +48,9 @@ cli.add_command(export_command)
 from .serve import serve  # noqa: E402
 
 cli.add_command(serve)
+from .rpc_server import rpc_server  # noqa: E402
+
+cli.add_command(rpc_server)
 
 
 def main() -> None:

@@ -50,6 +50,17 @@ def engine_options(fn):
                      help="Context size in tokens."),
         click.option("--threads", type=click.IntRange(1), default=None),
         click.option("--budget", default=None, help="Memory budget for --proposer auto, e.g. 4GiB."),
+        click.option("--rpc", default=None, expose_value=False, callback=_endpoints,
+                     help="llama.cpp RPC servers (host:port,...) that take the target's last "
+                          "layers, as many as their memory holds (`edgespec rpc-server` starts "
+                          "one; docs/rpc.md)."),
+        click.option("--gpu-layers", type=click.IntRange(0), default=0, expose_value=False,
+                     callback=_remember("n_gpu_layers"),
+                     help="Target layers to offload (to a GPU, or with --rpc to the servers); "
+                          "0: as many as fit."),
+        click.option("--tensor-split", default=None, expose_value=False, callback=_shares,
+                     help="With --rpc: each remote device's share of the offloaded layers, "
+                          "e.g. 1,1 (default: by free memory)."),
     ]):
         fn = opt(fn)
     return fn
@@ -64,13 +75,36 @@ def _remember(name: str):
     return keep
 
 
+def _endpoints(ctx: click.Context, _param, value):
+    from ..rpc import parse_endpoints
+    try:
+        ctx.meta["edgespec.rpc"] = parse_endpoints(value)
+    except InvalidInputError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
+
+
+def _shares(ctx: click.Context, _param, value):
+    if value is None:
+        return None
+    try:
+        shares = tuple(float(x) for x in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of numbers, e.g. 3,1") from None
+    ctx.meta["edgespec.tensor_split"] = shares
+    return value
+
+
 def engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget):
     from ..config import EngineConfig
     ctx = click.get_current_context(silent=True)
-    tree_width = ctx.meta.get("edgespec.tree_width", 0) if ctx is not None else 0
+    meta = ctx.meta if ctx is not None else {}
     return EngineConfig(target=target, draft=draft, proposer=proposer, draft_len=draft_len,
                         adaptive=adaptive, exact=exact, n_ctx=n_ctx, threads=threads,
-                        budget=budget, tree_width=tree_width).validate()
+                        budget=budget, tree_width=meta.get("edgespec.tree_width", 0),
+                        rpc=meta.get("edgespec.rpc", ()),
+                        n_gpu_layers=meta.get("edgespec.n_gpu_layers", 0),
+                        tensor_split=meta.get("edgespec.tensor_split")).validate()
 
 
 def structured_options(fn):

@@ -19,6 +19,7 @@ results when they exist.
     entry.py       plan_engine(EngineConfig) and plan_for(names): I/O in, Plan out
     lookup.py      registry names to files, cached calibrations, pulled drafts
     rss.py         planned vs measured RSS (this process, or a fresh one)
+    remote.py      the RPC split: which layers each remote device holds, and whether they fit
 
     plan = planner.plan_engine(EngineConfig(target="qwen-1.5b"))
     plan.config          # the EngineConfig to load, nothing left "auto"
@@ -28,7 +29,7 @@ results when they exist.
 from __future__ import annotations
 
 from .acceptance import DEFAULT_ACCEPTANCE, Acceptance, acceptance_for
-from .entry import UNPROBED_EXACT_CAP, plan_engine, plan_for
+from .entry import UNPROBED_EXACT_CAP, plan_engine, plan_for, resolve_rpc
 from .lookup import cached_calibration, registered_draft, resolve_model
 from .memory import (CTX_PAD, DEFAULT_BATCH, ENGINE_BYTES, GPU_RUNTIME_BYTES, K_MAX,
                      KV_BYTES_PER_ELEMENT, KV_GGML_TYPE, KV_TYPES, NGRAM_BYTES_PER_TOKEN,
@@ -53,5 +54,5 @@ __all__ = [
     "compute_bytes", "current_rss", "default_budgets", "estimate_memory", "expected_tokens",
     "gpu_layer_start", "host_weights", "kv_bytes", "measure_memory", "measure_plan",
     "model_memory", "pad_ctx", "plan", "plan_engine", "plan_for", "predicted_speedup",
-    "registered_draft", "resolve_model", "speed_model", "weight_bytes",
+    "registered_draft", "resolve_model", "resolve_rpc", "speed_model", "weight_bytes",
 ]

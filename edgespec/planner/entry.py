@@ -77,7 +77,45 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
         chosen = max(exact_plans.values(), key=lambda p: (round(p.predicted_speedup, 3), p.kernel.repack))
     else:
         chosen = plan_with(cfg.kernel, True, UNPROBED_EXACT_CAP, asked_cal)
-    return replace(chosen, exactness=_exactness(layouts, exact_plans, chosen, cfg.exact))
+    chosen = replace(chosen, exactness=_exactness(layouts, exact_plans, chosen, cfg.exact))
+    if cfg.rpc:
+        chosen = _with_rpc(chosen, tfacts, dfacts)
+    return chosen
+
+
+def resolve_rpc(config: EngineConfig, facts=None):
+    """``config`` with its RPC split decided (layers and shares, :func:`.remote.place`,
+    after probing every server), and the placement; ``(config, None)`` without ``--rpc``."""
+    if not config.rpc:
+        return config, None
+    from ..rpc import probe_all
+    from .remote import place
+    if facts is None:
+        facts = read_facts(resolve_model(config.target, pull=config.pull)[0])
+    from .search import DEFAULT_CTX
+    n_ctx = config.n_ctx or min(DEFAULT_CTX, facts.n_ctx_train)
+    placement = place(facts, probe_all(config.rpc), n_ctx=n_ctx * config.parallel,
+                      kernel=config.kernel, n_gpu_layers=config.n_gpu_layers or None,
+                      split=config.tensor_split)
+    return replace(config, n_gpu_layers=placement.n_gpu_layers, tensor_split=placement.split), placement
+
+
+def _with_rpc(p: Plan, tfacts, dfacts) -> Plan:
+    """The plan with the target's last layers on the RPC servers: what each holds, and the
+    host memory without them (the draft, if any, stays here)."""
+    from .memory import K_MAX, estimate_memory
+    cfg, placement = resolve_rpc(p.config, tfacts)
+    rows = 1 if p.proposer == "none" else K_MAX + 1
+    mem = estimate_memory(tfacts, n_ctx=p.n_ctx * cfg.parallel, kernel=p.kernel,
+                          n_gpu_layers=placement.n_gpu_layers,
+                          draft=dfacts if p.draft else None, verify_rows=rows, isa=p.device.isa)
+    mem = mem.without("GPU runtime")
+    note = (f"{placement.n_gpu_layers} of {tfacts.n_layers + 1} target layers on "
+            f"{len(placement.shares)} RPC device{'s' if len(placement.shares) != 1 else ''}; "
+            "speed predicted for this machine alone (the first run measures the split)")
+    return replace(p, config=cfg, n_gpu_layers=placement.n_gpu_layers, memory=mem, rpc=placement,
+                   budget_device=sum(s.budget for s in placement.shares),
+                   reasons=p.reasons + (note,))
 
 
 def _exactness(layouts, exact_plans: dict, chosen: Plan, exact: bool) -> Exactness:

@@ -192,7 +192,7 @@ def model_memory(label: str, facts: ModelFacts, *, n_ctx: int, kernel: KernelCon
     wh, copies = host_weights(facts, n_gpu_layers, kernel, isa)
     kh, kd = kv_bytes(facts, n_ctx, kv_type, n_batch, n_gpu_layers)
     ch, cd = compute_bytes(facts, n_batch, rows, n_gpu_layers, kernel.flash_attn, n_ctx)
-    offl = f", {n_gpu_layers}/{facts.n_layers + 1} layers on GPU" if n_gpu_layers > 0 else ""
+    offl = f", {n_gpu_layers}/{facts.n_layers + 1} layers offloaded" if n_gpu_layers > 0 else ""
     swa = f", window {facts.sliding_window} on {facts.n_swa_layers} layers" if facts.sliding_window else ""
     how = "mapped file pages" if kernel.use_mmap else "read into RAM"
     items = [MemoryItem(f"{label} weights", wh, wd, f"{Path(facts.path).name}, {how}{offl}")]

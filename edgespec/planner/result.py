@@ -93,6 +93,7 @@ class Plan:
     reasons: tuple[str, ...]
     config: EngineConfig
     exactness: Exactness | None = None
+    rpc: object | None = None    # edgespec.planner.remote.RpcPlacement with --rpc
 
     @property
     def kv_type(self) -> str:
@@ -127,9 +128,12 @@ class Plan:
                  f"  context    {self.n_ctx} tokens, KV cache {self.kv_type}, batch {self.n_batch}",
                  f"  kernel     {kernel_note(self.kernel)}",
                  f"  offload    target {self.n_gpu_layers} layers, draft {self.draft_gpu_layers} layers"]
+        if self.rpc is not None:
+            lines += self.rpc.lines()
         if self.exactness is not None:
             lines += self.exactness.lines()
-        lines += ["", "memory (host RSS" + (", GPU" if self.budget_device else "") + "):",
+        where = ", RPC devices" if self.rpc is not None else ", GPU"
+        lines += ["", "memory (host RSS" + (where if self.budget_device else "") + "):",
                   self.memory.table(with_device=bool(self.budget_device)),
                   "", "why:"]
         lines += [f"  - {r}" for r in self.reasons]
@@ -156,6 +160,8 @@ class Plan:
                            for c in self.candidates],
             "speed_source": self.speed.source, "reasons": list(self.reasons),
         }
+        if self.rpc is not None:
+            d["rpc"] = self.rpc.to_dict()
         if self.exactness is not None:
             d["exactness"] = {
                 "source": self.exactness.source,
