@@ -490,12 +490,13 @@ def _load(name: str, config: EngineConfig, gpu_layers: int, stack: ExitStack,
     from . import registry
     path = registry.resolve(name, pull=config.pull)
     registry.check_gguf(path)
+    split = {}
     if rpc:
         from .rpc import probe_all
         probe_all(rpc)
+        split = {"rpc": rpc, "tensor_split": config.tensor_split}
     model = backend.load_model(path, n_gpu_layers=gpu_layers, use_extra_bufts=config.kernel.repack,
-                               use_mmap=config.kernel.use_mmap, rpc=rpc,
-                               tensor_split=config.tensor_split if rpc else None)
+                               use_mmap=config.kernel.use_mmap, **split)
     stack.callback(model.close)
     return model
 
