@@ -1,6 +1,6 @@
 """llama.cpp's RPC backend: a target's layers on other machines (``--rpc host:port,...``).
 
-An RPC server (``edgespec rpc-server``, or llama.cpp's own ``rpc-server``) lends one
+An RPC server (``edgespec rpc-server``, or llama.cpp's own ``ggml-rpc-server``) lends one
 machine's compute device over TCP; llama.cpp then places some of a model's layers there,
 and each pass sends the hidden states through. This module knows endpoints and speaks just
 enough of the protocol (HELLO, DEVICE_COUNT, GET_DEVICE_MEMORY) to check a server before
@@ -118,7 +118,7 @@ def probe(endpoint: str, timeout: float = PROBE_TIMEOUT) -> RemoteServer:
     ep = parse_endpoint(endpoint)
     host, _, port = ep.partition(":")
     hint = (f"start one there (`edgespec rpc-server --host {host} --port {port}`, or llama.cpp's "
-            "`rpc-server`)")
+            "`ggml-rpc-server`)")
     try:
         sock = socket.create_connection((host, int(port)), timeout=timeout)
     except socket.timeout:

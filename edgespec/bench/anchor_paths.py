@@ -16,7 +16,7 @@ from pathlib import Path
 from ..paths import edgespec_home
 
 # The llama.cpp programs `make anchors` builds, by CMake target (= binary name).
-TOOL_TARGETS = ("llama-completion", "llama-lookup", "llama-speculative-simple", "llama-server", "rpc-server")
+TOOL_TARGETS = ("llama-completion", "llama-lookup", "llama-speculative-simple", "llama-server", "ggml-rpc-server")
 ENV_VAR = "EDGESPEC_ANCHORS"
 
 
