@@ -17,7 +17,6 @@ at a time: while an engine holds it, a probe from elsewhere waits and times out.
 """
 from __future__ import annotations
 
-import ipaddress
 import socket
 import struct
 from dataclasses import dataclass
@@ -83,15 +82,6 @@ def parse_endpoints(value: str | tuple | list | None) -> tuple[str, ...]:
     if len(out) > MAX_SERVERS:
         raise InvalidInputError(f"--rpc takes at most {MAX_SERVERS} servers (got {len(out)})")
     return out
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

@@ -34,7 +34,8 @@ def rpc_server(host, port, threads, cache_dir, allow_remote):
     """Serve this machine's CPU to `--rpc` clients (llama.cpp's RPC protocol)."""
     from .. import backend
     from ..errors import EdgespecError
-    from ..rpc import PROTO_MAJOR, PROTO_MINOR, is_loopback
+    from ..netaddr import is_loopback
+    from ..rpc import PROTO_MAJOR, PROTO_MINOR
 
     if not is_loopback(host) and not allow_remote:
         raise EdgespecError(f"refusing to listen on {host}: llama.cpp's RPC protocol has no "

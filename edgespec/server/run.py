@@ -7,24 +7,10 @@ exits 0). A second SIGINT exits at once (uvicorn's own behaviour).
 """
 from __future__ import annotations
 
-import ipaddress
 import signal
-import socket
 
 from ..errors import InvalidInputError
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        try:
-            return all(ipaddress.ip_address(info[4][0]).is_loopback
-                       for info in socket.getaddrinfo(host, None))
-        except (OSError, ValueError):
-            return False
+from ..netaddr import is_loopback  # noqa: F401 (cli/serve imports it from here)
 
 
 def check_bind(host: str, allow_remote: bool) -> None:
