@@ -113,17 +113,27 @@ def gpu_layer_start(facts: ModelFacts, n_gpu_layers: int) -> int:
     return max(facts.n_layers + 1 - max(n_gpu_layers, 0), 0)
 
 
+def layer_kv_bytes(facts: ModelFacts, il: int, cells: int, kv_type: str) -> float:
+    """One layer's KV cache: ``cells`` cells of its KV heads' K and V rows."""
+    return (cells * facts.n_head_kv_per_layer[il] * (facts.head_dim_k + facts.head_dim_v)
+            * KV_BYTES_PER_ELEMENT[kv_type])
+
+
+def output_matrix_bytes(facts: ModelFacts) -> int:
+    """The output layer where it is offloaded: its matrix, or a copy of the embeddings when
+    they are tied (the output layer goes with the first offloaded "layer")."""
+    return facts.output_bytes if facts.output_bytes else facts.token_embd_bytes
+
+
 def kv_bytes(facts: ModelFacts, n_ctx: int, kv_type: str, n_batch: int = DEFAULT_BATCH,
              n_gpu_layers: int = 0, swa_full: bool = True) -> tuple[int, int]:
     """(host, device) bytes of one sequence's KV cache."""
-    per = KV_BYTES_PER_ELEMENT[kv_type]
     cells_full = pad_ctx(n_ctx)
     cells_swa = cells_full if swa_full else min(cells_full, pad_ctx(facts.sliding_window + n_batch))
     start = gpu_layer_start(facts, n_gpu_layers)
     host = dev = 0.0
     for il in range(facts.n_layers):
-        cells = cells_swa if facts.swa_layers[il] else cells_full
-        b = cells * facts.n_head_kv_per_layer[il] * (facts.head_dim_k + facts.head_dim_v) * per
+        b = layer_kv_bytes(facts, il, cells_swa if facts.swa_layers[il] else cells_full, kv_type)
         if il >= start:
             dev += b
         else:
@@ -137,10 +147,8 @@ def weight_bytes(facts: ModelFacts, n_gpu_layers: int) -> tuple[int, int]:
         return facts.weight_bytes, 0
     start = gpu_layer_start(facts, n_gpu_layers)
     on_gpu = sum(facts.layer_bytes[start:])
-    # the output layer goes with the first offloaded "layer"; tied embeddings get a GPU copy
-    out = facts.output_bytes if facts.output_bytes else facts.token_embd_bytes
     host = facts.weight_bytes - on_gpu - facts.output_bytes
-    return host, on_gpu + out
+    return host, on_gpu + output_matrix_bytes(facts)
 
 
 def host_weights(facts: ModelFacts, n_gpu_layers: int, kernel: KernelConfig,

@@ -20,8 +20,8 @@ from ..config import KernelConfig
 from ..device import fmt_size
 from ..errors import EdgespecError
 from ..gguf_facts import ModelFacts
-from ..rpc import RemoteDevice, RemoteServer, placement_key
-from .memory import KV_BYTES_PER_ELEMENT, pad_ctx
+from ..rpc import RemoteDevice, RemoteServer
+from .memory import layer_kv_bytes, output_matrix_bytes, pad_ctx
 
 
 class PlacementError(EdgespecError):
@@ -87,19 +87,6 @@ class RpcPlacement:
     n_gpu_layers: int
     split: tuple[float, ...]           # the shares passed to llama.cpp (one per device)
     shares: tuple[RemoteShare, ...]
-    asked_split: tuple[float, ...] | None = None
-
-    @property
-    def endpoints(self) -> tuple[str, ...]:
-        return tuple(s.endpoint for s in self.servers)
-
-    @property
-    def device_bytes(self) -> int:
-        return sum(s.total for s in self.shares)
-
-    @property
-    def key(self) -> str:
-        return placement_key(self.endpoints, self.n_gpu_layers, self.split)
 
     def lines(self) -> list[str]:
         out = []
@@ -119,11 +106,6 @@ class RpcPlacement:
                             for s in self.shares]}
 
 
-def _layer_kv(facts: ModelFacts, il: int, n_ctx: int, kv_type: str) -> int:
-    return int(pad_ctx(n_ctx) * facts.n_head_kv_per_layer[il] * (facts.head_dim_k + facts.head_dim_v)
-               * KV_BYTES_PER_ELEMENT[kv_type])
-
-
 def _shares(facts: ModelFacts, devices, n_gpu_layers: int, split, n_ctx: int,
             kernel: KernelConfig) -> tuple[RemoteShare, ...]:
     where = assign(facts.n_layers, n_gpu_layers, split)
@@ -134,8 +116,8 @@ def _shares(facts: ModelFacts, devices, n_gpu_layers: int, split, n_ctx: int,
         output = where[facts.n_layers] == d
         weights = sum(facts.layer_bytes[il] for il in blocks)
         if output:
-            weights += facts.output_bytes or facts.token_embd_bytes
-        kv = sum(_layer_kv(facts, il, n_ctx, kernel.kv_type) for il in blocks)
+            weights += output_matrix_bytes(facts)
+        kv = sum(int(layer_kv_bytes(facts, il, pad_ctx(n_ctx), kernel.kv_type)) for il in blocks)
         compute = (per_pass if blocks or output else 0) + (kernel.n_batch * 4 * facts.n_vocab if output else 0)
         out.append(RemoteShare(dev, blocks, output, weights, kv, compute))
     return tuple(out)
@@ -163,8 +145,7 @@ def place(facts: ModelFacts, servers: tuple[RemoteServer, ...], *, n_ctx: int,
     top = facts.n_layers + 1
 
     def at(g: int) -> RpcPlacement:
-        return RpcPlacement(servers, g, shares, _shares(facts, devices, g, shares, n_ctx, kernel),
-                            split)
+        return RpcPlacement(servers, g, shares, _shares(facts, devices, g, shares, n_ctx, kernel))
 
     if n_gpu_layers is not None and n_gpu_layers > 0:
         p = at(min(n_gpu_layers, top))
