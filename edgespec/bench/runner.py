@@ -41,8 +41,10 @@ from .prompts import (BenchPrompt, bucket_label, load_humanevalfix, load_jsonl_p
 
 # Knobs that configure the engine as a whole (Engine.load arguments), not one proposer.
 # Knobs of the speculation controller: per request (Engine.stream(control=...)), so fixed
-# draft lengths and adaptive control compare on one loaded model.
-CONTROL_KNOBS = ("draft_len", "adaptive", "exact")
+# draft lengths and adaptive control compare on one loaded model. Besides these three, the
+# controller's tunables (TUNABLE_KNOBS) can be A/B-tested against the default in one run.
+TUNABLE_KNOBS = ("margin", "window", "min_draft", "position_calibration")
+CONTROL_KNOBS = ("draft_len", "adaptive", "exact", *TUNABLE_KNOBS)
 
 # Not one of the measured prompts: a proposer that learns across requests (the suffix tree)
 # must not see the start of a measured answer before it is measured.
@@ -131,7 +133,8 @@ def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
 
 
 def control_settings(base, knobs: dict):
-    """The engine's default ControlSettings with a configuration's draft_len/adaptive."""
+    """The engine's default ControlSettings with a configuration's control knobs applied
+    (each tunable converted to the type of the default it replaces)."""
     from dataclasses import replace
     if not knobs:
         return None
@@ -140,7 +143,19 @@ def control_settings(base, knobs: dict):
     if "draft_len" in knobs:
         n = int(knobs["draft_len"])
         changes.update(draft_length=n, **({"max_draft": n} if adaptive else {}))
-    return replace(base, **changes)
+    for k in TUNABLE_KNOBS:
+        if k in knobs:
+            kind = type(getattr(base, k))
+            v = knobs[k]
+            if kind is bool and isinstance(v, str):
+                if v.lower() not in ("true", "false", "1", "0"):
+                    raise InvalidInputError(f"control knob {k} takes true or false (got {v!r})")
+                v = v.lower() in ("true", "1")
+            try:
+                changes[k] = kind(v)
+            except (TypeError, ValueError):
+                raise InvalidInputError(f"control knob {k} takes a {kind.__name__} (got {v!r})") from None
+    return replace(base, **changes).validate()
 
 
 def load_engine(m: Matrix, plan: EnginePlan) -> tuple[object, dict[str, str]]:

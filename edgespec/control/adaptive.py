@@ -104,7 +104,8 @@ class AdaptiveController:
         for name, costly in proposers.items():
             self._p[name] = _ProposerState(
                 costly=bool(costly),
-                model=memory.seed(name, s.window) if memory else AcceptanceModel(s.window),
+                model=(memory.seed(name, s.window, s.position_calibration) if memory
+                       else AcceptanceModel(s.window, position_calibration=s.position_calibration)),
                 shared=memory.model(name) if memory else None,
                 floor_window=deque(maxlen=s.floor_window), shadow_window=deque(maxlen=s.floor_window),
                 token_seconds=(token_seconds or {}).get(name), probe_interval=s.probe_after)

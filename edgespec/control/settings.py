@@ -40,6 +40,7 @@ class ControlSettings:
     floor_min: int = 16  # positions needed before the floor judges
     window: int = 16  # about this many recent drafts (used or shadow-scored) drive the estimates
     margin: float = 0.08  # a draft must beat a plain step's goodput by this fraction
+    position_calibration: bool = True  # scale deep positions' estimates by their track record
     probe_match: int = 6  # in fallback, a match this long earns a probe
     probe_after: int = 32  # steps without evidence before a blind probe (doubles per failure)
     probe_after_max: int = 512

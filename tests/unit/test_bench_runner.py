@@ -4,7 +4,8 @@ import pytest
 from edgespec.bench.anchor import AnchorTrace, trace_to_stats
 from edgespec.bench.matrix import ConfigSpec, Matrix
 from edgespec.bench.prompts import BenchPrompt
-from edgespec.bench.runner import BenchRun, Runner, plan_engine, total_requests
+from edgespec.bench.runner import BenchRun, Runner, control_settings, plan_engine, total_requests
+from edgespec.control import ControlSettings
 from edgespec.errors import ContextOverflowError, InvalidInputError
 from edgespec.events import Finished, Step, TokenLogprob
 from edgespec.stats import RequestStats
@@ -188,6 +189,24 @@ def test_plan_engine_maps_knobs():
     assert plan.request_name == {"suffix[adaptive=False,draft_len=2]": "suffix", "suffix": "suffix#2"}
     with pytest.raises(InvalidInputError, match="one draft model"):
         plan_engine([ConfigSpec("draft"), ConfigSpec.make("draft", {"x": 1})])
+
+
+def test_controller_tunables_are_control_knobs_typed_like_their_defaults():
+    plan = plan_engine([ConfigSpec("auto"),
+                        ConfigSpec.make("auto", {"position_calibration": False, "margin": 0})])
+    assert plan.control == {"auto[margin=0,position_calibration=False]":
+                            {"margin": 0, "position_calibration": False}}
+    base = ControlSettings()
+    s = control_settings(base, {"margin": 0, "position_calibration": False, "window": 32})
+    assert (s.margin, s.position_calibration, s.window) == (0.0, False, 32)
+    assert isinstance(s.margin, float) and s.max_draft == base.max_draft
+    assert control_settings(base, {"position_calibration": "true"}).position_calibration is True
+    with pytest.raises(InvalidInputError, match="true or false"):
+        control_settings(base, {"position_calibration": "maybe"})
+    with pytest.raises(InvalidInputError, match="takes a float"):
+        control_settings(base, {"margin": "lots"})
+    with pytest.raises(InvalidInputError, match="margin must be >= 0"):
+        control_settings(base, {"margin": -1})
 
 
 def test_anchor_trace_rebuilds_per_pass_statistics():

@@ -15,7 +15,7 @@ from statistics import mean
 import pytest
 
 from edgespec.calibration import Calibration
-from edgespec.control import (AcceptanceModel, AdaptiveController, ControlRecord, ControlSettings,
+from edgespec.control import (AcceptanceModel, ControlMemory, AdaptiveController, ControlRecord, ControlSettings,
                               Decision, FixedController, GoodputGuard, Outcome, StepView,
                               expected_tokens, make_controller, token_features)
 from edgespec.errors import InvalidInputError
@@ -99,6 +99,30 @@ def test_acceptance_model_counts_verified_positions_only_and_forgets_old_drafts(
     assert low[0] < 0.35
     # deeper positions saw no new evidence: their estimate stays above the first one's
     assert low[1] > low[0] + 0.1
+
+
+def test_position_calibration_carries_deep_positions_track_record_to_other_features():
+    # drafts whose first three tokens are right and whose fourth is wrong: the feature's
+    # pooled estimate is high, position 3's own record is poor
+    fitted, plain = AcceptanceModel(window=16), AcceptanceModel(window=16, position_calibration=False)
+    seen = token_features(5, None, 3)
+    for m in (fitted, plain):
+        for _ in range(40):
+            m.record(seen, accepted=3)
+    assert fitted.position_factor(0) > 0.95 and fitted.position_factor(3) < 0.5
+    assert plain.position_factor(3) == 1.0
+    # another feature, whose buckets hold no evidence, inherits the positions' calibration
+    fresh = token_features(5, None, 12)
+    pf, pp = fitted.predict(fresh), plain.predict(fresh)
+    assert pf[3] < 0.6 * pp[3]
+    assert pf[0] == pytest.approx(pp[0], rel=0.1)
+    # and an engine's memory hands the calibration to the next request whole
+    mem = ControlMemory()
+    for _ in range(40):
+        mem.model("ngram").record(seen, accepted=3)
+    assert mem.seed("ngram", 16).position_factor(3) == pytest.approx(
+        mem.model("ngram").position_factor(3))
+    assert mem.seed("ngram", 16, position_calibration=False).position_factor(3) == 1.0
 
 
 def test_acceptance_model_tells_bursts_apart_by_the_previous_outcome():
