@@ -97,6 +97,9 @@ class EngineConfig:
     control: object | None = None  # a full edgespec.control.ControlSettings; wins over the two above
     budget: str | int | None = None
     pull: bool = True
+    # RAM for earlier conversations' KV states, reused when a conversation comes back
+    # (edgespec.kvcache.StateCache; None: its default, 0: keep only what the KV cache holds)
+    kv_cache_ram: int | None = None
 
     def validate(self) -> "EngineConfig":
         from . import proposers
@@ -124,6 +127,8 @@ class EngineConfig:
                "--parallel")
         _guard(self.threads is None or self.threads >= 1,
                f"--threads must be >= 1 (got {self.threads})")
+        _guard(self.kv_cache_ram is None or self.kv_cache_ram >= 0,
+               f"the KV state cache's RAM must be >= 0 bytes (got {self.kv_cache_ram})")
         _guard(self.n_gpu_layers >= -1 and self.draft_gpu_layers >= -1,
                "GPU layer counts must be >= 0 (or -1 for all)")
         if self.rpc:

@@ -107,8 +107,9 @@ class Engine:
         self._proposer_options: dict[str, dict] = {}  # what each loaded kind was built with
         from .kvcache import PrefixCache, StateCache
         # prefix reuse across requests: what the target's KV holds, plus earlier
-        # conversations' states in RAM (kv_cache.ram.budget_bytes; 0 turns it off)
-        self.kv_cache = PrefixCache(ctx, ram=StateCache())
+        # conversations' states in RAM (EngineConfig.kv_cache_ram; 0 turns it off)
+        self.kv_cache = PrefixCache(ctx, ram=StateCache() if config.kv_cache_ram is None
+                                    else StateCache(config.kv_cache_ram))
         #: requests reuse the KV cache's longest common prefix unless they say otherwise;
         #: off by default so benchmarks and parity runs prefill every prompt
         self.reuse = False
@@ -184,7 +185,8 @@ class Engine:
              draft_gpu_layers: int = 0, adaptive: bool = True, control_settings=None,
              sinks: Sequence[StatsSink] = (), pull: bool = True,
              budget: str | int | None = None, exact: bool = False,
-             kernel: KernelConfig | None = None, parallel: int = 1) -> "Engine":
+             kernel: KernelConfig | None = None, parallel: int = 1,
+             kv_cache_ram: int | None = None) -> "Engine":
         """Keyword form of :meth:`from_config`.
 
         ``exact=False`` (the default) is lossless: every emitted token is the target's
@@ -198,7 +200,7 @@ class Engine:
                            threads=threads, n_gpu_layers=n_gpu_layers,
                            draft_gpu_layers=draft_gpu_layers, adaptive=adaptive,
                            draft_len=draft_len, control=control_settings,
-                           budget=budget, pull=pull, parallel=parallel)
+                           budget=budget, pull=pull, parallel=parallel, kv_cache_ram=kv_cache_ram)
         return cls.from_config(cfg, sinks=sinks)
 
     def close(self) -> None:

@@ -53,9 +53,9 @@ def chat(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, bu
         temperature=temperature, seed=seed),
         **structured_params(grammar_file, schema_file, json_mode)).validate()
     engine = Engine.from_config(engine_config(target, draft, proposer, draft_len, adaptive, exact,
-                                              n_ctx, threads, budget))
+                                              n_ctx, threads, budget).with_(
+        kv_cache_ram=kv_cache_mib << 20))
     try:
-        engine.kv_cache.ram.budget_bytes = kv_cache_mib << 20
         ui = _Ui(as_json)
         conv = Conversation(engine, system=system, params=params)
         if resume:

@@ -58,14 +58,13 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
         click.echo(f"warning: serving on {host} without --api-key: anyone who can reach this "
                    "address can use the model", err=True)
     config = replace(engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx,
-                                   threads, budget), parallel=parallel).validate()
+                                   threads, budget), parallel=parallel,
+                     kv_cache_ram=None if cache_ram_mib is None else cache_ram_mib << 20).validate()
     served, aliases = _model_ids(target, model_id)
     settings = ServerSettings(served_model=served, aliases=aliases, api_key=api_key,
                               max_tokens_limit=max_tokens_limit).validate()
     engine = Engine.from_config(config)
     try:
-        if cache_ram_mib is not None:
-            _set_cache_ram(engine, cache_ram_mib << 20)
         if canary is not None:
             from ..control.guard import CanarySettings
             engine.guard.configure_canary(CanarySettings(fraction=canary).validate())
@@ -84,14 +83,6 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
         click.echo("edgespec serve: stopped (open requests finished)", err=True)
     finally:
         engine.close()
-
-
-def _set_cache_ram(engine, budget: int) -> None:
-    from ..errors import UnsupportedError
-    ram = getattr(getattr(engine, "kv_cache", None), "ram", None)
-    if ram is None:
-        raise UnsupportedError("this engine keeps no KV states in RAM; leave out --cache-ram")
-    ram.budget_bytes = budget
 
 
 def _model_ids(target: str, model_id: str | None) -> tuple[str, tuple[str, ...]]:

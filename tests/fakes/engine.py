@@ -23,7 +23,8 @@ def fixed(k: int) -> ControlSettings:
 def fake_engine(model: FakeModel | None = None, proposers: Mapping[str, object] | None = None, *,
                 proposer: str | None = None, n_ctx: int = 256, n_batch: int = 64,
                 control: ControlSettings | None = None, calibration: Calibration | None = CALIBRATION,
-                sinks: Sequence = (), exact: bool = False, parallel: int = 1) -> Engine:
+                sinks: Sequence = (), exact: bool = False, parallel: int = 1,
+                kv_cache_ram: int | None = None) -> Engine:
     """An engine serving ``model`` with ``proposers``; the default request label uses all
     of them (``"a+b"``), or the plain path when there are none."""
     model = model or FakeModel()
@@ -31,6 +32,7 @@ def fake_engine(model: FakeModel | None = None, proposers: Mapping[str, object] 
     label = proposer or ("+".join(proposers) or PLAIN)
     ctx = model.new_context(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=parallel)
     config = EngineConfig(target=model.path.name, proposer=label, exact=exact, n_ctx=n_ctx,
-                          control=control or fixed(3), parallel=parallel)
+                          control=control or fixed(3), parallel=parallel,
+                          kv_cache_ram=kv_cache_ram)
     return Engine(model, ctx, config=config, proposers=proposers, calibration=calibration,
                   sinks=sinks, default_proposer=label)

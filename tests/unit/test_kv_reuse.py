@@ -218,9 +218,9 @@ def test_a_refused_state_is_dropped_and_the_prompt_prefilled():
 
 
 def test_the_state_cache_stays_within_its_budget_under_a_long_conversation():
-    eng = fake_engine(StatefulModel(), {}, n_ctx=4096, n_batch=512)
     budget = 1200
-    eng.kv_cache.ram.budget_bytes = budget
+    eng = fake_engine(StatefulModel(), {}, n_ctx=4096, n_batch=512, kv_cache_ram=budget)
+    assert eng.kv_cache.ram.budget_bytes == budget
     p = raw(max_tokens=6)
     prompts = {c: c + "#!" * 10 for c in ".#!"}
     for turn in range(12):
@@ -313,3 +313,22 @@ def test_only_a_conversation_is_copied_to_ram_when_a_one_off_request_takes_the_s
     eng.generate(a, p, reuse=True)  # a conversation...
     eng.generate("." + a, p)  # ...stays findable when a one-off request replaces it
     assert len(eng.kv_cache.ram) == 1
+
+
+def test_the_state_cache_budget_is_engine_configuration():
+    from edgespec.config import EngineConfig
+    from edgespec.errors import InvalidInputError
+    with pytest.raises(InvalidInputError, match="KV state cache's RAM must be >= 0"):
+        EngineConfig(target="t", kv_cache_ram=-1).validate()
+    # 0 keeps nothing in RAM: a conversation that comes back is prefilled again (all but
+    # the BOS it shares with what the KV cache holds)
+    p = raw(max_tokens=8)
+    a, b = "#!" * 20, "." + "#!" * 20
+    reused = {}
+    for ram in (None, 0):
+        eng = fake_engine(StatefulModel(), {}, n_ctx=512, kv_cache_ram=ram)
+        eng.generate(a, p, reuse=True)
+        eng.generate(b, p, reuse=True)
+        reused[ram] = (len(eng.kv_cache.ram), eng.generate(a, p, reuse=True).stats.prompt_reused)
+    assert reused[None][0] == 1 and reused[None][1] > 10
+    assert reused[0] == (0, 1)
