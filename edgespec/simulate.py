@@ -16,7 +16,9 @@ measured curve without running a model.
     cal = Calibration.prior_cpu()
     table = compare(traces, cal, native_proposers(["ngram"]), standard_configs(cal, ["ngram"]))
 
-``python -m edgespec.simulate traces.jsonl`` prints that table. Drafts recorded
+``python -m edgespec.simulate traces.jsonl`` prints that table, with two bounds: the
+foresight controller over the same proposers (:func:`foresight`) and the best any
+context-copy proposer could draft (:func:`copy_bound`). Drafts recorded
 from a model (a draft model's greedy continuation at each position) can ride
 along in a trace's ``drafts`` field and replay through :func:`recorded`.
 Ignores what the simulation cannot see: time outside target passes and drafts,
@@ -259,6 +261,49 @@ def foresight(trace: Trace, cal: Calibration, proposers: Mapping[str, ProposeFn]
     return len(out) * cal.seconds(1) / seconds if seconds else 1.0
 
 
+def copy_bound(trace: Trace, cal: Calibration, min_tail: int = 1, max_draft: int = 15) -> float:
+    """Speedup of the best any context-copy proposer could do, knowing the future.
+
+    Each step it drafts the longest stretch of the output still to come that followed
+    some earlier occurrence (prompt or output so far) of the context's last ``min_tail``
+    tokens, cut to the length with the best tokens per second on the curve. Prompt
+    lookup, n-gram statistics and suffix trees all draft what followed a matched tail
+    and only differ in which occurrence they pick, so none of them can pass this with
+    tails of ``min_tail`` tokens or more: it tells whether a target speedup is within
+    reach of copying at all on a device's cost curve, or needs another kind of proposer.
+    """
+    if min_tail < 1:
+        raise ValueError("min_tail must be at least 1")
+    seq = [*trace.prompt, *trace.output]
+    start, out_len = len(trace.prompt), len(trace.output)
+    # tail -> positions that follow an occurrence of it, for the part of seq seen so far
+    follows: dict[tuple[int, ...], list[int]] = {}
+    indexed = min_tail  # positions j < indexed are in ``follows``
+
+    def longest(cur: int) -> int:
+        nonlocal indexed
+        while indexed < cur:
+            follows.setdefault(tuple(seq[indexed - min_tail:indexed]), []).append(indexed)
+            indexed += 1
+        best = 0
+        for j in follows.get(tuple(seq[cur - min_tail:cur]), ()):
+            n = 0
+            while (n < max_draft and cur + n < len(seq) and j + n < cur
+                   and seq[j + n] == seq[cur + n]):
+                n += 1
+            best = max(best, n)
+        return best
+
+    i, seconds = 0, 0.0
+    while i < out_len:
+        # the pass's own token is the last one: drafts never run past the output
+        a = min(longest(start + i) if start + i >= min_tail else 0, out_len - i - 1)
+        d = max(range(a + 1), key=lambda d: (d + 1) / cal.seconds(d + 1))
+        seconds += cal.seconds(d + 1)
+        i += d + 1
+    return out_len * cal.seconds(1) / seconds if seconds else 1.0
+
+
 def geomean(values: Iterable[float]) -> float:
     v = [x for x in values if x > 0]
     return math.exp(sum(math.log(x) for x in v) / len(v)) if v else math.nan
@@ -274,6 +319,31 @@ def format_table(table: Mapping[str, Mapping[str, float]], traces: Sequence[Trac
     for cname, row in table.items():
         per_cat = [geomean(row[n] for n in names) for names in cats.values()]
         cells = [f"{x:.2f}" for x in per_cat] + [f"{min(row.values()):.2f}", f"{geomean(row.values()):.2f}"]
+        lines.append("| " + " | ".join([cname] + cells) + " |")
+    return "\n".join(lines)
+
+
+def format_summary(table: Mapping[str, Mapping[str, float]], traces: Sequence[Trace],
+                   apart: Sequence[str] = ("humanevalfix",),
+                   also: Sequence[str] = ("summarization",)) -> str:
+    """Rows = configs; the figures a bench report leads with: geometric mean over traces,
+    the mean of the category medians (categories in ``apart``, a separate prompt set,
+    left out of it and shown on their own), the worst category median, and the medians
+    of the categories in ``also``."""
+    import statistics
+    cats: dict[str, list[str]] = {}
+    for t in traces:
+        cats.setdefault(t.category or t.name, []).append(t.name)
+    shown = [c for c in (*also, *apart) if c in cats]
+    head = ["config", "geomean", "mean of category medians", "worst category"] + shown
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cname, row in table.items():
+        med = {c: statistics.median(row[n] for n in names) for c, names in cats.items()}
+        main_cats = [c for c in med if c not in apart] or list(med)
+        worst = min(med, key=med.get)
+        cells = [f"{geomean(row.values()):.2f}",
+                 f"{sum(med[c] for c in main_cats) / len(main_cats):.2f}",
+                 f"{med[worst]:.2f} ({worst})"] + [f"{med[c]:.2f}" for c in shown]
         lines.append("| " + " | ".join([cname] + cells) + " |")
     return "\n".join(lines)
 
@@ -329,7 +399,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = compare(traces, cal, native_proposers(names, opts), standard_configs(cal, names))
     make = native_proposers(names, opts)
     table["foresight (bound)"] = {t.name: foresight(t, cal, make(t)) for t in traces}
+    for tail in (1, 2):
+        table[f"any copy, tail >= {tail} (bound)"] = {t.name: copy_bound(t, cal, tail)
+                                                      for t in traces}
     print(format_table(table, traces))
+    print()
+    print(format_summary(table, traces))
     return 0
 
 

@@ -119,3 +119,41 @@ def test_foresight_bounds_every_controller_and_is_plain_without_matches():
     # nothing to copy: the bound is the plain path
     t2 = Trace("t2", prompt=(1, 2, 3), output=(11, 12, 13, 14))
     assert foresight(t2, cal, native_proposers(["ngram"])(t2)) == 1.0
+
+
+def test_copy_bound_caps_the_copying_proposers_and_counts_what_followed_a_tail():
+    from edgespec.simulate import copy_bound, foresight
+    cal = Calibration.from_costs({1: 1.0, 2: 1.5, 4: 1.9, 8: 3.0, 16: 3.4}, step_seconds=0.1)
+    prompt = (1, 2, 3, 4, 5, 6, 7, 8, 40, 41, 2, 3, 9, 10, 11, 12)
+    t = Trace("t", prompt=prompt, output=(30, 2, 3, 9, 10, 11, 12, 50, 51))
+    # no proposer that drafts what followed a matched tail can beat the bound of its tail
+    for name, opts in (("ngram", {"min_n": 1, "max_draft": 15}),
+                       ("suffix", {"max_draft": 15, "use_global": False, "factor": 3.0})):
+        fs = foresight(t, cal, native_proposers([name], {name: opts})(t))
+        assert copy_bound(t, cal, 1) >= fs - 1e-9, name
+    # by hand: 30 is new (plain step); after it, tail "30" never occurred (plain: 2);
+    # tail "2" was followed by 3 4 5 ... and by 3 9 10 11 12: the longer copy is the
+    # second, 5 tokens (3 9 10 11 12), verified in one 6-token pass
+    seconds = cal.seconds(1) * 2
+    assert max(range(6), key=lambda d: (d + 1) / cal.seconds(d + 1)) == 5  # all 5 pay here
+    seconds += cal.seconds(6)
+    seconds += cal.seconds(1)  # the pass's own token was 50; 51 follows nothing seen: plain
+    assert copy_bound(t, cal, 1) == pytest.approx(9 * cal.seconds(1) / seconds)
+    # a longer required tail finds fewer copies; nothing repeats: the plain path
+    assert copy_bound(t, cal, 2) <= copy_bound(t, cal, 1)
+    t2 = Trace("t2", prompt=(1, 2, 3), output=(11, 12, 13, 14))
+    assert copy_bound(t2, cal, 1) == 1.0
+    with pytest.raises(ValueError):
+        copy_bound(t, cal, 0)
+
+
+def test_summary_leads_with_the_reports_figures():
+    from edgespec.simulate import format_summary
+    traces = [Trace("a", (1,), (2,), "writing"), Trace("b", (1,), (2,), "writing"),
+              Trace("c", (1,), (2,), "summarization"), Trace("h", (1,), (2,), "humanevalfix")]
+    table = {"x": {"a": 1.0, "b": 1.2, "c": 2.0, "h": 1.5}}
+    row = format_summary(table, traces).splitlines()[2]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # geomean of all four; mean of the medians of writing (1.1) and summarization (2.0),
+    # humanevalfix apart; worst median; summarization; humanevalfix
+    assert cells == ["x", "1.38", "1.55", "1.10 (writing)", "2.00", "1.50"]
