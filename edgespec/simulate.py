@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,6 +238,12 @@ def compare(traces: Sequence[Trace], cal: Calibration,
     return table
 
 
+def best_cut(cal: Calibration, accepted: int) -> int:
+    """Of a draft whose first ``accepted`` tokens the target takes, the prefix (0 = a plain
+    step) with the most tokens per second on the curve; the shortest on a tie."""
+    return max(range(accepted + 1), key=lambda d: (d + 1) / cal.seconds(d + 1))
+
+
 def foresight(trace: Trace, cal: Calibration, proposers: Mapping[str, ProposeFn],
               max_draft: int = 15) -> float:
     """Speedup of a controller that knows the future: each step it verifies exactly the
@@ -245,16 +252,14 @@ def foresight(trace: Trace, cal: Calibration, proposers: Mapping[str, ProposeFn]
     can beat it, so it says what a device's cost curve allows them at most."""
     hist, out, i, seconds = list(trace.prompt), trace.output, 0, 0.0
     while i < len(out):
-        best_rate, best_d = 1.0 / cal.seconds(1), 0
+        longest = 0
         for propose in proposers.values():
             draft = propose(hist, max_draft).tokens
             a = 0
             while a < len(draft) and i + a < len(out) and draft[a] == out[i + a]:
                 a += 1
-            for d in range(1, a + 1):
-                rate = (d + 1) / cal.seconds(d + 1)
-                if rate > best_rate:
-                    best_rate, best_d = rate, d
+            longest = max(longest, a)
+        best_d = best_cut(cal, longest)
         seconds += cal.seconds(best_d + 1)
         hist += list(out[i:i + best_d + 1])
         i += best_d + 1
@@ -298,7 +303,7 @@ def copy_bound(trace: Trace, cal: Calibration, min_tail: int = 1, max_draft: int
     while i < out_len:
         # the pass's own token is the last one: drafts never run past the output
         a = min(longest(start + i) if start + i >= min_tail else 0, out_len - i - 1)
-        d = max(range(a + 1), key=lambda d: (d + 1) / cal.seconds(d + 1))
+        d = best_cut(cal, a)
         seconds += cal.seconds(d + 1)
         i += d + 1
     return out_len * cal.seconds(1) / seconds if seconds else 1.0
@@ -309,11 +314,17 @@ def geomean(values: Iterable[float]) -> float:
     return math.exp(sum(math.log(x) for x in v) / len(v)) if v else math.nan
 
 
-def format_table(table: Mapping[str, Mapping[str, float]], traces: Sequence[Trace]) -> str:
-    """Rows = configs; columns = categories (geometric mean of their traces), then min and mean."""
+def _by_category(traces: Sequence[Trace]) -> dict[str, list[str]]:
+    """Category (or, without one, the trace's own name) -> its traces' names, in order."""
     cats: dict[str, list[str]] = {}
     for t in traces:
         cats.setdefault(t.category or t.name, []).append(t.name)
+    return cats
+
+
+def format_table(table: Mapping[str, Mapping[str, float]], traces: Sequence[Trace]) -> str:
+    """Rows = configs; columns = categories (geometric mean of their traces), then min and mean."""
+    cats = _by_category(traces)
     head = ["config"] + list(cats) + ["min", "geomean"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cname, row in table.items():
@@ -330,10 +341,7 @@ def format_summary(table: Mapping[str, Mapping[str, float]], traces: Sequence[Tr
     the mean of the category medians (categories in ``apart``, a separate prompt set,
     left out of it and shown on their own), the worst category median, and the medians
     of the categories in ``also``."""
-    import statistics
-    cats: dict[str, list[str]] = {}
-    for t in traces:
-        cats.setdefault(t.category or t.name, []).append(t.name)
+    cats = _by_category(traces)
     shown = [c for c in (*also, *apart) if c in cats]
     head = ["config", "geomean", "mean of category medians", "worst category"] + shown
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

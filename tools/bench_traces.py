@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from edgespec.bench.prompts import load_humanevalfix, load_spec_bench
 from edgespec.engine import Engine
@@ -44,7 +45,7 @@ def main() -> int:
     ap.add_argument("model", help="the run's target GGUF (tokenizes the prompts)")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
-    run = json.load(open(a.bench_json, encoding="utf-8"))
+    run = json.loads(Path(a.bench_json).read_text(encoding="utf-8"))
     outputs = plain_outputs(run["records"])
     prompts = {p.id: p for p in load_spec_bench(max_turns=1) + load_humanevalfix()}
     traces = []

@@ -13,13 +13,13 @@ CPU whose curve is flatter without repacking this says what the other would give
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 
 from edgespec.bench.prompts import load_humanevalfix, load_spec_bench
 from edgespec.config import KernelConfig
 from edgespec.engine import Engine
 from edgespec.params import GenerationParams
+from edgespec.simulate import geomean
 
 ARMS = (("repacked", "none"), ("repacked", "auto"), ("plain", "none"), ("plain", "auto"))
 
@@ -63,8 +63,7 @@ def main() -> None:
     print("|---|---|" + "---|" * len(cats))
     for arm in ARMS:
         per = ratios[arm]
-        flat = [x for c in cats for x in per[c]]
-        g = math.exp(sum(math.log(x) for x in flat) / len(flat))
+        g = geomean(x for c in cats for x in per[c])
         print(f"| {arm[0]} weights, {arm[1]} | {g:.2f} | "
               + " | ".join(f"{statistics.median(per[c]):.2f}" for c in cats) + " |")
 

@@ -5,8 +5,9 @@ Alternates, in one process, on one prompt:
 * ``engine``: the engine's plain generation (proposer "none"), decode tokens/s as the
   bench reports it (wall clock of the whole loop: Python, detokenizing, events);
 * ``bare``: single-token ``Context.decode`` calls and an argmax on the engine's context;
-* ``bare-1seq``: the same loop on a fresh single-sequence context (the engine's context
-  also holds draft-tree scratch sequences in a unified KV pool);
+* ``bare-1seq``: the same loop on a fresh single-sequence context the tool makes itself
+  (the engine's context holds more sequences with ``--tree-width`` or ``parallel``, and it
+  has served requests: this rules out its layout and its history);
 * ``llama-completion`` (with ``make anchors`` built): llama.cpp's own plain decode of the
   same text with the same context size, threads, KV type, flash attention and repacking,
   timed as the bench times it (its decode and sampling timers).

@@ -122,7 +122,7 @@ def test_foresight_bounds_every_controller_and_is_plain_without_matches():
 
 
 def test_copy_bound_caps_the_copying_proposers_and_counts_what_followed_a_tail():
-    from edgespec.simulate import copy_bound, foresight
+    from edgespec.simulate import best_cut, copy_bound, foresight
     cal = Calibration.from_costs({1: 1.0, 2: 1.5, 4: 1.9, 8: 3.0, 16: 3.4}, step_seconds=0.1)
     prompt = (1, 2, 3, 4, 5, 6, 7, 8, 40, 41, 2, 3, 9, 10, 11, 12)
     t = Trace("t", prompt=prompt, output=(30, 2, 3, 9, 10, 11, 12, 50, 51))
@@ -135,7 +135,7 @@ def test_copy_bound_caps_the_copying_proposers_and_counts_what_followed_a_tail()
     # tail "2" was followed by 3 4 5 ... and by 3 9 10 11 12: the longer copy is the
     # second, 5 tokens (3 9 10 11 12), verified in one 6-token pass
     seconds = cal.seconds(1) * 2
-    assert max(range(6), key=lambda d: (d + 1) / cal.seconds(d + 1)) == 5  # all 5 pay here
+    assert best_cut(cal, 5) == 5  # all 5 pay here
     seconds += cal.seconds(6)
     seconds += cal.seconds(1)  # the pass's own token was 50; 51 follows nothing seen: plain
     assert copy_bound(t, cal, 1) == pytest.approx(9 * cal.seconds(1) / seconds)
