@@ -54,6 +54,12 @@ class KernelConfig:
         return self
 
     @property
+    def exact_capable(self) -> bool:
+        """Whether exact mode can run on it at all: only flash attention with a quantized KV
+        cache keeps single-token decodes off the split-KV path at long context (docs/parity.md)."""
+        return self.flash_attn and self.kv_type != "f16"
+
+    @property
     def kv_ggml_type(self) -> int:
         return KV_GGML_TYPE[self.kv_type]
 
@@ -77,7 +83,9 @@ class EngineConfig:
     draft: str | None = None
     proposer: str = AUTO
     proposer_options: Mapping[str, Mapping] = field(default_factory=dict)
-    kernel: KernelConfig = field(default_factory=KernelConfig)
+    # None: the mode's own. Exact mode runs KernelConfig() (batch invariant, docs/parity.md);
+    # the default runs the fastest candidate measured on this device (planner.kernels)
+    kernel: KernelConfig | None = None
     exact: bool = False
     n_ctx: int | None = None  # per sequence: with parallel > 1 the context holds parallel * n_ctx
     parallel: int = 1  # sequences that decode together in one pass (edgespec serve --parallel)
@@ -138,10 +146,16 @@ class EngineConfig:
             _guard(bool(self.rpc), "--tensor-split shares layers between RPC servers: give --rpc too")
             _guard(all(x >= 0 for x in self.tensor_split) and sum(self.tensor_split) > 0,
                    f"--tensor-split shares must be >= 0 and not all 0 (got {self.tensor_split})")
-        self.kernel.validate()
+        if self.kernel is not None:
+            self.kernel.validate()
         if self.control is not None:
             self.control.validate()
         return self
+
+    def layout(self) -> KernelConfig:
+        """The kernel configuration as far as it is known before a model is measured: the
+        weight layout (repack, mmap) a load needs, with the mode's KV type and attention."""
+        return self.kernel if self.kernel is not None else KernelConfig()
 
     def with_(self, **changes) -> "EngineConfig":
         return replace(self, **changes)

@@ -83,7 +83,8 @@ class Engine:
         from .control import ControlSettings, GoodputGuard
 
         self.target, self.ctx = target, ctx
-        self.config = config
+        # what the context runs: from_config always sets it; a hand-built engine's is the layout's
+        self.config = config if config.kernel is not None else replace(config, kernel=config.layout())
         self.target_name = str(config.target)
         self.draft_name = str(config.draft) if config.draft else None
         self.proposers: dict[str, Proposer] = dict(proposers)
@@ -121,6 +122,9 @@ class Engine:
     def from_config(cls, config: EngineConfig, sinks: Sequence[StatsSink] = ()) -> "Engine":
         """Load what ``config`` names (after the planner resolves ``proposer="auto"``)."""
         config = config.validate()
+        # the default mode measures its kernel configuration once the target is loaded
+        # (planner.kernels); exact mode and an asked configuration keep theirs
+        pick_kernel = config.kernel is None and not config.exact
         plan = None
         if config.proposer == AUTO:
             from . import planner
@@ -132,6 +136,8 @@ class Engine:
         with ExitStack() as stack:
             tmodel = _load(config.target, config, config.n_gpu_layers, stack, rpc=config.rpc)
             tpath = tmodel.path
+            config = replace(config, kernel=_default_kernel(tmodel, config, pick_kernel,
+                                                            plan.kernel if plan else None))
             n_ctx = config.n_ctx or min(DEFAULT_CTX, tmodel.n_ctx_train)
             if n_ctx > tmodel.n_ctx_train:
                 raise InvalidInputError(f"--ctx {n_ctx} exceeds what {tpath.name} was trained for "
@@ -196,7 +202,7 @@ class Engine:
         """
         cfg = EngineConfig(target=str(target), draft=str(draft) if draft else None,
                            proposer=proposer, proposer_options=dict(proposer_options or {}),
-                           kernel=kernel or KernelConfig(), exact=exact, n_ctx=n_ctx,
+                           kernel=kernel, exact=exact, n_ctx=n_ctx,
                            threads=threads, n_gpu_layers=n_gpu_layers,
                            draft_gpu_layers=draft_gpu_layers, adaptive=adaptive,
                            draft_len=draft_len, control=control_settings,
@@ -217,6 +223,8 @@ class Engine:
     def exact_max_draft(self) -> int:
         """Most drafts a verify pass may hold in exact mode: the probed bitwise-invariant
         batch size of this device and kernel configuration, minus the pending token."""
+        if self._exact_cap is None and not self.config.layout().exact_capable:
+            self._exact_cap = 0  # an F16 KV cache or no flash attention: never bitwise at length
         if self._exact_cap is None:
             from . import calibration
             self._exact_cap = int(calibration.exact_cap(self.target, self.config.kernel,
@@ -229,6 +237,13 @@ class Engine:
         if not exact:
             return control
         cap = self.exact_max_draft()
+        k = self.config.layout()
+        if cap == 0 and split_proposers(label or self.default_proposer) and not k.exact_capable:
+            raise UnsupportedError(
+                f"this engine runs the default mode's kernel configuration (KV {k.kv_type}, flash "
+                f"attention {'on' if k.flash_attn else 'off'}), whose verify passes are not bitwise "
+                "single-token decoding: exact requests need an engine built for them (--exact, "
+                "Engine.load(..., exact=True)), or --proposer none")
         if cap == 0 and split_proposers(label or self.default_proposer):
             raise UnsupportedError(
                 "exact mode cannot speculate here: no verify batch on this device gives logits "
@@ -497,10 +512,37 @@ def _load(name: str, config: EngineConfig, gpu_layers: int, stack: ExitStack,
         from .rpc import probe_all
         probe_all(rpc)
         split = {"rpc": rpc, "tensor_split": config.tensor_split}
-    model = backend.load_model(path, n_gpu_layers=gpu_layers, use_extra_bufts=config.kernel.repack,
-                               use_mmap=config.kernel.use_mmap, **split)
+    layout = config.layout()
+    model = backend.load_model(path, n_gpu_layers=gpu_layers, use_extra_bufts=layout.repack,
+                               use_mmap=layout.use_mmap, **split)
     stack.callback(model.close)
     return model
+
+
+def _default_kernel(model: backend.Model, config: EngineConfig, pick: bool,
+                    planned: KernelConfig | None) -> KernelConfig:
+    """The kernel configuration the context is made with. ``pick`` (the default mode, no
+    configuration asked): the fastest candidate measured on this device, measured now when
+    the engine calibrates anyway (adaptive control) and nothing is cached, else the cached
+    choice or llama.cpp's CPU default (planner.kernels). A plan that had to quantize the KV
+    cache to fit the budget (``planned`` differs from what it was offered) is kept."""
+    if not pick:
+        return config.layout()
+    from .planner import kernels
+    sha = _digest(model)
+    repack = bool(getattr(model, "use_extra_bufts", True))
+    offered = kernels.cached(model.path, n_threads=config.threads, sha256=sha, repack=repack).kernel
+    if planned is not None and (planned.kv_type, planned.flash_attn) != (offered.kv_type, offered.flash_attn):
+        return planned
+    if (config.control.adaptive if config.control is not None else config.adaptive):
+        offered = kernels.load_or_measure(model, n_threads=config.threads, sha256=sha).kernel
+    base = planned or config.layout()
+    return replace(base, kv_type=offered.kv_type, flash_attn=offered.flash_attn)
+
+
+def _digest(model: backend.Model) -> str:
+    from .calibration import model_identity
+    return model_identity(model.path)["sha256"]
 
 
 def _control_from_flags(config: EngineConfig, plan, label: str):

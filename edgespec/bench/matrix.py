@@ -84,9 +84,27 @@ class ConfigSpec:
             return anchor_specs.own_plain(self.label) or BASELINE
         return BASELINE
 
+    @property
+    def exact(self) -> bool:
+        return self.kind != ANCHOR_KIND and bool(self.knob_dict.get("exact", False))
+
+    @property
+    def parity_baseline(self) -> str:
+        """The label whose greedy text this one must reproduce: an exact configuration runs
+        on an engine of its own (the batch-invariant kernel), so its plain path is that
+        engine's (``none[exact=True]``), while its speed is still paired with ours."""
+        if self.exact and self.proposer != BASELINE:
+            return EXACT_BASELINE.label
+        return self.baseline
+
     def to_dict(self) -> dict:
         return {"label": self.label, "proposer": self.proposer, "kind": self.kind,
-                "knobs": self.knob_dict, "baseline": self.baseline}
+                "knobs": self.knob_dict, "baseline": self.baseline,
+                "parity_baseline": self.parity_baseline}
+
+
+#: the plain path of the exact engine: what exact configurations' text is compared with
+EXACT_BASELINE = ConfigSpec.make(BASELINE, {"exact": True})
 
 
 def parse_config(text: str) -> ConfigSpec:
@@ -190,6 +208,8 @@ class Matrix:
         """The same matrix with the plain path first (added if absent) and every anchor's own
         plain path just before the first anchor that needs it."""
         out = [ConfigSpec(BASELINE)]
+        if any(c.exact for c in self.configs):
+            out.append(EXACT_BASELINE)
         for c in self.configs:
             if c.label == BASELINE or c in out:
                 continue

@@ -22,6 +22,8 @@ from .prompts import bucket_labels
 from .stats import Interval, geometric_mean, histogram_mean, histogram_sum, median, percentile, speedup
 
 OVERALL = "all"
+#: what a user would otherwise run: every configuration is also reported against it
+PLAIN_LLAMA = "llama-completion"
 
 
 # --- JSON ---------------------------------------------------------------------------
@@ -122,6 +124,27 @@ def speedup_table(run: Mapping, group_key: str = "category", groups: Sequence[st
         stat = geometric_mean if g == OVERALL else median
         out[g] = {c: speedup_cell(sub, c, baseline=base_of.get(c, BASELINE), statistic=stat, **kw)
                   for c in config_labels(run) if c != BASELINE}
+    return out
+
+
+def vs_llama_table(run: Mapping, groups: Sequence[str] | None = None
+                   ) -> dict[str, dict[str, SpeedupCell]]:
+    """{group: {config: cell}}: every configuration (our plain path included) against
+    ``llama-completion`` on the same units, when the run has it; {} otherwise."""
+    if PLAIN_LLAMA not in config_labels(run):
+        return {}
+    m = run["matrix"]
+    recs = ok_records(run)
+    groups = list(groups) if groups is not None else _distinct(r["category"] for r in recs)
+    kw = dict(resamples=m.get("bootstrap_resamples", 2000), confidence=m.get("confidence", 0.95),
+              seed=m.get("seed", 0))
+    out: dict[str, dict[str, SpeedupCell]] = {}
+    for g in [*groups, OVERALL]:
+        sub = recs if g == OVERALL else _group(recs, "category", g)
+        if sub:
+            stat = geometric_mean if g == OVERALL else median
+            out[g] = {c: speedup_cell(sub, c, baseline=PLAIN_LLAMA, statistic=stat, **kw)
+                      for c in config_labels(run) if c != PLAIN_LLAMA}
     return out
 
 
@@ -305,6 +328,7 @@ def render_markdown(run: Mapping, plots: Mapping[str, str] | None = None) -> str
     lines += [f"Per-request records and the full identity (llama.cpp system info included) are in "
               "the JSON file next to this report.", ""]
 
+    lines += _vs_llama_section(run, cats)
     if others:
         lines += _speedup_section(run, cats, others, m)
     lines += _acceptance_section(run, cats, labels)
@@ -365,6 +389,28 @@ def _speedup_section(run, cats, others, m) -> list[str]:
                          for b in present))
         lines.append("")
     return lines
+
+
+def _vs_llama_section(run, cats) -> list[str]:
+    table = vs_llama_table(run, cats)
+    if not table:
+        return []
+    configs = [c for c in config_labels(run) if c != PLAIN_LLAMA]
+    lines = [f"## Against {PLAIN_LLAMA}", "",
+             f"Decode tokens/s of every configuration relative to `{PLAIN_LLAMA}` (llama.cpp's "
+             "plain decode, run with its own defaults: what a user would otherwise run) on the "
+             "same prompt, in the same interleaved run: per category the median of the "
+             "per-prompt ratios, over all prompts their geometric mean [bootstrap interval].", ""]
+    rows = [(g, *(_fmt_x(table[g][c].decode) for c in configs))
+            for g in [*cats, OVERALL] if g in table]
+    if len(cats) > 1:
+        rows.append(("mean of the category medians",
+                     *(_f2(category_mean(table, c, cats)) + "×" for c in configs)))
+        rows.append(("worst category median",
+                     *(_f2(min((table[g][c].decode.estimate for g in cats
+                                if g in table and table[g][c].decode.n), default=math.nan)) + "×"
+                       for c in configs)))
+    return lines + _table(("category", *configs), rows) + [""]
 
 
 def _plain_paths(run, m) -> list[str]:

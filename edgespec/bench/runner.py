@@ -4,7 +4,10 @@ Protocol (why each rule exists):
 
 * One engine serves every engine configuration through the per-request
   ``proposer=`` override, so all of them share the same weights, context and
-  page cache; the plain path is simply ``proposer="none"``.
+  page cache; the plain path is simply ``proposer="none"``. Exact configurations run on
+  a second engine with exact mode's batch-invariant kernel (the default engine runs the
+  fastest one measured, planner.kernels), beside its own plain path ``none[exact=True]``
+  whose text they must reproduce; their speed is still paired with our plain path.
 * A *unit* is one turn of one prompt. Each unit runs every configuration back to
   back, the order rotating from unit to unit (A B C, B C A, ...), so slow drift of a
   shared machine and any first-or-last position effect fall on every configuration alike.
@@ -82,6 +85,9 @@ class EnginePlan:
     request_name: dict[str, str | None]  # label -> stream(proposer=...); None: the engine's default
     control: dict[str, dict] = field(default_factory=dict)  # label -> CONTROL_KNOBS it sets
     auto: bool = False  # load the engine as `--proposer auto` (the planner picks its default)
+    # a second engine with exact mode's batch-invariant kernel for the exact configurations
+    # (the default engine runs the fastest kernel, on which exact mode cannot speculate)
+    exact: bool = False
 
 
 def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
@@ -100,8 +106,8 @@ def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
         if ctl:
             control[c.label] = ctl
         if c.proposer == BASELINE:
-            if c.knob_dict:
-                raise InvalidInputError("the plain path ('none') takes no knobs")
+            if set(c.knob_dict) - {"exact"}:
+                raise InvalidInputError("the plain path ('none') takes no knobs but exact")
             names[c.label] = BASELINE
         elif c.proposer == AUTO or "+" in c.proposer:
             # the engine's default ("auto") or several free proposers consulted together
@@ -129,7 +135,8 @@ def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
                                 f"got {', '.join(options['draft'])}")
     return EnginePlan(proposer_options={k: v for k, v in options.items() if v},
                       extra=extra, request_name=names, control=control,
-                      auto=any(c.proposer == AUTO for c in configs if c.kind == "engine"))
+                      auto=any(c.proposer == AUTO for c in configs if c.kind == "engine"),
+                      exact=any(c.exact for c in configs))
 
 
 def control_settings(base, knobs: dict):
@@ -158,44 +165,58 @@ def control_settings(base, knobs: dict):
     return replace(base, **changes).validate()
 
 
-def load_engine(m: Matrix, plan: EnginePlan) -> tuple[object, dict[str, str]]:
-    """Load the engine, then give every configuration its own instances of the free
-    proposers it consults: a proposer that learns across requests (suffix trees, n-gram
-    statistics) must not see another configuration's answer to the same prompt, nor the
-    statistics an earlier run saved on disk. Returns the engine and, per configuration,
-    the proposer label its requests use."""
-    from ..engine import Engine, split_proposers
-    from ..proposers import free_proposer
+def load_engine(m: Matrix, plan: EnginePlan) -> tuple[dict, dict[str, str]]:
+    """Load the engine (and, for exact configurations, an exact one beside it), then give
+    every configuration its own instances of the free proposers it consults: a proposer
+    that learns across requests (suffix trees, n-gram statistics) must not see another
+    configuration's answer to the same prompt, nor the statistics an earlier run saved on
+    disk. Returns the engines by exactness and, per configuration, the proposer label its
+    requests use."""
+    from ..engine import Engine
 
-    engine = Engine.load(m.target, draft=m.draft, proposer=AUTO if plan.auto else BASELINE,
-                         n_ctx=m.n_ctx, threads=m.threads, proposer_options=plan.proposer_options)
+    kw = dict(draft=m.draft, proposer=AUTO if plan.auto else BASELINE, n_ctx=m.n_ctx,
+              threads=m.threads, proposer_options=plan.proposer_options)
+    engines = {False: Engine.load(m.target, **kw)}
     names = dict(plan.request_name)
     try:
+        if plan.exact:
+            engines[True] = Engine.load(m.target, exact=True, **kw)
         for label, (name, options) in plan.extra.items():
-            engine.add_proposer(label, free_proposer(name, **options))
+            for eng in engines.values():
+                eng.add_proposer(label, _free(name, options))
         for c in m.engine_configs:
-            asked = plan.request_name[c.label]
-            if asked == BASELINE:
-                continue
-            label = asked or engine.default_proposer
-            missing = [n for n in split_proposers(label) if n not in engine.proposers]
-            if missing:
-                raise EdgespecError(
-                    f"the engine could not load {c.label} ({', '.join(missing)}; loaded: "
-                    f"{', '.join(engine.proposers) or 'none'}); is the native library built "
-                    "(`make install`)?")
-            parts = []
-            for n in split_proposers(label):
-                if engine.proposers[n].costly:
-                    parts.append(n)  # one model; it learns nothing across requests
-                else:
-                    parts.append(engine.clone_proposer(n, f"{c.label}/{n}", **_no_persistence(
-                        getattr(engine.proposers[n], "name", n))))
-            names[c.label] = "+".join(parts) if parts else BASELINE
+            if plan.request_name[c.label] != BASELINE:
+                names[c.label] = _own_instances(engines[c.exact and plan.exact], c,
+                                                plan.request_name[c.label])
     except BaseException:
-        engine.close()
+        for eng in engines.values():
+            eng.close()
         raise
-    return engine, names
+    return engines, names
+
+
+def _free(name: str, options: dict):
+    from ..proposers import free_proposer
+    return free_proposer(name, **options)
+
+
+def _own_instances(engine, c: ConfigSpec, asked: str | None) -> str:
+    from ..engine import split_proposers
+    label = asked or engine.default_proposer
+    missing = [n for n in split_proposers(label) if n not in engine.proposers]
+    if missing:
+        raise EdgespecError(
+            f"the engine could not load {c.label} ({', '.join(missing)}; loaded: "
+            f"{', '.join(engine.proposers) or 'none'}); is the native library built "
+            "(`make install`)?")
+    parts = []
+    for n in split_proposers(label):
+        if engine.proposers[n].costly:
+            parts.append(n)  # one model; it learns nothing across requests
+        else:
+            parts.append(engine.clone_proposer(n, f"{c.label}/{n}", **_no_persistence(
+                getattr(engine.proposers[n], "name", n))))
+    return "+".join(parts) if parts else BASELINE
 
 
 def _no_persistence(kind: str) -> dict:
@@ -233,9 +254,10 @@ class Runner:
 
     def __init__(self, m: Matrix, engine, anchors: dict | None = None,
                  request_name: dict[str, str] | None = None, progress: Progress | None = None,
-                 control: dict[str, dict] | None = None) -> None:
+                 control: dict[str, dict] | None = None, exact_engine=None) -> None:
         self.m = m
         self.engine = engine
+        self.exact_engine = exact_engine  # runs the exact configurations when given
         self.control = control or {}
         self.anchors = anchors or {}
         self.request_name = request_name or {c.label: c.proposer for c in m.engine_configs}
@@ -247,7 +269,7 @@ class Runner:
         done = 0
         run.started_at = run.started_at or time.time()
         plain_messages: dict[int, list[dict]] = {}  # unit -> what the plain path was asked
-        baseline = {c.label: c.baseline for c in self.m.configs}
+        baseline = {c.label: c.parity_baseline for c in self.m.configs}
         try:
             if prompts:
                 for _ in range(self.m.warmup):
@@ -302,37 +324,48 @@ class Runner:
     def _attribute(self, records: list[dict], plain_messages: dict[int, list[dict]]) -> None:
         """Near-tie or defect, for every engine configuration whose greedy output left the
         plain path's (parity.attribute_divergence), from one untimed plain re-run with
-        logprobs per unit that needs it."""
-        from ..parity import TOP_N, attribute_divergence
-
+        logprobs per unit that needs it (on the engine the configuration ran on)."""
         if self.m.temperature > 0:
             return
         units: dict[int, list[dict]] = {}
         for r in records:
             units.setdefault(r["unit"], []).append(r)
+        by_label = {c.label: c for c in self.m.configs}
         for unit, recs in units.items():
             diverged = [r for r in recs if r.get("parity") is False and r["kind"] == "engine"]
-            base = next((r for r in recs if r["config"] == BASELINE and "tokens" in r), None)
-            if not diverged or base is None or unit not in plain_messages:
-                continue
-            params = GenerationParams(max_tokens=self.m.max_new_tokens, logprobs=TOP_N,
-                                      sampling=SamplingParams(temperature=0.0))
-            try:
-                again = self.engine.generate(plain_messages[unit], params, proposer=BASELINE)
-            except EdgespecError as e:
-                for r in diverged:
-                    r["divergence"] = {"kind": "unattributed", "reason": str(e)}
-                continue
-            same = list(again.tokens) == list(base["tokens"])
+            if diverged and unit in plain_messages:
+                for cfg in {by_label[r["config"]] for r in diverged if r["config"] in by_label}:
+                    self._attribute_against(cfg, [r for r in diverged if r["config"] == cfg.label],
+                                            recs, plain_messages[unit])
+
+    def _attribute_against(self, cfg: ConfigSpec, diverged: list[dict], recs: list[dict],
+                           messages: list[dict]) -> None:
+        from ..parity import TOP_N, attribute_divergence
+
+        base = next((r for r in recs if r["config"] == cfg.parity_baseline and "tokens" in r), None)
+        if base is None:
+            return
+        params = GenerationParams(max_tokens=self.m.max_new_tokens, logprobs=TOP_N,
+                                  sampling=SamplingParams(temperature=0.0))
+        try:
+            again = self._engine_for(cfg).generate(messages, params, proposer=BASELINE)
+        except EdgespecError as e:
             for r in diverged:
-                if not same:
-                    r["divergence"] = {"kind": "unattributed",
-                                       "reason": "the plain path did not reproduce its tokens"}
-                    continue
-                r["divergence"] = attribute_divergence(
-                    base["tokens"], r["tokens"], again.logprobs, exact=self._exact(r["config"])) or {
-                    "kind": "unattributed", "reason": "same tokens, different length (one run "
-                    "stopped earlier)"}
+                r["divergence"] = {"kind": "unattributed", "reason": str(e)}
+            return
+        same = list(again.tokens) == list(base["tokens"])
+        for r in diverged:
+            if not same:
+                r["divergence"] = {"kind": "unattributed",
+                                   "reason": "the plain path did not reproduce its tokens"}
+                continue
+            r["divergence"] = attribute_divergence(
+                base["tokens"], r["tokens"], again.logprobs, exact=self._exact(r["config"])) or {
+                "kind": "unattributed", "reason": "same tokens, different length (one run "
+                "stopped earlier)"}
+
+    def _engine_for(self, cfg: ConfigSpec):
+        return self.exact_engine if cfg.exact and self.exact_engine is not None else self.engine
 
     # --- one request ---------------------------------------------------------------
     def _request(self, cfg: ConfigSpec, messages: list[dict], max_tokens: int, seed: int) -> dict:
@@ -353,12 +386,13 @@ class Runner:
         t0 = time.perf_counter()
         fin = None
         ctl = self.control.get(cfg.label)
+        engine = self._engine_for(cfg)
         kw = {}
         if ctl:
-            kw["control"] = control_settings(self.engine.control, ctl)
+            kw["control"] = control_settings(engine.control, ctl)
             if "exact" in ctl:
                 kw["exact"] = bool(ctl["exact"])
-        stream: Iterator = self.engine.stream(messages, self._params(max_tokens, seed),
+        stream: Iterator = engine.stream(messages, self._params(max_tokens, seed),
                                               proposer=self.request_name[cfg.label], **kw)
         sizes: dict[int, list[float]] = {}  # tokens in the target pass -> [passes, seconds]
         try:
@@ -525,7 +559,8 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
     bin_dir = tools.check_built(tool_names) if tool_names else None  # before any load
     run = BenchRun(matrix=m, started_at=time.time())
     t0 = time.perf_counter()
-    engine, request_names = load_engine(m, plan)
+    engines, request_names = load_engine(m, plan)
+    engine = engines[False]
     run.load_seconds["target"] = time.perf_counter() - t0
     anchors: dict = {}
     try:
@@ -548,12 +583,14 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
         run.identity = collect_identity(m, engine, anchors, plan.control)
         if on_loaded is not None:
             on_loaded(run)
-        Runner(m, engine, anchors, request_names, progress, plan.control).run(prompts, run)
+        Runner(m, engine, anchors, request_names, progress, plan.control,
+               exact_engine=engines.get(True)).run(prompts, run)
     except KeyboardInterrupt:
         run.interrupted = True
         run.finished_at = time.time()
     finally:
         for a in anchors.values():
             a.close()
-        engine.close()
+        for eng in engines.values():
+            eng.close()
     return run

@@ -1,8 +1,10 @@
 """llama.cpp's own programs as benchmark anchors: command lines, a run, and their timing output.
 
 Each request runs the tool once on the exact prompt text the engine tokenized (the runner
-checks that the tool's tokenization gives the same tokens), with the engine's context size,
-threads, KV cache type, flash attention and weight repacking, greedy by default.
+checks that the tool's tokenization gives the same tokens), with the engine's context size and
+threads, greedy by default. The kernel configuration (KV cache type, flash attention, weight
+repacking) is llama.cpp's own default: an anchor stands for what a user would otherwise run,
+so it must not inherit ours (``ToolSetup.llama_defaults=False`` gives it the engine's).
 
 What the tools print (read in the vendored llama.cpp source, ``make anchors`` unpacks it):
 
@@ -124,6 +126,9 @@ class ToolSetup:
     flash_attn: bool = True
     kv_type: str = "q8_0"
     repack: bool = True
+    # True: leave KV type, flash attention and repacking to llama.cpp's defaults (what a user
+    # runs); False: pass the three fields above (the engine's configuration, for A/Bs)
+    llama_defaults: bool = True
     n_gpu_layers: int = 0
     draft_model: Path | None = None
     timeout_seconds: float = 1800.0
@@ -151,10 +156,12 @@ def command(tool: str, setup: ToolSetup, prompt_file: Path, n_predict: int, *,
     cmd = [str(tool_path(setup.bin_dir, tool)), "-m", str(setup.model), "-f", str(prompt_file),
            "-n", str(n_predict), "-c", str(setup.n_ctx), "-b", str(setup.n_ctx),
            "-ub", str(setup.n_ubatch), "-t", str(setup.threads), "-tb", str(setup.threads),
-           "-fa", "on" if setup.flash_attn else "off", "-ctk", setup.kv_type, "-ctv", setup.kv_type,
            "--no-escape", "--seed", str(seed), "-ngl", str(setup.n_gpu_layers)]
-    if not setup.repack:
-        cmd.append("--no-repack")
+    if not setup.llama_defaults:
+        cmd += ["-fa", "on" if setup.flash_attn else "off", "-ctk", setup.kv_type,
+                "-ctv", setup.kv_type]
+        if not setup.repack:
+            cmd.append("--no-repack")
     if temperature > 0:
         cmd += ["--temp", str(temperature), "--top-k", "0", "--top-p", "1", "--min-p", "0"]
     else:  # greedy: a one-candidate chain, as cheap as our argmax

@@ -76,7 +76,7 @@ def run_and_write(m, out_dir: Path, label: str):
 
 
 def _echo_overall(data) -> None:
-    from ..bench.report import OVERALL, speedup_table
+    from ..bench.report import OVERALL, PLAIN_LLAMA, speedup_table, vs_llama_table
 
     table = speedup_table(data)
     for config, cell in table.get(OVERALL, {}).items():
@@ -84,6 +84,13 @@ def _echo_overall(data) -> None:
         if iv.n:
             click.echo(f"  {config}: {iv.estimate:.2f}× decode [{iv.low:.2f}, {iv.high:.2f}], "
                        f"{cell.e2e.estimate:.2f}× end to end (n={iv.n})")
+    vs = vs_llama_table(data).get(OVERALL, {})
+    if vs:
+        click.echo(f"against {PLAIN_LLAMA} (decode, geometric mean):")
+        for config, cell in vs.items():
+            if cell.decode.n:
+                iv = cell.decode
+                click.echo(f"  {config}: {iv.estimate:.2f}× [{iv.low:.2f}, {iv.high:.2f}]")
 
 
 @click.command("bench")

@@ -44,7 +44,7 @@ def plan_command(target, draft, proposer, draft_len, adaptive, exact, n_ctx, thr
 
     cfg = engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget)
     if kv_type is not None:
-        cfg = replace(cfg, kernel=replace(cfg.kernel, kv_type=kv_type))
+        cfg = replace(cfg, kernel=replace(cfg.layout(), kv_type=kv_type))
     dev = devmod.from_json(device_json) if device_json else None
     p = planner.plan_engine(cfg, device=dev, calibrate=calibrate, recalibrate=recalibrate,
                             kv_type=kv_type)

@@ -52,7 +52,15 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
 
     measure = calibrate or recalibrate
     draft_cal = calib(dpath, dsha, KernelConfig(), measure)
-    base = replace(cfg, draft=dname if dname else cfg.draft)
+    # exact mode runs the asked kernel or the batch-invariant one; the default runs the asked
+    # one or the fastest measured here (planner.kernels), whose step `plan` shows
+    exact_kernel = cfg.layout()
+    choice = None
+    if cfg.kernel is None and kv_type is None:
+        choice = _kernel_choice(tpath, tsha, cfg, measure and not dev.synthetic,
+                                recalibrate and not dev.synthetic)
+    default_kernel = cfg.kernel or (choice.kernel if choice is not None else exact_kernel)
+    base = replace(cfg, draft=dname if dname else cfg.draft, kernel=cfg.kernel)
 
     def plan_with(kernel: KernelConfig, exact: bool, cap: int | None, cal) -> Plan:
         cals = {k: v for k, v in (("target", cal), ("draft", draft_cal)) if v is not None}
@@ -64,23 +72,40 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
     # Exact mode under each weight layout (the asked one first): its probed cap, and the
     # plan it would give. The other layout is measured only when exact mode may pick it.
     layouts = []
-    for repack in (cfg.kernel.repack, not cfg.kernel.repack):
-        kernel = replace(cfg.kernel, repack=repack)
-        cal = calib(tpath, tsha, kernel, measure and (repack == cfg.kernel.repack or cfg.exact))
+    for repack in (exact_kernel.repack, not exact_kernel.repack):
+        kernel = replace(exact_kernel, repack=repack)
+        cal = calib(tpath, tsha, kernel, measure and (repack == exact_kernel.repack or cfg.exact))
         layouts.append((kernel, cal, getattr(cal, "exact_max_drafts", None)))
     exact_plans = {k.repack: plan_with(k, True, cap, cal) for k, cal, cap in layouts if cap is not None}
     asked_cal = layouts[0][1]
     if not cfg.exact:
-        chosen = plan_with(cfg.kernel, False, None, asked_cal)
+        dcal = asked_cal if default_kernel == exact_kernel else calib(tpath, tsha, default_kernel, measure)
+        chosen = plan_with(default_kernel, False, None, dcal)
     elif exact_plans:
         # the faster layout; on a tie the repacked one (cheaper passes beyond the cap)
         chosen = max(exact_plans.values(), key=lambda p: (round(p.predicted_speedup, 3), p.kernel.repack))
     else:
-        chosen = plan_with(cfg.kernel, True, UNPROBED_EXACT_CAP, asked_cal)
-    chosen = replace(chosen, exactness=_exactness(layouts, exact_plans, chosen, cfg.exact))
+        chosen = plan_with(exact_kernel, True, UNPROBED_EXACT_CAP, asked_cal)
+    chosen = replace(chosen, exactness=_exactness(layouts, exact_plans, chosen, cfg.exact),
+                     kernel_choice=tuple(choice.describe()) if choice is not None else ())
     if cfg.rpc:
         chosen = _with_rpc(chosen, tfacts, dfacts)
     return chosen
+
+
+def _kernel_choice(path, sha, cfg: EngineConfig, measure: bool, force: bool):
+    """The default mode's kernel choice for this target: cached, or measured when asked
+    (``edgespec plan --calibrate``), else llama.cpp's CPU default until it is."""
+    from . import kernels
+    repack = cfg.layout().repack
+    if not measure:
+        return kernels.cached(path, n_threads=cfg.threads, repack=repack, sha256=sha)
+    from .. import backend
+    model = backend.load_model(path, use_extra_bufts=repack)
+    try:
+        return kernels.load_or_measure(model, n_threads=cfg.threads, sha256=sha, force=force)
+    finally:
+        model.close()
 
 
 def resolve_rpc(config: EngineConfig, facts=None):

@@ -94,6 +94,7 @@ class Plan:
     config: EngineConfig
     exactness: Exactness | None = None
     rpc: object | None = None    # edgespec.planner.remote.RpcPlacement with --rpc
+    kernel_choice: tuple[str, ...] = ()  # the default mode's measured candidates (planner.kernels)
 
     @property
     def kv_type(self) -> str:
@@ -130,6 +131,10 @@ class Plan:
                  f"  offload    target {self.n_gpu_layers} layers, draft {self.draft_gpu_layers} layers"]
         if self.rpc is not None:
             lines += self.rpc.lines()
+        if self.kernel_choice:
+            lines += ["  default mode's kernel (fastest measured; --exact runs KV q8_0 with flash "
+                      "attention, batch invariant):"]
+            lines += [f"    {x}" for x in self.kernel_choice]
         if self.exactness is not None:
             lines += self.exactness.lines()
         where = ", RPC devices" if self.rpc is not None else ", GPU"
@@ -162,6 +167,8 @@ class Plan:
         }
         if self.rpc is not None:
             d["rpc"] = self.rpc.to_dict()
+        if self.kernel_choice:
+            d["kernel_choice"] = list(self.kernel_choice)
         if self.exactness is not None:
             d["exactness"] = {
                 "source": self.exactness.source,

@@ -237,7 +237,7 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
     """
     dev = device or devmod.probe()
     budgets = default_budgets(dev, budget)
-    kernel = (kernel or (base.kernel if base is not None else KernelConfig())).validate()
+    kernel = (kernel or (base.layout() if base is not None else KernelConfig())).validate()
     if kv_type is not None:
         if kv_type not in KV_TYPES:
             raise InvalidInputError(f"unknown KV cache type {kv_type!r}; choose one of {', '.join(KV_TYPES)}")

@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgespec.cli import cli
+from edgespec.config import KernelConfig
 
 
 def run(*args):
@@ -71,19 +72,29 @@ def smol(model_path, tmp_path, monkeypatch):
 
 
 def test_plan_shows_the_kv_type_and_kernel_the_engine_runs(smol):
-    """Defect: `edgespec plan` planned an F16 KV cache while `generate` ran Q8_0."""
+    """Defect: `edgespec plan` planned an F16 KV cache while `generate` ran Q8_0. The default
+    mode runs the fastest kernel measured here (the engine measures it once), exact mode the
+    batch-invariant Q8_0 + flash attention; the plan shows each as the engine runs it."""
     from edgespec.config import EngineConfig
+    from edgespec.engine import Engine
 
-    engine = EngineConfig(target=smol).kernel
+    with Engine.from_config(EngineConfig(target=smol, proposer="ngram")) as eng:
+        engine = eng.config.kernel
     r = run("--target", smol, "--json")
     assert r.exit_code == 0, r.output
     plan = json.loads(r.output)
-    assert plan["kv_type"] == engine.kv_type == "q8_0"
+    assert plan["kv_type"] == engine.kv_type
     assert plan["kernel"] == {"repack": engine.repack, "flash_attn": engine.flash_attn,
                               "kv_type": engine.kv_type, "n_batch": engine.n_batch,
                               "use_mmap": engine.use_mmap}
+    assert len(plan["kernel_choice"]) == 3  # every candidate, measured, the chosen one marked
     text = run("--target", smol).output
-    assert "KV cache q8_0" in text and "repacked weights" in text and "f16" not in text
+    assert f"KV cache {engine.kv_type}" in text and "repacked weights" in text
+    assert "default mode's kernel" in text and "step" in text
+    exact = json.loads(run("--target", smol, "--exact", "--json").output)
+    assert exact["kv_type"] == "q8_0" and exact["kernel"]["flash_attn"]
+    with Engine.from_config(EngineConfig(target=smol, proposer="ngram", exact=True)) as eng:
+        assert eng.config.kernel == KernelConfig()
 
 
 def test_plan_takes_generate_flags_including_exact(smol):

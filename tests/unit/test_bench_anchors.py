@@ -56,7 +56,8 @@ def test_standard_preset_is_three_per_category_plus_ten_humanevalfix():
     assert all(cats.count(c) == 3 for c in SPEC_BENCH_CATEGORIES)
     assert cats.count("humanevalfix") == 10 and len(prompts) == 49
     assert all(len(p.turns) == 1 for p in prompts) and m.max_new_tokens == 128
-    assert m.labels == ["none", "auto", "auto[exact=True]", "llama-completion", "llama-lookup"]
+    assert m.labels == ["none", "none[exact=True]", "auto", "auto[exact=True]", "llama-completion",
+                        "llama-lookup"]
 
 
 def test_long_preset_prompts_grow_with_their_targets():
@@ -82,7 +83,8 @@ def test_long_prompt_builders_on_literal_inputs():
 
 def test_compose_drops_the_draft_anchor_without_a_draft_and_marks_changes():
     m = compose(Flags(preset="standard", no_anchor=True))
-    assert m.labels == ["none", "auto", "auto[exact=True]"] and m.preset == "standard, modified"
+    assert m.labels == ["none", "none[exact=True]", "auto", "auto[exact=True]"]
+    assert m.preset == "standard, modified"
     m = compose(Flags(preset="quick", long="1024", categories="none",
                       scalars=(("humanevalfix", 0),)))
     assert m.long == (1024,) and m.spec_bench == ()
@@ -137,7 +139,7 @@ def _setup(tmp_path, **kw):
 
 
 def test_command_lines_carry_the_engines_settings(tmp_path):
-    cmd = tools.command("llama-completion", _setup(tmp_path), Path("p.txt"), 64)
+    cmd = tools.command("llama-completion", _setup(tmp_path, llama_defaults=False), Path("p.txt"), 64)
     assert cmd[0] == str(tmp_path / "llama-completion")
     s = " ".join(cmd)
     for part in ("-m /m/t.gguf", "-f p.txt", "-n 64", "-c 4096", "-t 2", "-tb 2", "-fa on",
@@ -145,13 +147,22 @@ def test_command_lines_carry_the_engines_settings(tmp_path):
                  "--no-display-prompt"):
         assert part in s, part
     assert "--no-repack" not in cmd
-    cmd = tools.command("llama-lookup", _setup(tmp_path, repack=False, flash_attn=False),
+    cmd = tools.command("llama-lookup", _setup(tmp_path, repack=False, flash_attn=False,
+                                               llama_defaults=False),
                         Path("p.txt"), 8, draft_max=4, temperature=0.7, seed=3)
     s = " ".join(cmd)
     assert "-no-cnv" not in cmd and "--no-repack" in cmd and "-fa off" in s
     assert "--spec-draft-n-max 4" in s and "--temp 0.7" in s and "--seed 3" in s
     with pytest.raises(Exception, match="needs the bench's draft model"):
         tools.command("llama-speculative-simple", _setup(tmp_path), Path("p.txt"), 8)
+
+
+def test_anchors_run_llamas_own_kernel_defaults_unless_asked(tmp_path):
+    # what a user would otherwise run: no KV type, flash-attention or repack flags of ours
+    cmd = tools.command("llama-completion", _setup(tmp_path, repack=False, flash_attn=False),
+                        Path("p.txt"), 64)
+    assert not {"-fa", "-ctk", "-ctv", "--no-repack"} & set(cmd)
+    assert "-t" in cmd and "-c" in cmd
 
 
 def test_missing_tools_say_how_to_build_them(tmp_path):
@@ -296,3 +307,20 @@ def test_markdown_shows_draft_tree_figures_only_where_trees_ran():
     md = render_markdown(_run([*RECORDS, tree]))
     assert "## Draft trees" in md
     assert "| suffix | summarization | 2 | 5.00 | 2.00 | 2.50 | 50% | 2.00 / 4.00 |" in md
+
+
+def test_every_configuration_is_also_reported_against_llama_completion():
+    from edgespec.bench.report import OVERALL, vs_llama_table
+    t = vs_llama_table(_run(RECORDS))
+    row = t["summarization"]
+    assert row["none"].decode.estimate == pytest.approx(10 / 12)  # our plain path
+    assert row["suffix"].decode.estimate == pytest.approx(15 / 12)
+    assert row["llama-lookup"].decode.estimate == pytest.approx(2.0)
+    assert "llama-completion" not in row and OVERALL in t
+    md = render_markdown(_run(RECORDS))
+    assert "## Against llama-completion" in md
+    assert "| summarization | 0.83× (n=1) | 1.25× (n=1) | 2.00× (n=1) |" in md
+    # a run without the anchor has no such table
+    run = _run(RECORDS[:2])
+    run["matrix"]["configs"] = run["matrix"]["configs"][:2]
+    assert vs_llama_table(run) == {}

@@ -1,0 +1,267 @@
+"""The default mode's kernel configuration: the fastest this device has, by measurement.
+
+Exact mode needs a batch-invariant configuration (flash attention on, a Q8_0 KV cache:
+docs/parity.md) and keeps it. The default mode is lossless whatever the kernels compute,
+so it has no reason to pay for that: llama.cpp itself decodes 3-9% slower with a Q8_0 KV
+cache than with its F16 default on a 2-core CPU, and which of flash attention on or off
+is faster depends on the device and the context. So the default mode measures the
+candidates below on the loaded model and runs the winner.
+
+A measurement holds one context per candidate and times, at a few cached-context depths
+(requests do not decode at position 64), a single-token step and a verify pass of
+``PASS_TOKENS`` tokens, round-robin over the candidates so that drift and other load hit
+them alike. Score: the mean over depths of ``(step + PASS_WEIGHT * pass)``, i.e. mostly
+the plain step (most steps of a request) with the verify pass the controller prices.
+The result is cached beside the calibrations, keyed by model digest, device, threads,
+GPU layers and weight layout; a choice measured while other processes held the CPUs is
+used but measured again once the machine is quiet.
+
+    choice = load_or_measure(model, n_threads=2, sha256=sha)
+    choice.kernel        # KernelConfig the default mode runs
+    choice.describe()    # one line per candidate, for `edgespec plan`
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from .. import calibration as cal
+from ..config import KernelConfig
+from ..errors import EdgespecError
+
+#: what the default mode may run: llama.cpp's CPU default (F16 KV, flash attention on),
+#: F16 without flash attention, and the exact configuration
+CANDIDATES: tuple[KernelConfig, ...] = (
+    KernelConfig(kv_type="f16", flash_attn=True),
+    KernelConfig(kv_type="f16", flash_attn=False),
+    KernelConfig(kv_type="q8_0", flash_attn=True),
+)
+#: the default before any measurement: llama.cpp's own CPU default
+FALLBACK = CANDIDATES[0]
+#: cached-context depths timed (a request's decode runs past its prompt)
+DEPTHS: tuple[int, ...] = (256, 1024)
+PASS_TOKENS = 4
+PASS_WEIGHT = 0.25
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class KernelTiming:
+    """One candidate's median seconds per depth: a 1-token step and a PASS_TOKENS pass."""
+
+    kv_type: str
+    flash_attn: bool
+    step: Mapping[int, float]
+    pass_: Mapping[int, float]
+
+    def score(self) -> float:
+        return statistics.fmean(self.step[d] + PASS_WEIGHT * self.pass_[d] for d in self.step)
+
+    def matches(self, k: KernelConfig) -> bool:
+        return k.kv_type == self.kv_type and k.flash_attn == self.flash_attn
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The measured candidates and the winner (``source`` "measured"), or the fallback."""
+
+    kernel: KernelConfig
+    timings: tuple[KernelTiming, ...] = ()
+    source: str = "default"  # "measured" | "default" (nothing measured yet)
+    busy: float = 0.0  # other processes' share of the CPUs while it was timed
+    measured_at: float = 0.0
+    key: str = ""
+    build: str = ""  # the llama.cpp build it was measured with: another build measures again
+
+    def timing(self, k: KernelConfig) -> KernelTiming | None:
+        return next((t for t in self.timings if t.matches(k)), None)
+
+    def describe(self) -> list[str]:
+        if not self.timings:
+            return [f"KV {self.kernel.kv_type}, flash attention {'on' if self.kernel.flash_attn else 'off'}"
+                    " (llama.cpp's CPU default; not measured here yet: `edgespec plan --calibrate`)"]
+        best = min(t.score() for t in self.timings)
+        out = []
+        for t in sorted(self.timings, key=KernelTiming.score):
+            steps = ", ".join(f"{t.step[d] * 1000:.1f} ms at {d}" for d in sorted(t.step))
+            mark = "*" if t.matches(self.kernel) else " "
+            out.append(f"{mark} KV {t.kv_type:<4} flash attention {'on ' if t.flash_attn else 'off'}: "
+                       f"step {steps}; {PASS_TOKENS}-token pass {t.pass_[max(t.pass_)] / t.step[max(t.step)]:.2f} "
+                       f"steps; score {t.score() / best:.3f}")
+        if self.busy > cal.BUSY_LIMIT:
+            out.append(f"  (measured while other processes used {self.busy:.0%} of the CPUs: "
+                       "measured again once the machine is quiet)")
+        return out
+
+    def to_json(self) -> dict:
+        return {"format": _FORMAT, "kernel": {"kv_type": self.kernel.kv_type,
+                                              "flash_attn": self.kernel.flash_attn},
+                "timings": [{"kv_type": t.kv_type, "flash_attn": t.flash_attn,
+                             "step": {str(d): s for d, s in t.step.items()},
+                             "pass": {str(d): s for d, s in t.pass_.items()}} for t in self.timings],
+                "busy": self.busy, "measured_at": self.measured_at, "key": self.key,
+                "build": self.build}
+
+
+def choose(timings: Sequence[KernelTiming], base: KernelConfig = FALLBACK) -> KernelConfig:
+    """The candidate with the lowest score, as ``base`` with its KV type and attention."""
+    if not timings:
+        return base
+    t = min(timings, key=KernelTiming.score)
+    return replace(base, kv_type=t.kv_type, flash_attn=t.flash_attn).validate()
+
+
+def measure(model, *, n_threads: int | None = None, repack: bool = True,
+            candidates: Sequence[KernelConfig] = CANDIDATES, depths: Sequence[int] = DEPTHS,
+            repeats: int = 4, clock: Callable[[], float] = time.perf_counter) -> KernelChoice:
+    """Time every candidate on a loaded model (see the module docstring)."""
+    depths = sorted(set(int(d) for d in depths))
+    if not candidates or not depths or depths[0] < 1 or repeats < 1:
+        raise ValueError("need candidates, positive depths and repeats >= 1")
+    try:
+        watch = cal.CpuWatch()
+    except (ImportError, OSError):
+        watch = None
+    n_ctx = depths[-1] + PASS_TOKENS + 8
+    toks = cal._probe_tokens(model, depths[-1] + PASS_TOKENS)
+    ctxs: list = []
+    samples: dict[tuple[int, int, int], list[float]] = {}
+    try:
+        for k in candidates:
+            ctxs.append(model.new_context(n_ctx=n_ctx, n_batch=min(512, n_ctx), n_threads=n_threads,
+                                          **cal.context_options(k)))
+        filled = [0] * len(ctxs)
+        for d in depths:
+            for i, ctx in enumerate(ctxs):
+                ctx.decode(toks[filled[i]:d], filled[i], logits="none")
+                filled[i] = d
+            for r in range(repeats + 1):  # round 0 warms caches and is discarded
+                for i, ctx in enumerate(ctxs):
+                    for n in (1, PASS_TOKENS):
+                        t0 = clock()
+                        ctx.decode(toks[d:d + n], d, logits="last" if n == 1 else "all")
+                        dt = clock() - t0
+                        ctx.trim(0, d)
+                        if r:
+                            samples.setdefault((i, d, n), []).append(dt)
+    finally:
+        for ctx in ctxs:
+            cal._close(ctx)
+    timings = tuple(KernelTiming(
+        kv_type=k.kv_type, flash_attn=k.flash_attn,
+        step={d: statistics.median(samples[(i, d, 1)]) for d in depths},
+        pass_={d: statistics.median(samples[(i, d, PASS_TOKENS)]) for d in depths})
+        for i, k in enumerate(candidates))
+    if any(not s > 0 for t in timings for s in t.step.values()):
+        raise EdgespecError("the kernel measurement timed a zero-length pass; the clock is not advancing")
+    base = replace(FALLBACK, repack=repack)
+    return KernelChoice(kernel=choose(timings, base), timings=timings, source="measured",
+                        busy=watch.share() if watch is not None else 0.0, measured_at=time.time())
+
+
+# --- cache -------------------------------------------------------------------------
+def cache_key(model_path, *, n_threads: int, n_gpu_layers: int, repack: bool,
+              sha256: str | None = None, home: Path | None = None, build: str | None = None) -> str:
+    """``kernels-<model>-<hash>``: the device (CPU, threads, offload, weight layout; every
+    candidate is in the file, so no KV type or attention) and the model's digest."""
+    device = cal.device_fingerprint(n_threads, n_gpu_layers, "", kernel=replace(FALLBACK, repack=repack))
+    device = {k: v for k, v in device.items() if k not in ("kernel", "build")}
+    ident = cal.model_identity(model_path, sha256, home)
+    blob = json.dumps({"device": device, "repack": repack, "sha256": ident["sha256"],
+                       "size": ident.get("size", "")}, sort_keys=True)
+    return f"kernels-{Path(model_path).stem}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+
+def _path(key: str, home: Path | None) -> Path:
+    return cal.cache_path(key, home)
+
+
+def load_cached(key: str, home: Path | None = None, base: KernelConfig = FALLBACK,
+                build: str | None = None) -> KernelChoice | None:
+    """The cached choice, or None (absent); a corrupt file, or one measured with another
+    llama.cpp build than ``build``, warns and reads as absent."""
+    path = _path(key, home)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+        if d.get("format") != _FORMAT:
+            raise ValueError(f"format {d.get('format')!r}, expected {_FORMAT}")
+        timings = tuple(KernelTiming(
+            kv_type=str(t["kv_type"]), flash_attn=bool(t["flash_attn"]),
+            step={int(k): float(v) for k, v in t["step"].items()},
+            pass_={int(k): float(v) for k, v in t["pass"].items()}) for t in d["timings"])
+        if not timings or any(not s > 0 for t in timings for s in [*t.step.values(), *t.pass_.values()]):
+            raise ValueError("no positive timings")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        warnings.warn(f"the cached kernel choice {path} is unreadable ({e}); measuring it again",
+                      cal.CalibrationWarning, stacklevel=2)
+        return None
+    then = str(d.get("build", ""))
+    if build is not None and then != build:
+        warnings.warn(f"the cached kernel choice {path} was measured with another llama.cpp build "
+                      f"({then!r}); measuring it again", cal.CalibrationWarning, stacklevel=2)
+        return None
+    return KernelChoice(kernel=choose(timings, base), timings=timings, source="measured",
+                        busy=float(d.get("busy", 0.0)), measured_at=float(d.get("measured_at", 0.0)),
+                        key=key, build=then)
+
+
+def save(choice: KernelChoice, home: Path | None = None) -> None:
+    path = _path(choice.key, home)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(choice.to_json(), indent=1), encoding="utf-8")
+        os.replace(tmp, path)  # readers never see half a file
+    except OSError:
+        pass  # a read-only home still runs the measured choice, just not a cached one
+
+
+def cached(model_path, *, n_threads: int | None = None, n_gpu_layers: int = 0,
+           repack: bool = True, sha256: str | None = None, home: Path | None = None,
+           build: str | None = None) -> KernelChoice:
+    """The cached choice for this device and model, or the fallback; never measures."""
+    n_threads = n_threads or _threads()
+    base = replace(FALLBACK, repack=repack)
+    if sha256 is None and not any(cal._folder(home).glob(f"kernels-{Path(model_path).stem}-*.json")):
+        return KernelChoice(kernel=base)
+    key = cache_key(model_path, n_threads=n_threads, n_gpu_layers=n_gpu_layers, repack=repack,
+                    sha256=sha256, home=home, build=build)
+    with warnings.catch_warnings():  # the measuring path says it; planning stays quiet
+        warnings.simplefilter("ignore", cal.CalibrationWarning)
+        got = load_cached(key, home, base, build if build is not None else cal._llama_build())
+    return got or KernelChoice(kernel=base)
+
+
+def load_or_measure(model, *, n_threads: int | None = None, sha256: str | None = None,
+                    home: Path | None = None, force: bool = False, build: str | None = None,
+                    **measure_kw) -> KernelChoice:
+    """The cached choice for the loaded ``model``, measured (and cached) when absent,
+    corrupt, or measured under load while the machine is now quiet."""
+    n_threads = n_threads or _threads()
+    repack = bool(getattr(model, "use_extra_bufts", True))
+    key = cache_key(model.path, n_threads=n_threads, n_gpu_layers=getattr(model, "n_gpu_layers", 0),
+                    repack=repack, sha256=sha256, home=home, build=build)
+    build = build if build is not None else cal._llama_build()
+    if not force:
+        got = load_cached(key, home, replace(FALLBACK, repack=repack), build)
+        if got is not None and not (got.busy > cal.BUSY_LIMIT
+                                    and cal.machine_busy() <= cal.BUSY_LIMIT / 2):
+            return got
+    choice = replace(measure(model, n_threads=n_threads, repack=repack, **measure_kw), key=key,
+                     build=build)
+    save(choice, home)
+    return choice
+
+
+def _threads() -> int:
+    from ..backend import default_threads
+    return default_threads()

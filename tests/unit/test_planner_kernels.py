@@ -1,0 +1,135 @@
+"""planner.kernels: the default mode's kernel configuration, chosen by measurement and cached.
+
+The fake model's contexts advance a fake clock by a cost that depends on their KV type,
+flash attention and pass size, so which candidate wins is known in advance."""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+from edgespec import calibration
+from edgespec.config import KV_GGML_TYPE, KernelConfig
+from edgespec.planner import kernels
+from fakes import FakeModel
+
+F16, Q8 = KV_GGML_TYPE["f16"], KV_GGML_TYPE["q8_0"]
+
+
+class Clocked(FakeModel):
+    """Each decode costs costs[(type_k, flash_attn)] * (1 + 0.5 * (n - 1)) fake seconds."""
+
+    def __init__(self, costs, path: Path):
+        super().__init__(name=path.name)
+        self.path = path
+        self.now = 0.0
+        self.costs = costs
+        self.opened: list[tuple[int, int]] = []
+
+    def new_context(self, n_ctx, n_batch=512, n_threads=None, flash_attn=1, type_k=None, **kw):
+        ctx = super().new_context(n_ctx, n_batch, n_threads, flash_attn=flash_attn, type_k=type_k, **kw)
+        key = (type_k, flash_attn)
+        self.opened.append(key)
+
+        def tick(_ctx, tokens, _pos0):
+            self.now += self.costs[key] * (1 + 0.5 * (len(tokens) - 1))
+        ctx.on_decode = tick
+        return ctx
+
+    def clock(self) -> float:
+        return self.now
+
+
+class _Quiet:
+    def share(self) -> float:
+        return 0.0
+
+
+@pytest.fixture(autouse=True)
+def quiet_machine(monkeypatch):
+    """This machine's real load must not decide whether a cached choice is re-measured."""
+    monkeypatch.setattr(calibration, "CpuWatch", _Quiet)
+    monkeypatch.setattr(calibration, "machine_busy", lambda seconds=0.3: 0.0)
+
+
+@pytest.fixture
+def model(tmp_path):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF" + b"\0" * 64)
+    # F16 without flash attention is fastest here, Q8_0 slowest
+    return Clocked({(F16, 1): 0.030, (F16, 0): 0.025, (Q8, 1): 0.033}, f)
+
+
+def test_choose_takes_the_lowest_score_and_keeps_the_layout():
+    fast = kernels.KernelTiming("f16", False, {256: 0.02, 1024: 0.03}, {256: 0.05, 1024: 0.06})
+    slow = kernels.KernelTiming("q8_0", True, {256: 0.02, 1024: 0.04}, {256: 0.05, 1024: 0.06})
+    got = kernels.choose([slow, fast], KernelConfig(kv_type="f16", repack=False))
+    assert (got.kv_type, got.flash_attn, got.repack) == ("f16", False, False)
+    assert kernels.choose([]) == kernels.FALLBACK
+    # the verify pass counts too: equal steps, a cheaper pass wins
+    cheap = kernels.KernelTiming("f16", True, {256: 0.02}, {256: 0.04})
+    dear = kernels.KernelTiming("f16", False, {256: 0.02}, {256: 0.05})
+    assert kernels.choose([dear, cheap]).flash_attn
+
+
+def test_measure_times_every_candidate_at_every_depth_and_picks_the_fastest(model):
+    choice = kernels.measure(model, n_threads=2, depths=(64, 128), repeats=2, clock=model.clock)
+    assert choice.source == "measured"
+    assert (choice.kernel.kv_type, choice.kernel.flash_attn) == ("f16", False)
+    assert sorted(model.opened) == sorted([(F16, 1), (F16, 0), (Q8, 1)])
+    assert all(c.closed for c in model.contexts)
+    t = choice.timing(KernelConfig(kv_type="q8_0"))
+    assert t.step == {64: pytest.approx(0.033), 128: pytest.approx(0.033)}
+    assert t.pass_[64] == pytest.approx(0.033 * 2.5)
+    lines = choice.describe()
+    assert lines[0].startswith("* KV f16  flash attention off") and len(lines) == 3
+
+
+def test_the_choice_is_cached_and_a_corrupt_or_stale_file_is_measured_again(model, tmp_path):
+    home = tmp_path / "home"
+    kw = dict(n_threads=2, home=home, build="b1", depths=(64,), repeats=1, clock=model.clock)
+    first = kernels.load_or_measure(model, **kw)
+    opened = len(model.opened)
+    again = kernels.load_or_measure(model, **kw)
+    assert len(model.opened) == opened and again.kernel == first.kernel  # read, not measured
+    assert kernels.cached(model.path, n_threads=2, home=home, build="b1").kernel == first.kernel
+    path = calibration.cache_path(first.key, home)
+    path.write_text("{not json", encoding="utf-8")
+    with pytest.warns(calibration.CalibrationWarning, match="unreadable"):
+        kernels.load_or_measure(model, **kw)
+    assert len(model.opened) == 2 * opened
+    with pytest.warns(calibration.CalibrationWarning, match="another llama.cpp build"):
+        kernels.load_or_measure(model, **{**kw, "build": "b2"})
+    assert len(model.opened) == 3 * opened
+    # the planner's read never measures and never warns: the fallback until measured
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = kernels.cached(model.path, n_threads=2, home=home, build="b3")
+    assert got.source == "default" and got.kernel == kernels.FALLBACK
+
+
+def test_a_choice_measured_under_load_is_measured_again_once_quiet(model, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    kw = dict(n_threads=2, home=home, build="b1", depths=(64,), repeats=1, clock=model.clock)
+    first = kernels.load_or_measure(model, **kw)
+    path = calibration.cache_path(first.key, home)
+    d = json.loads(path.read_text())
+    d["busy"] = 0.9
+    path.write_text(json.dumps(d))
+    opened = len(model.opened)
+    monkeypatch.setattr(calibration, "machine_busy", lambda seconds=0.3: 0.9)
+    kernels.load_or_measure(model, **kw)  # still busy: used as it is
+    assert len(model.opened) == opened
+    assert "measured again once the machine is quiet" in kernels.load_cached(first.key, home).describe()[-1]
+    monkeypatch.setattr(calibration, "machine_busy", lambda seconds=0.3: 0.0)
+    kernels.load_or_measure(model, **kw)
+    assert len(model.opened) == 2 * opened
+
+
+def test_bad_measurement_arguments_are_refused(model):
+    with pytest.raises(ValueError):
+        kernels.measure(model, depths=(), clock=model.clock)
+    with pytest.raises(ValueError):
+        kernels.measure(model, repeats=0, clock=model.clock)
