@@ -288,8 +288,8 @@ class EngineSource:
         """In exact mode, prefill the last answer's KV again so the next turn reuses it
         (Engine.refresh_kv); nothing to do otherwise."""
         engine = self._engine
-        if engine is None or not settings.exact:
-            return 0
+        if engine is None or not settings.exact or not self._serves(settings):
+            return 0  # a default-mode engine is replaced by an exact one on the next turn
         return engine.refresh_kv(exact=True, stop=stop)
 
     def close(self) -> None:
@@ -301,8 +301,10 @@ class EngineSource:
     def _load_key(settings: Settings) -> tuple:
         p = settings.proposer
         model = needs_model(p)
+        # exact mode runs a kernel configuration of its own (batch invariant), so ticking
+        # "exact" loads an engine built for it
         return (settings.target, settings.draft if model else None,
-                p if p == AUTO_PROPOSER or model else None, settings.draft_len)
+                p if p == AUTO_PROPOSER or model else None, settings.draft_len, settings.exact)
 
     def _serves(self, settings: Settings) -> bool:
         if self._engine is None or self._key is None:
@@ -310,8 +312,9 @@ class EngineSource:
         if settings.proposer == AUTO_PROPOSER or needs_model(settings.proposer):
             return self._key == self._load_key(settings)
         loaded = getattr(self._engine, "proposers", {})
-        return self._key[0] == settings.target and self._key[3] == settings.draft_len and (
-            settings.proposer == NO_PROPOSER or settings.proposer in loaded)
+        return (self._key[0] == settings.target and self._key[3] == settings.draft_len
+                and self._key[4] == settings.exact
+                and (settings.proposer == NO_PROPOSER or settings.proposer in loaded))
 
     def _ensure(self, settings: Settings):
         if self._serves(settings):
@@ -324,6 +327,8 @@ class EngineSource:
         key = self._load_key(settings)
         fixed = {} if settings.draft_len is None else {"draft_len": settings.draft_len,
                                                          "adaptive": False}
+        if settings.exact:
+            fixed["exact"] = True
         self._engine = load(target=settings.target, draft=key[1], proposer=settings.proposer,
                             n_ctx=self.n_ctx, threads=self.threads, **fixed)
         self._key = key

@@ -77,6 +77,7 @@ class _ProposerState:
     last_evidence: int = 0  # step of the last verified or scored draft
     probing: bool = False
     hit: bool | None = None  # did its latest draft get the first token right?
+    run_best: int = 0  # longest run of its draft tokens that matched in this request
 
 
 class AdaptiveController:
@@ -173,6 +174,8 @@ class AdaptiveController:
                 blocked.append(name)
                 continue
             n_max = min(cap, len(cand)) if cand is not None else cap
+            if s.ramp:
+                n_max = min(n_max, max(s.ramp, 2 * st.run_best))
             if n_max < s.min_draft:
                 continue
             feats = token_features(n_max, cand.confidence if cand else None,
@@ -279,6 +282,7 @@ class AdaptiveController:
             else:  # a catch-up prefill after a long pause is not the per-token price
                 st.token_seconds += 0.2 * (min(per, 3 * st.token_seconds) - st.token_seconds)
         verified = min(o.accepted + 1, o.drafted)
+        st.run_best = max(st.run_best, o.accepted)
         st.floor_window.extend([True] * o.accepted + [False] * (verified - o.accepted))
         cand = view.candidates.get(name) if view is not None else None
         if not o.tokens or cand is None:
@@ -350,6 +354,7 @@ class AdaptiveController:
                         m.add(i, pd.features[i], i < j, pd.state)
             pd.done = j
             st.last_evidence = self._step
+            st.run_best = max(st.run_best, j)
             if rejected or j == len(pd.tokens):
                 if not pd.used:
                     verified = min(j + 1, len(pd.tokens))

@@ -40,6 +40,13 @@ class ControlSettings:
     floor_min: int = 16  # positions needed before the floor judges
     window: int = 16  # about this many recent drafts (used or shadow-scored) drive the estimates
     margin: float = 0.08  # a draft must beat a plain step's goodput by this fraction
+    # adaptive: a proposer drafts at most max(ramp, 2 x the longest run of its tokens that
+    # matched so far in this request, verified or shadow-scored); 0 = no ramp. A request's
+    # first few steps give the acceptance model little evidence and its deep positions
+    # over-promise; on a steep cost curve a 15-token draft rejected at its first token costs
+    # 5 plain steps, so draft length is earned by runs actually seen (3, 6, 12, ...; 3
+    # keeps the 4-token pass, which a repacked CPU computes cheaper than a 3-token one)
+    ramp: int = 3
     position_calibration: bool = True  # scale deep positions' estimates by their track record
     probe_match: int = 6  # in fallback, a match this long earns a probe
     probe_after: int = 32  # steps without evidence before a blind probe (doubles per failure)
@@ -63,6 +70,7 @@ class ControlSettings:
                "floor window must be >= floor_min >= 1")
         _guard(self.window >= 1, f"window must be >= 1 (got {self.window})")
         _guard(self.margin >= 0.0, f"margin must be >= 0 (got {self.margin})")
+        _guard(self.ramp >= 0, f"ramp must be >= 0 (got {self.ramp})")
         _guard(self.guard_threshold > 0.0,
                f"guard threshold is a speedup ratio and must be > 0 (got {self.guard_threshold})")
         _guard(self.guard_window >= self.guard_min_steps >= 2,

@@ -10,7 +10,8 @@ def run(*args, env=None):
 
 
 def test_the_shipped_prompt_data_is_there():
-    # data/ ships with the repository: its absence fails, it never skips the tests below
+    # the prompt sets ship inside the package (edgespec/bench/data): their absence fails,
+    # it never skips the tests below
     assert (default_data_dir() / SPEC_BENCH_FILE).is_file()
 
 
@@ -25,8 +26,8 @@ def test_quick_dry_run_lists_plain_free_proposers_and_the_pld_anchor_with_its_pl
 def test_standard_and_long_presets():
     res = run("bench", "--dry-run", "--preset", "standard")
     assert res.exit_code == 0, res.output
-    assert ("configurations: none, auto, auto[exact=True], llama-completion, llama-lookup"
-            in res.output)
+    assert ("configurations: none, none[exact=True], auto, auto[exact=True], llama-completion, "
+            "llama-lookup" in res.output)
     assert "49 prompts (49 turns), 128 new tokens" in res.output  # 13 x 3 + 10 HumanEvalFix
     res = run("bench", "--dry-run", "--preset", "long")
     assert res.exit_code == 0, res.output

@@ -218,9 +218,14 @@ def test_chat_messages_are_a_conversation_and_exact_turns_settle():
     assert list(src.start(msgs, Settings(target="qwen", exact=True))) == TWO_STEPS
     eng = loads[0]
     assert eng.chats == [(msgs, True)] and eng.streams == []
-    list(src.start("plain text", Settings(target="qwen")))
-    assert eng.streams[-1][0] == "plain text" and eng.exact is False
     # the idle-time refresh runs only in exact mode, and hands the engine the stop signal
     assert src.settle(Settings(target="qwen"), lambda: False) == 0 and eng.refreshes == []
     assert src.settle(Settings(target="qwen", exact=True), lambda: True) == 40
     assert eng.refreshes == [(True, True)]
+    # exact mode runs its own kernel configuration: unticking it loads a default engine
+    assert eng.kw.get("exact") is True
+    list(src.start("plain text", Settings(target="qwen")))
+    plain = loads[-1]
+    assert plain is not eng and eng.closed and "exact" not in plain.kw
+    assert plain.streams[-1][0] == "plain text" and plain.exact is False
+    assert src.settle(Settings(target="qwen", exact=True), lambda: True) == 0  # not this engine

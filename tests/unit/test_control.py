@@ -525,3 +525,36 @@ def test_on_the_repacked_curve_a_well_accepted_proposer_verifies_4_token_passes(
     ks = drafted_k(res, lo=50)
     assert ks.count(3) > 0.8 * len(ks) and 2 not in ks
     assert speedup(tr, res, REPACKED) > 1.4
+
+
+def test_draft_length_is_earned_by_runs_seen_in_the_request():
+    """Defect: a request's 6th step drafted 15 tokens after a 9-token match on five steps
+    of evidence (predicted 0.99 a position) and lost them all at the first token, about five
+    plain steps on a steep CPU curve; it happened in most requests of a standard run."""
+    confident = Draft(tokens=tuple(range(100, 115)), match_length=9, confidence=(1.0,) * 15)
+    memory = ControlMemory()
+    warm = memory.model("suffix")
+    for _ in range(40):  # earlier requests: confident long matches were right
+        warm.record(token_features(15, (1.0,) * 15, 9), 15, True)
+    view = StepView(remaining=100, candidates={"suffix": confident})
+    ramped = AdaptiveController({"suffix": False}, GPU, memory=memory)
+    free = AdaptiveController({"suffix": False}, GPU, ControlSettings(ramp=0), memory=memory)
+    assert free.decide(view).k == 15
+    assert ramped.decide(view).k == 3
+    # each run of matched tokens doubles what may be drafted: 3 accepted -> 6, then 12
+    # (the target's own token after the draft diverges: runs of exactly 3, then 6)
+    ramped.observe(Outcome("suffix", 3, 3, 0.0, 0.01, tokens=(100, 101, 102, 999)))
+    assert ramped.decide(StepView(remaining=100, candidates={"suffix": confident})).k == 6
+    ramped.observe(Outcome("suffix", 6, 6, 0.0, 0.01, tokens=(*range(100, 106), 999)))
+    assert ramped.decide(StepView(remaining=100, candidates={"suffix": confident})).k == 12
+    with pytest.raises(InvalidInputError, match="ramp"):
+        ControlSettings(ramp=-1).validate()
+
+
+def test_shadow_scored_runs_earn_length_without_drafting():
+    tr = make_trace(200)
+    prop = scripted(tr, lambda i: True, match_length=lambda pos: 3)
+    _, res = run(tr, prop, cal=GPU)
+    ks = drafted_k(res)
+    assert ks[0] <= 6  # earned by the shadow runs of the plain steps before it, not assumed
+    assert max(ks) == 15 and res.accepted == res.drafted
