@@ -1,23 +1,111 @@
-"""`edgespec serve`: the OpenAI-compatible local server (docs/server.md)."""
+"""`edgespec serve`: the OpenAI-compatible local server (docs/server.md).
+
+Every flag can also come from the environment (``--max-queue`` as ``EDGESPEC_MAX_QUEUE``) and
+from ``serve.toml`` in the user config directory (``EDGESPEC_CONFIG`` names another file),
+the flag winning over the environment, the environment over the file (click: command line,
+then ``envvar``, then the context's ``default_map``). ``--print-config`` shows the outcome.
+"""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from .common import handle_errors
+from .extras import require
 from .options import engine_config, engine_options
 
 
-@click.command("serve")
+class _ServeCommand(click.Command):
+    """Reads serve.toml into the context's default_map before the flags are parsed."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        extra.setdefault("default_map", config_defaults(self))
+        return super().make_context(info_name, args, parent=parent, **extra)
+
+
+class ConfigFileError(click.ClickException):
+    exit_code = 2  # bad usage, like a bad flag
+
+
+def config_path() -> Path:
+    """The serve.toml that is read: $EDGESPEC_CONFIG, else the platform's config dir."""
+    named = os.environ.get("EDGESPEC_CONFIG")
+    if named:
+        return Path(named).expanduser()
+    import platformdirs
+    return Path(platformdirs.user_config_dir("edgespec")) / "serve.toml"
+
+
+def config_defaults(command: click.Command) -> dict:
+    """serve.toml as click's default_map (parameter names as keys). A missing file is no
+    configuration; one that is not TOML or names an unknown key is an error (exit 2)."""
+    path = config_path()
+    if not path.is_file():
+        if os.environ.get("EDGESPEC_CONFIG"):
+            raise ConfigFileError(f"{path}: no such config file (named by $EDGESPEC_CONFIG)")
+        return {}
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigFileError(f"{path} is not valid TOML: {e}") from None
+    by_key = _config_keys(command)
+    out = {}
+    for key, value in data.items():
+        name = by_key.get(key)
+        if name is None:
+            raise ConfigFileError(f"{path}: unknown key {key!r}; the keys are the flags of "
+                                  "`edgespec serve --help` without their dashes (max-queue = 8)")
+        out[name] = value
+    return out
+
+
+def _config_keys(command: click.Command) -> dict[str, str]:
+    """serve.toml key -> parameter name: each long flag without its dashes, with '-' or
+    '_' (``max-queue``, ``max_queue``; ``adaptive = false`` for --adaptive/--no-adaptive)."""
+    keys = {}
+    for p in command.params:
+        if not isinstance(p, click.Option) or p.name in _NOT_CONFIGURABLE:
+            continue
+        for flag in p.opts:
+            if flag.startswith("--"):
+                keys[flag[2:]] = keys[flag[2:].replace("-", "_")] = p.name
+    return keys
+
+
+#: flags about one invocation, not a configuration
+_NOT_CONFIGURABLE = {"print_config", "help"}
+
+
+def env_name(option: click.Option) -> str:
+    """EDGESPEC_ and the option's first long flag: --max-queue -> EDGESPEC_MAX_QUEUE."""
+    flag = next(o for o in option.opts if o.startswith("--"))
+    return "EDGESPEC_" + flag[2:].upper().replace("-", "_")
+
+
+def _with_envvars(command: click.Command) -> click.Command:
+    for p in command.params:
+        if isinstance(p, click.Option) and p.name not in _NOT_CONFIGURABLE:
+            p.envvar = env_name(p)
+            p.show_envvar = True
+    return command
+
+
+@click.command("serve", cls=_ServeCommand)
 @engine_options
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; anything but loopback needs --allow-remote.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="0 picks a free port (printed on startup).")
-@click.option("--api-key", default=None, envvar="EDGESPEC_API_KEY",
-              help="Require 'Authorization: Bearer KEY' (also $EDGESPEC_API_KEY).")
+@click.option("--api-key", default=None,
+              help="Require 'Authorization: Bearer KEY'.")
 @click.option("--allow-remote", is_flag=True,
               help="Allow binding a non-loopback address.")
 @click.option("--parallel", type=click.IntRange(1, 64), default=1, show_default=True,
@@ -40,14 +128,37 @@ from .options import engine_config, engine_options
                                  "runs plain until probes show it pays again (docs/identity.md).")
 @click.option("--drain-seconds", type=click.FloatRange(0), default=60.0, show_default=True,
               help="On SIGINT/SIGTERM, how long open requests may take to finish.")
+@click.option("--strict", is_flag=True,
+              help="Refuse request fields this server does not know (400 unknown_parameter) "
+                   "instead of ignoring them with a log line.")
+@click.option("--cors-origin", "cors_origins", multiple=True,
+              help="A browser origin allowed to call the API (CORS), e.g. "
+                   "http://localhost:3000; repeatable; '*' allows any. Default: none.")
+@click.option("--timeout-read", type=click.FloatRange(0, min_open=True), default=30.0,
+              show_default=True,
+              help="Seconds a client has to send a request's headers, and then its body; a "
+                   "connection that stalls is closed (a stalled body gets a 408 first).")
+@click.option("--timeout-keep-alive", type=click.FloatRange(0, min_open=True), default=5.0,
+              show_default=True, help="Seconds an idle connection is kept between requests.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info",
                                                 "debug"]), default="info", show_default=True)
+@click.option("--print-config", is_flag=True,
+              help="Print the resolved settings (and where each came from: flag, env, file, "
+                   "default) as TOML, and exit without loading the model.")
 @handle_errors
 def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget, host,
           port, api_key, allow_remote, parallel, max_queue, max_tokens_limit, model_id,
-          cache_ram_mib, canary, drain_seconds, log_level):
+          cache_ram_mib, canary, drain_seconds, strict, cors_origins, timeout_read,
+          timeout_keep_alive, log_level, print_config):
     """Serve the target over an OpenAI-compatible HTTP API (chat, completions, models,
-    health, metrics)."""
+    health, metrics).
+
+    Every flag can also be set as EDGESPEC_<FLAG> in the environment or in serve.toml
+    (see --print-config); a flag wins over the environment, which wins over the file."""
+    if print_config:
+        click.echo(resolved_config(click.get_current_context()), nl=False)
+        return
+    require("server", "serve")
     from ..engine import Engine
     from ..server import ServerSettings, create_app
     from ..server.run import check_bind, is_loopback, serve as run_server
@@ -62,7 +173,9 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
                      kv_cache_ram=None if cache_ram_mib is None else cache_ram_mib << 20).validate()
     served, aliases = _model_ids(target, model_id)
     settings = ServerSettings(served_model=served, aliases=aliases, api_key=api_key,
-                              max_tokens_limit=max_tokens_limit).validate()
+                              max_tokens_limit=max_tokens_limit, strict=strict,
+                              cors_origins=tuple(cors_origins), read_timeout=timeout_read,
+                              keep_alive_timeout=timeout_keep_alive).validate()
     engine = Engine.from_config(config)
     try:
         if canary is not None:
@@ -78,11 +191,43 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
                        err=True)
 
         run_server(app, host, port, drain_seconds=drain_seconds, log_level=log_level,
-                   on_started=started)
+                   on_started=started, read_seconds=settings.read_timeout,
+                   keep_alive_seconds=settings.keep_alive_timeout)
         scheduler.close(drain=True)  # idempotent; the app's lifespan already drained it
         click.echo("edgespec serve: stopped (open requests finished)", err=True)
     finally:
         engine.close()
+
+
+_SOURCES = {ParameterSource.COMMANDLINE: "flag", ParameterSource.ENVIRONMENT: "env",
+            ParameterSource.DEFAULT_MAP: "file", ParameterSource.DEFAULT: "default"}
+
+
+def resolved_config(ctx: click.Context) -> str:
+    """Each setting as a serve.toml line, with where its value came from."""
+    lines = [f"# {config_path()}"]
+    for p in ctx.command.params:
+        if not isinstance(p, click.Option) or p.name in _NOT_CONFIGURABLE:
+            continue
+        value = ctx.params.get(p.name, ctx.meta.get(f"edgespec.{p.name}"))
+        if p.name == "api_key" and value is not None:
+            value = "***"  # never print the secret
+        source = _SOURCES.get(ctx.get_parameter_source(p.name), "default")
+        key = next(o for o in p.opts if o.startswith("--"))[2:]
+        lines.append(f"{key} = {_toml(value)}  # {source}" if value is not None
+                     else f"# {key} unset  # {source}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml(value) -> str:
+    import json
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))
 
 
 def _model_ids(target: str, model_id: str | None) -> tuple[str, tuple[str, ...]]:
@@ -93,3 +238,6 @@ def _model_ids(target: str, model_id: str | None) -> tuple[str, tuple[str, ...]]
         names += [p.name, p.stem]
     served = model_id or (Path(target).stem if target.endswith(".gguf") else target)
     return served, tuple(n for n in dict.fromkeys(names) if n != served)
+
+
+_with_envvars(serve)

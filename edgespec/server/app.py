@@ -21,6 +21,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
@@ -33,7 +34,7 @@ from .errors import APIError, from_edgespec, install_handlers
 from .mapping import chat_request, check_model, completion_request
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .responses import Shape
-from .schemas import ChatCompletionRequest, CompletionRequest
+from .schemas import ChatCompletionRequest, CompletionRequest, parse_request
 from .settings import ServerSettings
 
 log = logging.getLogger("edgespec.server")
@@ -67,19 +68,23 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.state.metrics = metrics
     app.add_middleware(_Auth, api_key=settings.api_key, metrics=metrics)
+    if settings.cors_origins:  # outermost: a preflight carries no key and gets its answer
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
+                           expose_headers=["Retry-After"], max_age=600)
     install_handlers(app, on_error=metrics.reject)
 
     # --- generation -----------------------------------------------------------------------
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = ChatCompletionRequest.model_validate_json(await _body(request, settings))
+        req = _parse(ChatCompletionRequest, await _body(request, settings), settings, request)
         check_model(req.model, settings)
         prompt, params = chat_request(req, settings, engine.target.n_vocab)
         return await _generate(request, "chat", req, prompt, params)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = CompletionRequest.model_validate_json(await _body(request, settings))
+        req = _parse(CompletionRequest, await _body(request, settings), settings, request)
         check_model(req.model, settings)
         prompt, params = completion_request(req, settings, engine.target.n_vocab)
         return await _generate(request, "completion", req, prompt, params)
@@ -229,9 +234,16 @@ class _Bridge:
         self.loop = loop
         self.metrics = metrics
         self.queue: asyncio.Queue = asyncio.Queue()
+        self.started = time.monotonic()
+        self.ended = False  # a Finished or an error arrived
 
     def __call__(self, event) -> None:
         try:
+            if event is DONE and not self.ended:
+                # the scheduler ends a request cancelled while queued with DONE alone: it
+                # is still a request that ended cancelled (back-to-back disconnects queue)
+                self.metrics.observe_cancelled_queued(time.monotonic() - self.started)
+            self.ended = self.ended or isinstance(event, (Finished, BaseException))
             self.metrics.observe(event)
         except Exception:  # metrics must never break a request
             log.exception("metrics failed on %r", type(event).__name__)
@@ -246,11 +258,31 @@ def _failure(exc: BaseException) -> APIError:
         return from_edgespec(exc)
     log.error("request failed on the scheduler thread", exc_info=exc)
     return APIError(500, f"internal error ({type(exc).__name__}); the server keeps serving, "
-                         "please report this with the server log", type="server_error")
+                         "please report this with the server log", type="server_error", code="internal_error")
+
+
+def _parse(model, body: str, settings: ServerSettings, request: Request):
+    """The validated request; unknown fields are dropped and named in one log line (or,
+    with --strict, refused by parse_request)."""
+    req, ignored = parse_request(model, body, strict=settings.strict)
+    if ignored:
+        log.warning("%s: ignored unknown request fields: %s (edgespec serve --strict refuses "
+                    "them)", request.url.path, ", ".join(ignored))
+    return req
 
 
 async def _body(request: Request, settings: ServerSettings) -> str:
-    """The request body as text: at most settings.max_body_bytes, valid UTF-8."""
+    """The request body as text: at most settings.max_body_bytes, valid UTF-8, complete
+    within settings.read_timeout (a client that stops sending gets a 408 and is closed)."""
+    try:
+        return await asyncio.wait_for(_read_body(request, settings), settings.read_timeout)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {settings.read_timeout:g} "
+                            "s (the server's --timeout-read); send it at once",
+                       code="request_timeout", headers={"Connection": "close"}) from None
+
+
+async def _read_body(request: Request, settings: ServerSettings) -> str:
     limit = settings.max_body_bytes
     too_big = APIError(413, f"the request body exceeds {limit} bytes; send a shorter prompt",
                        code="request_too_large")

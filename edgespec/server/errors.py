@@ -45,7 +45,8 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+def bad_request(message: str, param: str | None = None, code: str = "invalid_value"
+                ) -> APIError:
     return APIError(400, message, param=param, code=code)
 
 
@@ -64,10 +65,8 @@ def from_edgespec(e: EdgespecError) -> APIError:
     if isinstance(e, ContextOverflowError):
         return APIError(400, str(e), param="messages", code="context_length_exceeded")
     if isinstance(e, UnsupportedError):
-        return APIError(400, str(e), code="unsupported")
-    if isinstance(e, (InvalidInputError, ModelError)):
-        return APIError(400, str(e), code="invalid_value")
-    return APIError(400, str(e))
+        return APIError(400, str(e), code="unsupported_parameter")
+    return APIError(400, str(e), code="invalid_value")  # InvalidInputError, ModelError, ...
 
 
 def from_validation(errors: list[dict]) -> APIError:
@@ -82,9 +81,15 @@ def from_validation(errors: list[dict]) -> APIError:
         return bad_request(f"the request body is not valid JSON ({err.get('msg')}); send one "
                            "JSON object", code="invalid_json")
     if kind == "extra_forbidden":
-        return bad_request(f"unknown field {param!r}: this server does not support it and "
-                           "refuses rather than ignore it (docs/server.md lists the fields)",
+        return bad_request(f"unknown field {param!r}: this server (started with --strict) "
+                           "refuses fields it does not know rather than ignore them "
+                           "(docs/server.md lists the fields)",
                            param=param, code="unknown_parameter")
+    if kind == "finite_number":
+        value = err.get("input")
+        what = "not a number (NaN)" if value != value else f"{value}, not a finite number"
+        return bad_request(f"{param}: {what}; send a finite number", param=param,
+                           code="invalid_value")
     if kind == "model_type" and not loc:
         return bad_request("the request body must be a JSON object", code="invalid_type")
     where = f"{param}: " if param else ""
@@ -135,11 +140,12 @@ def install_handlers(app: FastAPI, on_error=lambda status, code: None) -> None:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         message = (f"no route {request.method} {request.url.path}; see GET /v1/models and "
                    "docs/server.md" if e.status_code in (404, 405) else str(e.detail))
-        return answer(APIError(e.status_code, message, type=kind, code=None))
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
+        return answer(APIError(e.status_code, message, type=kind, code=code))
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, e: Exception):
         log.exception("unhandled error serving %s", request.url.path)
         return answer(APIError(500, f"internal error ({type(e).__name__}); the server keeps "
                                     "serving, please report this with the server log",
-                               type="server_error"))
+                               type="server_error", code="internal_error"))

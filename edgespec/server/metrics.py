@@ -105,6 +105,12 @@ class ServerMetrics:
         self.e2e.observe(s.total_seconds)
         self.finished.labels(stop_reason or "unknown").inc()
 
+    def observe_cancelled_queued(self, seconds: float) -> None:
+        """A request cancelled before it left the queue: no stats, but an outcome and a
+        latency like every request that was admitted."""
+        self.e2e.observe(seconds)
+        self.finished.labels("cancelled").inc()
+
     def reject(self, status: int, code: str | None) -> None:
         self.rejected.labels(str(status), code or "none").inc()
 

@@ -1,9 +1,11 @@
 """The OpenAI request bodies this server accepts, validated strictly (pydantic, JSON mode).
 
-Every field a client may send is named here. A field that is not is refused (400, with the
-field as ``param``), and so is a known field whose value this server cannot honour
-(``n > 1``, tools, ``echo``): a request is never answered with some of its meaning dropped.
-Types are strict: ``"max_tokens": "5"`` is a type error, not 5.
+Every field this server knows is named here. A field that is not is ignored and named in
+the server log (real clients send fields of newer API versions: ``parse_request``), or,
+with ``--strict``, refused (400, with the field as ``param``). A known field whose value
+this server cannot honour (``n > 1``, tools, ``echo``) is always refused: a request is never
+answered with some of its meaning dropped. Types are strict: ``"max_tokens": "5"`` is a type
+error, not 5, and NaN or infinite numbers are refused.
 
 Fields accepted but without effect are only those that cannot change the answer
 (``user``, ``metadata``, ``store``, ``service_tier``, ``parallel_tool_calls`` without tools,
@@ -11,13 +13,16 @@ Fields accepted but without effect are only those that cannot change the answer
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+import json
+from typing import Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+_STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = _STRICT
 
 
 class StreamOptions(_Strict):
@@ -45,7 +50,7 @@ class JsonSchemaFormat(_Strict):
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
-    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(**_STRICT, populate_by_name=True)
 
 
 class ResponseFormat(_Strict):
@@ -102,3 +107,43 @@ class CompletionRequest(_Common):
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1)
     suffix: str | None = None
+
+
+R = TypeVar("R", bound=BaseModel)
+
+
+def parse_request(model: type[R], body: str, *, strict: bool) -> tuple[R, list[str]]:
+    """``body`` validated as ``model``, and the unknown fields that were dropped to get
+    there (dotted paths, ``messages.0.foo``). With ``strict`` an unknown field is an error
+    like any other (pydantic's ``extra_forbidden``)."""
+    try:
+        return model.model_validate_json(body), []
+    except ValidationError as e:
+        unknown = [err["loc"] for err in e.errors() if err["type"] == "extra_forbidden"]
+        if strict or not unknown:
+            raise
+        data = json.loads(body)  # valid JSON: pydantic got as far as the fields
+        dropped = [p for p in (_drop(data, loc) for loc in unknown) if p]
+        if len(dropped) < len(unknown):
+            raise  # a field that could not be located: refuse rather than guess
+    return model.model_validate_json(json.dumps(data)), dropped
+
+
+def _drop(data: Any, loc: tuple) -> str | None:
+    """Remove the field at pydantic's ``loc`` from ``data``; its dotted path, or None when
+    it is not there. A union adds its member's name to the path (``list[TextPart]``):
+    names not in the data are skipped."""
+    path, node = [], data
+    for key in loc[:-1]:
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node):
+            node = node[key]
+        else:
+            continue
+        path.append(str(key))
+    last = loc[-1]
+    if not isinstance(node, dict) or last not in node:
+        return None
+    del node[last]
+    return ".".join([*path, str(last)])

@@ -17,6 +17,10 @@ class ServerSettings:
     max_body_bytes: int = MiB
     default_temperature: float = 1.0  # OpenAI's default when a request names none
     max_slices: int = 64  # distinct traffic slice names clients may introduce (X-Edgespec-Slice)
+    strict: bool = False  # refuse unknown request fields (400) instead of ignoring them
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (none: no CORS)
+    read_timeout: float = 30.0  # seconds a client has to send a request's headers, and its body
+    keep_alive_timeout: float = 5.0  # an idle connection between requests is closed after this
 
     def validate(self) -> "ServerSettings":
         if not self.served_model:
@@ -27,6 +31,15 @@ class ServerSettings:
         if self.max_body_bytes < 1024:
             raise InvalidInputError(f"the body size limit must be at least 1 KiB "
                                     f"(got {self.max_body_bytes} bytes)")
+        for flag, seconds in (("--timeout-read", self.read_timeout),
+                              ("--timeout-keep-alive", self.keep_alive_timeout)):
+            if not seconds > 0:
+                raise InvalidInputError(f"{flag} must be a positive number of seconds "
+                                        f"(got {seconds})")
+        for origin in self.cors_origins:
+            if origin != "*" and "://" not in origin:
+                raise InvalidInputError(f"--cors-origin {origin!r} is not an origin; send "
+                                        "scheme://host[:port], e.g. http://localhost:3000")
         if self.api_key is not None and not self.api_key.strip():
             raise InvalidInputError("--api-key is empty; pass a real key or leave it out")
         return self

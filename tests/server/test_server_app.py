@@ -138,7 +138,7 @@ def test_completion_refusals_name_the_field(engine, body, param):
     (QueueFullError("full", retry_after=2.3), 429, "queue_full"),
     (ShuttingDownError("closing"), 503, "shutting_down"),
     (ContextOverflowError("too long"), 400, "context_length_exceeded"),
-    (UnsupportedError("no"), 400, "unsupported"),
+    (UnsupportedError("no"), 400, "unsupported_parameter"),
 ])
 def test_scheduler_refusals_map_to_statuses(engine, error, status, code):
     with app_client(StubScheduler(error=error), engine) as c:
@@ -275,3 +275,48 @@ def test_any_json_body_gets_an_answer_never_a_500(engine):
             if r.status_code != 200:
                 assert set(r.json()["error"]) == {"message", "type", "param", "code"}
         check()
+
+
+def test_unknown_fields_are_ignored_unless_strict(engine, caplog):
+    body = {"model": "fake", "messages": MSG, "mystery": 1, "store": True, "metadata": {}}
+    with app_client(StubScheduler([finished()]), engine) as c:
+        with caplog.at_level("WARNING", logger="edgespec.server"):
+            assert post(c, "/v1/chat/completions", body).status_code == 200
+    assert "mystery" in caplog.text
+    with app_client(StubScheduler([finished()]), engine, strict=True) as c:
+        r = post(c, "/v1/chat/completions", body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unknown_parameter"
+
+
+@pytest.mark.parametrize("extra", [
+    {"stop": [str(i) for i in range(17)]}, {"stop": ""}, {"stream_options": {}},
+    {"logit_bias": {"x": 1}}, {"logit_bias": {"1": 500}},
+    {"max_tokens": 3, "max_completion_tokens": 4}, {"top_logprobs": 2},
+])
+def test_every_refusal_has_a_documented_code(engine, extra):
+    import pathlib
+    import re
+    doc = (pathlib.Path(__file__).parents[2] / "docs" / "server.md").read_text()
+    with app_client(StubScheduler([finished()]), engine) as c:
+        r = post(c, "/v1/chat/completions", {"model": "fake", "messages": MSG, **extra})
+    code = r.json()["error"]["code"]
+    assert r.status_code == 400 and code and re.search(rf"`{code}`", doc)
+
+
+def test_nan_temperature_is_not_a_number(engine):
+    with app_client(StubScheduler([finished()]), engine) as c:
+        r = post(c, "/v1/chat/completions",
+                 b'{"model": "fake", "messages": [{"role": "user", "content": "a"}], '
+                 b'"temperature": NaN}')
+    assert r.status_code == 400 and "not a number" in r.json()["error"]["message"]
+
+
+def test_cors_preflight_only_when_enabled(engine):
+    pre = {"Origin": "http://app.test", "Access-Control-Request-Method": "POST"}
+    with app_client(StubScheduler(), engine, cors_origins=("http://app.test",)) as c:
+        r = c.options("/v1/chat/completions", headers=pre)
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "http://app.test"
+    with app_client(StubScheduler(), engine) as c:
+        r = c.options("/v1/chat/completions", headers=pre)
+    assert "access-control-allow-origin" not in r.headers
