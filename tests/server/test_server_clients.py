@@ -47,3 +47,46 @@ def test_back_to_back_disconnects_are_each_counted(server):
         time.sleep(0.1)
     assert value(after, cancelled) == value(before, cancelled) + 4
     assert value(after, e2e) == value(before, e2e) + 4
+
+
+@pytest.fixture(scope="module")
+def timed_server(model_path):
+    """Short read and keep-alive timeouts (1 s), and --strict."""
+    model_path(MODEL)
+    with ServeProcess(base_args("--proposer", "none", "--timeout-read", "1",
+                                "--timeout-keep-alive", "1", "--strict")) as s:
+        yield s
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bytes:
+    """What the server sent before it closed the connection, waiting at most ``seconds``."""
+    sock.settimeout(seconds)
+    got = b""
+    t0 = time.monotonic()
+    while True:
+        chunk = sock.recv(4096)  # a timeout here fails the test: the server kept it open
+        if not chunk:
+            assert time.monotonic() - t0 <= seconds
+            return got
+        got += chunk
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"])
+def test_silent_or_partial_headers_are_disconnected(timed_server, sent):
+    with socket.create_connection((timed_server.host, timed_server.port)) as s:
+        s.sendall(sent)
+        assert closed_within(s, 4) == b""
+
+
+def test_a_stalled_body_gets_408_and_is_closed(timed_server):
+    with socket.create_connection((timed_server.host, timed_server.port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: 100\r\n\r\n{\"model\":")
+        got = closed_within(s, 4)
+    assert got.startswith(b"HTTP/1.1 408") and b"request_timeout" in got
+
+
+def test_strict_refuses_unknown_fields(timed_server):
+    status, _, body = timed_server.request("POST", "/v1/completions", {
+        "model": MODEL, "prompt": "x", "max_tokens": 1, "mystery": 1})
+    assert status == 400 and json.loads(body)["error"]["code"] == "unknown_parameter"
