@@ -93,7 +93,9 @@ class ConfigSpec:
         """The label whose greedy text this one must reproduce: an exact configuration runs
         on an engine of its own (the batch-invariant kernel), so its plain path is that
         engine's (``none[exact=True]``), while its speed is still paired with ours."""
-        if self.exact and self.proposer != BASELINE:
+        if self.exact:
+            # the exact plain path is a baseline itself: its text differs from ours by the
+            # KV precision, which is no divergence of speculation
             return EXACT_BASELINE.label
         return self.baseline
 

@@ -226,3 +226,33 @@ def test_anchor_trace_rebuilds_per_pass_statistics():
     assert st.position_accepted == [2, 2, 0, 0] and st.position_drafted == [2, 2, 1, 1]
     assert st.ttft_seconds == 0.5 and st.stop_reason == "eos"
     assert st.decode_tokens_per_second == pytest.approx(6 / 0.4)
+
+
+class KwEngine(FakeEngine):
+    """Also takes the per-request control and exact overrides the runner passes."""
+
+    def __init__(self, name, **kw):
+        super().__init__(**kw)
+        self.name = name
+        self.control = ControlSettings()
+
+    def stream(self, messages, params, proposer=None, **kw):
+        return super().stream(messages, params, proposer=f"{self.name}:{proposer}")
+
+
+def test_exact_configurations_run_on_the_exact_engine_against_its_plain_path():
+    # the default engine's plain text (KV f16) differs from the exact engine's (q8_0):
+    # that is no divergence; only the exact engine's own plain path is the exact reference
+    configs = (ConfigSpec("none"), ConfigSpec.make("none", {"exact": True}),
+               ConfigSpec.make("a", {"exact": True}))
+    m = Matrix(target="t", configs=configs, spec_bench=("writing",), max_new_tokens=3,
+               warmup=0).with_baseline()
+    plan = plan_engine(m.configs)
+    assert plan.exact and plan.control["a[exact=True]"] == {"exact": True}
+    default = KwEngine("default", tokens_for=lambda p, n: [1, 2, 3])
+    exact = KwEngine("exact", tokens_for=lambda p, n: [1, 2, 4] if p.startswith("exact") else [1, 2, 3])
+    run = Runner(m, default, control=plan.control, exact_engine=exact).run(PROMPTS[1:], BenchRun(m))
+    parity = {r["config"]: r["parity"] for r in run.records}
+    assert parity == {"none": None, "none[exact=True]": None, "a[exact=True]": True}
+    assert sorted(c[0] for c in exact.calls) == ["exact:a", "exact:none"]
+    assert [c[0] for c in default.calls] == ["default:none"]
