@@ -6,6 +6,8 @@
       ngram/                        persisted n-gram statistics of past generations
       sessions/                     saved conversations (KV state + messages), edgespec chat
       qualification.json
+      models.toml                   your own models (`edgespec models add`), layered over the
+                                    registry that ships with the package
 """
 from __future__ import annotations
 
@@ -37,3 +39,9 @@ def ngram_dir() -> Path:
 
 def sessions_dir() -> Path:
     return edgespec_home() / "sessions"
+
+
+def user_registry_path() -> Path:
+    """The user's registry: models added with `edgespec models add`, same format as the
+    shipped models.toml (edgespec.registry.user)."""
+    return edgespec_home() / "models.toml"

@@ -3,10 +3,11 @@ constrained by each prompt's JSON schema, interleaved per prompt on one loaded e
 
     nice -n 19 .venv/bin/python tools/structured_bench.py --target qwen-1.5b --max-tokens 160
 
-Prompts: data/structured/extraction.jsonl (Spec-Bench extraction questions paired with a schema,
-plus schema-driven prompts of our own; data/SOURCES.md). Reports per prompt and overall: decode
-rate of each path, speedup, the share of emitted tokens that were grammar-forced drafts, the
-grammar's own cost per step, whether the two outputs are identical and valid under the schema.
+Prompts: edgespec/bench/data/structured/extraction.jsonl (Spec-Bench extraction questions
+paired with a schema, plus schema-driven prompts of our own; SOURCES.md beside it). Reports
+per prompt and overall: decode rate of each path, speedup, the share of emitted tokens that
+were grammar-forced drafts, the grammar's own cost per step, whether the two outputs are
+identical and valid under the schema.
 """
 from __future__ import annotations
 
@@ -20,15 +21,16 @@ from edgespec import Engine, GenerationParams
 from edgespec import grammar as grammar_mod
 
 ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "edgespec" / "bench" / "data"
 
 
 def prompts() -> list[tuple[str, str, dict]]:
     spec = {}
-    for line in open(ROOT / "data" / "spec_bench_question.jsonl", encoding="utf-8"):
+    for line in open(DATA / "spec_bench_question.jsonl", encoding="utf-8"):
         r = json.loads(line)
         spec[r["question_id"]] = r["turns"][0]
     out = []
-    for line in open(ROOT / "data" / "structured" / "extraction.jsonl", encoding="utf-8"):
+    for line in open(DATA / "structured" / "extraction.jsonl", encoding="utf-8"):
         r = json.loads(line)
         text = spec[r["spec_bench_id"]] if "spec_bench_id" in r else r["prompt"]
         out.append((r["id"], text + "\nAnswer with JSON only.", r["schema"]))

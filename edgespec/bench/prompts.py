@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -44,16 +45,14 @@ class BenchPrompt:
 
 
 def default_data_dir() -> Path:
-    """Where the shipped prompt sets live: $EDGESPEC_BENCH_DATA, else the repository's data/
-    (verbatim copies with their sources and licenses in data/SOURCES.md)."""
+    """Where the shipped prompt sets live: $EDGESPEC_BENCH_DATA, else the package data in
+    edgespec/bench/data/ (verbatim copies with their sources and licenses in its SOURCES.md),
+    so the presets run from a pip install as from a checkout. edgespec is installed as files
+    (its native extension cannot load from a zip), so the resource is a real folder."""
     env = os.environ.get("EDGESPEC_BENCH_DATA")
     if env:
         return Path(env)
-    root = Path(__file__).resolve().parents[2]
-    for candidate in (root / "data", root / "shared" / "data", root.parent / "shared" / "data"):
-        if (candidate / SPEC_BENCH_FILE).is_file():
-            return candidate
-    return root.parent / "shared" / "data"
+    return Path(str(resources.files(__package__).joinpath("data")))
 
 
 def _read_jsonl(path: Path) -> list[dict]:

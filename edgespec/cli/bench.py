@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from .common import handle_errors
+from .extras import require
 
 DEFAULT_OUT = Path("bench-out")
 
@@ -141,6 +142,8 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
           per_category, max_turns, humanevalfix, long_, jsonl, prompt_field, jsonl_n, buckets,
           max_tokens, temperature, seed, threads, n_ctx, warmup, out, report_from, dry_run):
     """Benchmark the plain path, proposers and anchors (llama.cpp, llama-cpp-python) side by side."""
+    if not dry_run:  # the report's plots need matplotlib; a dry run draws none
+        require("bench", "bench")
     from ..bench.compose import Flags, compose
 
     if report_from:
@@ -196,6 +199,7 @@ def qualify(target, proposer, slices, per_slice, max_turns, max_tokens, threads,
 
     PROPOSER: ngram, suffix, draft, or draft:NAME / a draft model's name.
     """
+    require("bench", "qualify")  # its evidence report draws plots
     from .. import registry
     from ..bench.compose import qualification_matrix
     from ..bench.qualify import qualification_records

@@ -1,6 +1,7 @@
-"""`edgespec models list|pull|verify|path`: the registry from the command line."""
+"""`edgespec models list|add|remove|pull|verify|path`: the registries from the command line."""
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -9,6 +10,25 @@ import click
 from .. import paths, registry
 from .common import handle_errors
 from ..errors import ModelError
+from ..registry import user
+
+
+class _RegistryProblem(click.ClickException):
+    exit_code = 2
+
+
+def _exit_2(fn):
+    """A registry problem the user must fix (bad user registry, clashing name, not a GGUF
+    file) exits 2 with its one-line message, like a usage error: nothing ran."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ModelError as e:
+            raise _RegistryProblem(str(e)) from None
+
+    return wrapper
 
 
 def _human(n: int) -> str:
@@ -21,23 +41,27 @@ def _progress(message: str) -> None:
 
 @click.group("models")
 def models() -> None:
-    """List, pull and verify the registry's GGUF models (see models.toml)."""
+    """List, add, pull and verify GGUF models: the shipped registry and your own
+    ($EDGESPEC_HOME/models.toml)."""
 
 
 @models.command("list")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
 @handle_errors
+@_exit_2
 def list_models(as_json: bool) -> None:
     """Every registry model, whether it is pulled, and every target–proposer pair.
 
-    STATUS is "verified" (digest checked since the file last changed), "unverified"
-    (present; `models verify` hashes it), "wrong size" or "missing".
+    FROM is "shipped" (the registry installed with edgespec) or "user" (added with
+    `edgespec models add`). STATUS is "verified" (digest checked since the file last
+    changed), "unverified" (present; `models verify` hashes it), "wrong size" or "missing".
     """
     reg = registry.load_registry()
     rows = []
     for spec in reg.models.values():
         rows.append({
-            "name": spec.name, "role": spec.role, "size": spec.size, "quant": spec.quant,
+            "name": spec.name, "origin": reg.origin(spec.name), "role": spec.role,
+            "size": spec.size, "quant": spec.quant,
             "tokenizer": spec.tokenizer, "context": spec.context,
             "chat_template": spec.chat_template, "status": registry.model_status(spec.name),
             "path": str(registry.model_path(spec.name)),
@@ -48,19 +72,22 @@ def list_models(as_json: bool) -> None:
         pairs.append({"target": p.target, "proposer": p.key, "qualified_slices": sorted(slices)})
     if as_json:
         click.echo(json.dumps({"home": str(paths.edgespec_home()), "registry": str(reg.path),
+                               "user_registry": str(paths.user_registry_path()),
                                "default_target": reg.default_target,
                                "default_draft": reg.default_draft,
                                "models": rows, "pairs": pairs}, indent=2))
         return
-    header = ("NAME", "ROLE", "SIZE", "QUANT", "TOKENIZER", "CTX", "CHAT", "STATUS")
-    table = [header] + [(r["name"], r["role"], _human(r["size"]), r["quant"], r["tokenizer"],
-                         str(r["context"]), "yes" if r["chat_template"] else "no", r["status"])
-                        for r in rows]
+    header = ("NAME", "FROM", "ROLE", "SIZE", "QUANT", "TOKENIZER", "CTX", "CHAT", "STATUS")
+    table = [header] + [(r["name"], r["origin"], r["role"], _human(r["size"]), r["quant"],
+                         r["tokenizer"], str(r["context"]), "yes" if r["chat_template"] else "no",
+                         r["status"]) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
     click.echo(f"\nmodels in {paths.models_dir()}  (default target {reg.default_target}, "
                f"draft {reg.default_draft or '-'})")
+    click.echo(f"shipped registry {reg.path}; your models: {paths.user_registry_path()}"
+               + ("" if reg.user_path else " (none yet: `edgespec models add NAME PATH`)"))
     click.echo("\nPAIRS")
     pw = max((len(p["target"]) for p in pairs), default=0)
     kw = max((len(p["proposer"]) for p in pairs), default=0)
@@ -68,6 +95,42 @@ def list_models(as_json: bool) -> None:
         qual = ("qualified: " + ", ".join(p["qualified_slices"])) if p["qualified_slices"] \
             else "not qualified yet"
         click.echo(f"{p['target'].ljust(pw)}  + {p['proposer'].ljust(kw)}  {qual}")
+
+
+@models.command("add")
+@click.argument("name")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--role", type=click.Choice(registry.ROLES), default="target", show_default=True,
+              help="What the model is for (a draft is offered as a draft for targets).")
+@click.option("--tokenizer", default=None,
+              help="Tokenizer id for pairing (default: architecture-kind-vocabulary from the "
+                   "header; drafts pair only with targets of the same id).")
+@handle_errors
+@_exit_2
+def add_model(name: str, path: str, role: str, tokenizer: str | None) -> None:
+    """Add your own GGUF file PATH as model NAME (your registry, $EDGESPEC_HOME/models.toml).
+
+    The file is checked (GGUF header, not truncated) and its sha256 pinned, so `--target
+    NAME` refuses it if it changes later. The file stays where it is.
+    """
+    spec = user.add(name, path, role=role, tokenizer=tokenizer, progress=_progress)
+    click.echo(f"{spec.name}\t{spec.path}\t{spec.sha256}")
+    click.echo(f"added to {paths.user_registry_path()}; use it with --target {spec.name}",
+               err=True)
+
+
+@models.command("remove")
+@click.argument("name")
+@handle_errors
+@_exit_2
+def remove_model(name: str) -> None:
+    """Remove model NAME from your registry (the file itself is not deleted)."""
+    entry, dropped = user.remove(name)
+    for p in dropped:
+        click.echo(f"also removed the pair {p.get('target')} + {p.get('draft') or p.get('proposer')}",
+                   err=True)
+    where = entry.get("path") if isinstance(entry, dict) else None
+    click.echo(f"removed {name}" + (f" (the file {where} is still there)" if where else ""))
 
 
 @models.command("pull")
@@ -85,7 +148,7 @@ def pull_models(names: tuple[str, ...], pull_all: bool, force: bool) -> None:
     if pull_all and names:
         raise click.UsageError("give model names or --all, not both")
     if pull_all:
-        names = tuple(reg.models)
+        names = tuple(n for n, spec in reg.models.items() if not spec.local)
     elif not names:
         names = tuple(n for n in (reg.default_target, reg.default_draft) if n)
     for name in names:

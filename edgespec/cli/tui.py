@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from .common import handle_errors
+from .extras import require
 
 
 @click.command("tui")
@@ -22,6 +23,7 @@ def tui_command(target, proposer, draft, draft_len, n_ctx, threads, prompt, demo
 
     Keys: ctrl+r run, Esc cancel, F1 help, F2 settings, F3 colours, ctrl+q quit.
     """
+    require("tui", "tui")
     # Imported here so other commands never pay for Textual.
     from tui import create_app
     from tui.demo import DEMO_PROMPT, demo_events

@@ -3,7 +3,10 @@
 Every model is a GGUF file assembled from exact PyPI package versions and pinned by size
 and sha256. Anywhere a model name is accepted, a path to a local ``.gguf`` file is too.
 
+    models.toml       the shipped registry (package data)
     spec.py           models.toml -> ModelSpec / PairSpec / Registry, validated
+    user.py           your own models ($EDGESPEC_HOME/models.toml), layered over the shipped
+    toml_write.py     writes the user registry back (tomllib only reads)
     store.py          pulled files, digest stamps, verify, model_status, locks
     pull.py           resolve a name or path; pull, assemble and check a model
     qualification.py  per-machine qualification results of target-proposer pairs
@@ -18,14 +21,14 @@ from ..paths import edgespec_home, models_dir
 from .pull import pull, resolve
 from .qualification import qualification, qualification_paths, record_qualification
 from .spec import (PROPOSER_KINDS, ROLES, SCHEMA, SOURCE_KINDS, ModelSpec, PairSpec, Registry,
-                   Source, load_registry, registry_path)
+                   Source, load_registry, registry_path, shipped_registry_path)
 from .store import (Verification, check_gguf, is_path_like, model_path, model_status, sha256_file,
-                    verify)
+                    spec_file, verify)
 
 __all__ = [
     "PROPOSER_KINDS", "ROLES", "SCHEMA", "SOURCE_KINDS",
     "ModelSpec", "PairSpec", "Registry", "Source", "Verification", "check_gguf", "edgespec_home",
     "is_path_like", "load_registry", "model_path", "model_status", "models_dir", "pull",
     "qualification", "qualification_paths", "record_qualification", "registry_path", "resolve",
-    "sha256_file", "verify",
+    "sha256_file", "shipped_registry_path", "spec_file", "verify",
 ]

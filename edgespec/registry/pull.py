@@ -22,7 +22,8 @@ from ..errors import ModelError
 from ..paths import edgespec_home, models_dir
 from .spec import ModelSpec, load_registry
 from .store import (_HASH_BLOCK, Progress, _fsync, _human, _model_lock, _say, _stamp_valid,
-                    _verify_existing, _write_stamp, check_gguf, is_path_like, sha256_file)
+                    _verify_existing, _write_stamp, check_gguf, is_path_like, refetch_hint,
+                    sha256_file, spec_file)
 
 
 def resolve(name_or_path: str | os.PathLike, pull: bool = True,
@@ -34,22 +35,34 @@ def resolve(name_or_path: str | os.PathLike, pull: bool = True,
     since it was last verified. Raises ModelError for an unknown name (listing
     the known ones), a missing file, a digest mismatch or a corrupt header.
     """
-    reg = load_registry()
     key = str(name_or_path)
-    if not isinstance(name_or_path, os.PathLike) and key in reg.models:
+    # a path needs no registry: a bare pip install runs `--target model.gguf` as is
+    if is_path_like(name_or_path):
+        return _checked_path(key)
+    reg = load_registry()
+    if key in reg.models:
         return _resolve_registered(reg.get(key), pull, progress or _say)
-    if is_path_like(name_or_path) or Path(key).expanduser().is_file():
-        path = Path(key).expanduser()
-        check_gguf(path)
-        return path.resolve()
+    if Path(key).expanduser().is_file():
+        return _checked_path(key)
     reg.get(key)  # raises: unknown name
     raise AssertionError("unreachable")
 
 
+def _checked_path(key: str) -> Path:
+    path = Path(key).expanduser()
+    check_gguf(path)
+    return path.resolve()
+
+
 def _resolve_registered(spec: ModelSpec, pull: bool, say: Progress) -> Path:
-    path = models_dir() / f"{spec.name}.gguf"
+    path = spec_file(spec)
     if path.is_file() and _stamp_valid(path, spec):
         return path
+    if spec.local:  # the user's own file: never pulled, checked against its pin
+        if not path.is_file():
+            raise ModelError(f"{spec.name}: {path} is missing; {refetch_hint(spec)}")
+        with _model_lock(spec.name, say):
+            return path if _stamp_valid(path, spec) else _verify_existing(spec, path, say)
     if not path.exists() and not pull:
         raise ModelError(f"{spec.name} is not pulled yet; run `edgespec models pull {spec.name}`")
     with _model_lock(spec.name, say):
@@ -72,6 +85,8 @@ def pull(name: str, force: bool = False, progress: Progress | None = None) -> Pa
     """
     spec = load_registry().get(name)
     say = progress or _say
+    if spec.local:  # nothing to download: "pulling" it checks the file against its pin
+        return _resolve_registered(spec, True, say)
     path = models_dir() / f"{spec.name}.gguf"
     with _model_lock(spec.name, say):
         if path.is_file() and not force:

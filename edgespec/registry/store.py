@@ -5,8 +5,10 @@
     $EDGESPEC_HOME/models/.<name>.lock           serialises pulls of one model across processes
 
 The stamp lets ``resolve`` skip re-hashing a file that has not changed since it was
-verified; ``verify`` always re-hashes. A local ``.gguf`` path gets the header check
-(``check_gguf``) but no digest check.
+verified; ``verify`` always re-hashes. A model of the user registry is the file its entry
+pins (``ModelSpec.path``), checked against its digest the same way; its stamp lives in
+``$EDGESPEC_HOME/models/local/`` rather than beside a file that is not ours. A bare local
+``.gguf`` path gets the header check (``check_gguf``) but no digest check.
 """
 from __future__ import annotations
 
@@ -33,12 +35,28 @@ Progress = Callable[[str], None]
 
 def model_path(name: str) -> Path:
     """Where registry model `name` lives once pulled (whether or not it is there yet)."""
-    load_registry().get(name)
-    return models_dir() / f"{name}.gguf"
+    return spec_file(load_registry().get(name))
+
+
+def spec_file(spec: ModelSpec) -> Path:
+    """The file of a model: the pinned local file of a user model, else the pulled one."""
+    return spec.path if spec.path is not None else models_dir() / f"{spec.name}.gguf"
 
 
 def _stamp_path(path: Path) -> Path:
-    return path.with_name(path.name + ".verified")
+    if path.parent == models_dir():
+        return path.with_name(path.name + ".verified")
+    # a user model's file: its directory may be read-only or someone else's
+    key = hashlib.sha256(str(path.absolute()).encode()).hexdigest()[:16]
+    return models_dir() / "local" / f"{key}-{path.name}.verified"
+
+
+def refetch_hint(spec: ModelSpec) -> str:
+    """What to do about a model file that is missing or does not match its pin."""
+    if spec.local:
+        return (f"restore the file you added, or `edgespec models remove {spec.name}` and add "
+                "it again")
+    return f"re-pull it with `edgespec models pull {spec.name} --force`"
 
 
 def is_path_like(name_or_path: str | os.PathLike) -> bool:
@@ -120,8 +138,10 @@ def verify(name_or_path: str | os.PathLike, progress: Progress | None = None) ->
     say = progress or _say
     if not is_path_like(name_or_path) and str(name_or_path) in reg.models:
         spec = reg.get(str(name_or_path))
-        path = models_dir() / f"{spec.name}.gguf"
+        path = spec_file(spec)
         if not path.is_file():
+            if spec.local:
+                raise ModelError(f"{spec.name}: {path} is missing; {refetch_hint(spec)}")
             raise ModelError(f"{spec.name} is not pulled; run `edgespec models pull {spec.name}`")
         say(f"hashing {spec.name} ({_human(path.stat().st_size)})")
         sha, size = sha256_file(path), path.stat().st_size
@@ -132,8 +152,7 @@ def verify(name_or_path: str | os.PathLike, progress: Progress | None = None) ->
         else:
             with contextlib.suppress(OSError):
                 _stamp_path(path).unlink()
-            msg = (_digest_mismatch(spec, path, sha, size)
-                   + f"; re-pull it with `edgespec models pull {spec.name} --force`")
+            msg = _digest_mismatch(spec, path, sha, size) + f"; {refetch_hint(spec)}"
         return Verification(path=path, ok=ok, actual_sha256=sha, actual_size=size, name=spec.name,
                             expected_sha256=spec.sha256, expected_size=spec.size, message=msg)
     if not is_path_like(name_or_path) and not Path(name_or_path).exists():
@@ -151,7 +170,7 @@ def model_status(name: str) -> str:
     """Cheap status for listings (no hashing): "verified", "unverified" (present, digest not
     checked since it last changed), "wrong size", or "missing"."""
     spec = load_registry().get(name)
-    path = models_dir() / f"{name}.gguf"
+    path = spec_file(spec)
     if not path.is_file():
         return "missing"
     if path.stat().st_size != spec.size:
@@ -162,13 +181,12 @@ def model_status(name: str) -> str:
 def _verify_existing(spec: ModelSpec, path: Path, say: Progress) -> Path:
     size = path.stat().st_size
     if size != spec.size:
-        raise ModelError(f"{spec.name}: {path} has {size} bytes, expected {spec.size}; re-pull it "
-                         f"with `edgespec models pull {spec.name} --force`")
+        raise ModelError(f"{spec.name}: {path} has {size} bytes, expected {spec.size}; "
+                         f"{refetch_hint(spec)}")
     say(f"checking the sha256 of {spec.name} ({_human(size)}), once")
     sha = sha256_file(path)
     if sha != spec.sha256:
-        raise ModelError(_digest_mismatch(spec, path, sha, size)
-                         + f"; re-pull it with `edgespec models pull {spec.name} --force`")
+        raise ModelError(_digest_mismatch(spec, path, sha, size) + f"; {refetch_hint(spec)}")
     _write_stamp(path, sha)
     return path
 

@@ -21,7 +21,7 @@ from edgespec.events import Finished
 from edgespec.kvcache import ROW_GROUP, common_prefix
 from edgespec.params import GenerationParams
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "data" / "spec_bench_question.jsonl"
+QUESTIONS = Path(__file__).resolve().parents[2] / "edgespec/bench/data/spec_bench_question.jsonl"
 
 
 def two_turn(n: int, skip: int = 0) -> list[list[str]]:

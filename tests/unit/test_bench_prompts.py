@@ -14,7 +14,8 @@ DATA = default_data_dir()
 
 
 def test_the_shipped_prompt_sets_are_found():
-    # data/ ships with the repository: a missing file is a failure, not a reason to skip
+    # the prompt sets ship inside the package (edgespec/bench/data): a missing file is a
+    # failure, not a reason to skip
     assert (DATA / "spec_bench_question.jsonl").is_file(), DATA
     assert (DATA / "humanevalfix_python.jsonl").is_file(), DATA
 

@@ -1,0 +1,178 @@
+"""The user registry: your own models, layered over the registry shipped with the package.
+
+``$EDGESPEC_HOME/models.toml`` (edgespec.paths.user_registry_path) has the shipped file's
+format; its models pin a local file with ``path`` (written by ``edgespec models add``) or a
+``source`` like shipped ones, and its ``[[pairs]]`` may name models of either registry. A
+name may be defined in one registry only: a model that silently replaced a shipped one
+would change what ``--target NAME`` means without a word.
+
+The file is rewritten whole (temp file + os.replace, under a lock), and only after the new
+contents validated, so a failed add or remove leaves it as it was.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Mapping
+
+from ..errors import ModelError
+from ..gguf_header import GGUFInfo
+from ..paths import user_registry_path
+from .spec import (ROLES, SCHEMA, ModelSpec, Registry, _Check, _parse_model, _parse_pair,
+                   check_name, registry_path)
+from .store import (Progress, _atomic_write_text, _human, _model_lock, _say, _stamp_path,
+                    _write_stamp, check_gguf, sha256_file)
+from .toml_write import dumps
+
+_HEADER = """Your own models for edgespec, layered over the registry that ships with it.
+Written by `edgespec models add` / `edgespec models remove` (comments are not kept);
+the format is that of the shipped models.toml, with `path` instead of `source`."""
+
+# GGUF tokenizer.ggml.model -> the family word the shipped registry uses in tokenizer ids
+_TOKENIZER_KIND = {"gpt2": "bpe", "llama": "spm"}
+
+
+def read_user(path: Path) -> dict | None:
+    """The user registry's raw TOML, or None when there is none."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        return None
+    except tomllib.TOMLDecodeError as e:
+        raise ModelError(f"{path}: not valid TOML ({e}); fix the syntax or move the file away "
+                         "(it holds the models you added)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelError(f"cannot read the user registry {path}: {e}") from None
+
+
+def layer(shipped: Registry, path: Path) -> Registry:
+    """`shipped` with the user registry at `path` layered over it (unchanged when absent)."""
+    raw = read_user(path)
+    return shipped if raw is None else layer_dict(shipped, raw, path)
+
+
+def layer_dict(shipped: Registry, raw: Mapping, path: Path) -> Registry:
+    c = _Check(path)
+    top = c.table(dict(raw), "top level", {"schema"}, {"models", "pairs"})
+    if top["schema"] != SCHEMA:
+        raise c.fail("schema", f"this edgespec reads schema {SCHEMA}, the file says "
+                               f"{top['schema']!r}")
+    models_raw = c.typed(top, "models", "top level", dict, {})
+    for name in models_raw:
+        if name in shipped.models:
+            raise ModelError(f"{path}: model {name!r} is also defined in the shipped registry "
+                             f"{shipped.path}; rename it in {path} (or `edgespec models remove "
+                             f"{name}` and add it again under another name)")
+    own = {name: _parse_model(c, name, spec, local_ok=True) for name, spec in models_raw.items()}
+    models = {**shipped.models, **own}
+    pairs_raw = c.typed(top, "pairs", "top level", list, [])
+    pairs = tuple(_parse_pair(c, i, p, models) for i, p in enumerate(pairs_raw))
+    seen = {(p.target, p.key) for p in shipped.pairs}
+    for p in pairs:
+        if (p.target, p.key) in seen:
+            raise c.fail("pairs", f"pair {p.target} + {p.key} is already registered; "
+                                  "list it once")
+        seen.add((p.target, p.key))
+    return dataclasses.replace(shipped, models=models, pairs=shipped.pairs + pairs,
+                               origins={name: "user" for name in own}, user_path=path)
+
+
+def facts_entry(info: GGUFInfo, path: Path, size: int, sha256: str, role: str,
+                tokenizer: str | None = None) -> dict:
+    """The registry entry of a checked GGUF file: its pin (path, size, sha256) and the facts
+    pairing and listing need, read from the header."""
+    context = info.context_length
+    if not context or context <= 0:
+        raise ModelError(f"{path}: the header has no {info.architecture}.context_length; "
+                         "llama.cpp cannot load this file as a model")
+    meta = info.metadata
+    if tokenizer is None:
+        kind = meta.get("tokenizer.ggml.model")
+        kind = _TOKENIZER_KIND.get(kind, kind) if isinstance(kind, str) else "unknown"
+        tokenizer = f"{info.architecture or 'unknown'}-{kind}-{info.vocab_size or 0}"
+    entry = {"description": str(meta.get("general.name") or path.stem), "role": role,
+             "path": str(path), "size": size, "sha256": sha256, "tokenizer": tokenizer,
+             "chat_template": info.has_chat_template, "context": context}
+    quant = _quant(meta.get("general.file_type"))
+    if quant:
+        entry["quant"] = quant
+    return entry
+
+
+def _quant(file_type) -> str:
+    if not isinstance(file_type, int):
+        return ""
+    import gguf
+    try:
+        return gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+    except ValueError:
+        return ""
+
+
+def add(name: str, file: str | Path, role: str = "target", tokenizer: str | None = None,
+        progress: Progress | None = None) -> ModelSpec:
+    """Pin the local GGUF `file` as model `name` in the user registry; returns its spec.
+
+    Refused (ModelError, the file untouched) for a bad or taken name, a user registry that
+    does not validate, and a file that is missing, not GGUF or truncated."""
+    say = progress or _say
+    bad = check_name(name)
+    if bad:
+        raise ModelError(f"{name!r}: {bad}; choose another name")
+    if role not in ROLES:
+        raise ModelError(f"role {role!r} is not one of {', '.join(ROLES)}")
+    shipped = Registry.load(registry_path())
+    if name in shipped.models:
+        raise ModelError(f"{name!r} is a shipped model; choose another name for your file")
+    path = user_registry_path()
+    layer(shipped, path)  # a broken user registry is reported before a long hash, too
+    file = Path(file).expanduser().absolute()
+    info = check_gguf(file)  # missing, not GGUF, truncated: each says what is wrong
+    size = file.stat().st_size
+    say(f"hashing {file} ({_human(size)})")
+    sha = sha256_file(file)
+    entry = facts_entry(info, file, size, sha, role, tokenizer)
+    with _model_lock("user-registry", say):
+        doc = read_user(path) or {"schema": SCHEMA}
+        layer_dict(shipped, doc, path)  # an invalid file is reported, never overwritten
+        models = doc.setdefault("models", {})
+        if name in models:
+            raise ModelError(f"{name!r} is already in {path}; `edgespec models remove {name}` "
+                             "first to replace it")
+        models[name] = entry
+        reg = layer_dict(shipped, doc, path)
+        _atomic_write_text(path, dumps(doc, header=_HEADER))
+    _write_stamp(file, sha)  # just hashed: the first resolve need not hash it again
+    return reg.get(name)
+
+
+def remove(name: str) -> tuple[dict, list[dict]]:
+    """Drop model `name` (and the user pairs that name it) from the user registry; returns
+    (its entry, the pairs dropped). The model file itself stays where it is.
+
+    Only that entry changes, and the rest is not validated first, so this also repairs a
+    name that clashes with a shipped model."""
+    path = user_registry_path()
+    with _model_lock("user-registry", _say):
+        doc = read_user(path) or {}
+        models = doc.get("models", {})
+        if not isinstance(models, dict) or name not in models:
+            if name in Registry.load(registry_path()).models:
+                raise ModelError(f"{name!r} is a shipped model; only models added with "
+                                 "`edgespec models add` can be removed")
+            known = ", ".join(models) if isinstance(models, dict) and models else "none"
+            raise ModelError(f"no model {name!r} in the user registry {path} (its models: "
+                             f"{known})")
+        entry = models.pop(name)
+        pairs = doc.get("pairs", [])
+        kept = [p for p in pairs if not (isinstance(p, dict)
+                                         and name in (p.get("target"), p.get("draft")))]
+        dropped = [p for p in pairs if p not in kept]
+        if "pairs" in doc:
+            doc["pairs"] = kept
+        _atomic_write_text(path, dumps(doc, header=_HEADER))
+    if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+        _stamp_path(Path(entry["path"])).unlink(missing_ok=True)
+    return entry, dropped

@@ -1,0 +1,122 @@
+"""A pip install of the wheel works away from the checkout: the registry and prompt sets are
+package data, a local .gguf needs no registry, and commands whose extra is missing say which
+to install. One wheel and one fresh virtualenv (no --system-site-packages) for the module.
+
+llama-cpp-python comes from the wheel the Makefile built for this CPU (under
+$EDGESPEC_HOME/wheels or ~/.cache/edgespec/wheels); the other core dependencies from pip's
+index (its HTTP cache makes a second run fast).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _llama_wheel_dirs() -> list[str]:
+    homes = [os.environ.get("EDGESPEC_HOME"), str(Path.home() / ".cache" / "edgespec")]
+    found = []
+    for home in filter(None, homes):
+        found += sorted({str(Path(w).parent) for w in glob.glob(
+            f"{home}/wheels/*/llama_cpp_python-0.3.36-*.whl")})
+    return found
+
+
+def _run(cmd, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(bin folder of a fresh venv with the wheel installed, an environment to run it in)."""
+    links = _llama_wheel_dirs()
+    if not links:
+        pytest.fail("no llama-cpp-python 0.3.36 wheel under ~/.cache/edgespec/wheels; "
+                    "run `make install` first")
+    root = tmp_path_factory.mktemp("pkg")
+    dist = root / "dist"
+    r = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist),
+              str(ROOT)], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (wheel,) = dist.glob("edgespec-*.whl")
+    env_dir = root / "venv"
+    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
+    bindir = env_dir / ("Scripts" if os.name == "nt" else "bin")
+    cmd = [str(bindir / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+           str(wheel)]
+    for link in links:
+        cmd += ["--find-links", link]
+    r = _run(cmd, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("EDGESPEC_MODELS_TOML", "EDGESPEC_BENCH_DATA", "PYTHONPATH",
+                        "VIRTUAL_ENV")}
+    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+    return bindir, env
+
+
+def edgespec(installed, *args, input=None, env=None, timeout=120):
+    bindir, base = installed
+    # cwd outside the checkout: nothing may be read from it
+    return _run([str(bindir / "edgespec"), *args], cwd="/tmp" if os.name != "nt" else None,
+                env={**base, **(env or {})}, input=input, timeout=timeout)
+
+
+def test_the_installed_package_is_not_the_checkout(installed):
+    bindir, env = installed
+    r = _run([str(bindir / "python"), "-c",
+              "import edgespec, edgespec._native; from edgespec import Engine; "
+              "print(edgespec.__file__)"], cwd="/tmp", env=env)
+    assert r.returncode == 0, r.stderr
+    assert str(ROOT) not in r.stdout and "site-packages" in r.stdout
+
+
+def test_models_list_reads_the_shipped_registry(installed):
+    r = edgespec(installed, "models", "list")
+    assert r.returncode == 0, r.stderr
+    assert "smollm2-135m  shipped" in r.stdout and "site-packages" in r.stdout
+
+
+def test_the_bench_presets_read_the_shipped_prompt_sets(installed):
+    r = edgespec(installed, "bench", "--dry-run", "--preset", "standard")
+    assert r.returncode == 0, r.stderr
+    assert "49 prompts (49 turns)" in r.stdout
+
+
+def test_generate_with_a_gguf_path_and_with_a_user_registry_name(installed, model_path,
+                                                                  tmp_path):
+    model = str(model_path("smollm2-135m"))
+    r = edgespec(installed, "generate", "--target", model, "--max-tokens", "8",
+                 "--proposer", "none", input="Hello")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    # the same file as a name of the user's own registry, in a home of its own; the
+    # calibration is copied so that no kernel measurement runs here
+    from edgespec import paths
+    home = tmp_path / "home"
+    if paths.calibration_dir().is_dir():
+        shutil.copytree(paths.calibration_dir(), home / "calibration")
+    r = edgespec(installed, "models", "add", "my-smol", model, env={"EDGESPEC_HOME": str(home)})
+    assert r.returncode == 0, r.stderr
+    r = edgespec(installed, "generate", "--target", "my-smol", "--max-tokens", "8",
+                 "--proposer", "none", input="Hello", env={"EDGESPEC_HOME": str(home)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+
+
+@pytest.mark.parametrize("args, extra", [(("serve",), "server"), (("tui",), "tui"),
+                                         (("bench", "--preset", "quick"), "bench")])
+def test_a_command_whose_extra_is_missing_says_what_to_install(installed, args, extra):
+    r = edgespec(installed, *args)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"edgespec {args[0]} needs the {extra} extra: "
+                                f"pip install 'edgespec[{extra}]'")
+    assert "Traceback" not in r.stderr
