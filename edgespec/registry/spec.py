@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path, PurePosixPath
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 reads TOML through tomli
+    import tomli as tomllib
 from typing import Mapping
 
 from ..errors import ModelError
