@@ -534,7 +534,11 @@ def _default_kernel(model: backend.Model, config: EngineConfig, pick: bool,
     offered = kernels.cached(model.path, n_threads=config.threads, sha256=sha, repack=repack).kernel
     if planned is not None and (planned.kv_type, planned.flash_attn) != (offered.kv_type, offered.flash_attn):
         return planned
-    if (config.control.adaptive if config.control is not None else config.adaptive):
+    # a split across RPC servers runs what this machine measured for itself: timing the
+    # candidates over the network would measure the network, and the split's output must
+    # equal the local run's
+    local = not getattr(model, "placement", "")
+    if local and (config.control.adaptive if config.control is not None else config.adaptive):
         offered = kernels.load_or_measure(model, n_threads=config.threads, sha256=sha).kernel
     base = planned or config.layout()
     return replace(base, kv_type=offered.kv_type, flash_attn=offered.flash_attn)

@@ -87,7 +87,7 @@ def test_plan_shows_the_kv_type_and_kernel_the_engine_runs(smol):
     assert plan["kernel"] == {"repack": engine.repack, "flash_attn": engine.flash_attn,
                               "kv_type": engine.kv_type, "n_batch": engine.n_batch,
                               "use_mmap": engine.use_mmap}
-    assert len(plan["kernel_choice"]) == 3  # every candidate, measured, the chosen one marked
+    assert len(plan["kernel_choice"]) == 2  # every candidate, measured, the chosen one marked
     text = run("--target", smol).output
     assert f"KV cache {engine.kv_type}" in text and "repacked weights" in text
     assert "default mode's kernel" in text and "step" in text
@@ -142,8 +142,15 @@ def test_plan_calibrate_shows_the_probed_cap_and_the_layout_exact_mode_uses(smol
     assert "exact *   plain weights: cap 8 drafts a pass (9-token verify)" in r.output
     assert "kernel     plain weights" in r.output  # same curve, longer exact passes: it wins
     calls.clear()
+    monkeypatch.setattr(calibration, "load_or_measure",
+                        lambda *a, **k: calls.append((k["kernel"].repack, k["kernel"].kv_type,
+                                                      k["kernel"].flash_attn)) or fake(*a, **k))
     r = run("--target", smol, "--calibrate", "--json")
     plan = json.loads(r.output)
-    assert calls == [True] and not plan["exact"] and plan["kernel"]["repack"]
+    k = plan["kernel"]
+    # the exact layout's curve (for the exact rows), then the default kernel's own curve
+    # when the measured default is not the exact configuration
+    own = [] if (k["kv_type"], k["flash_attn"]) == ("q8_0", True) else [(True, k["kv_type"], k["flash_attn"])]
+    assert calls == [(True, "q8_0", True)] + own and not plan["exact"] and k["repack"]
     opts = {o["repack"]: o for o in plan["exactness"]["options"]}
     assert opts[True]["cap"] == 2 and opts[True]["chosen"] and opts[False]["cap"] is None

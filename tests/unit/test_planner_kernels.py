@@ -58,8 +58,8 @@ def quiet_machine(monkeypatch):
 def model(tmp_path):
     f = tmp_path / "m.gguf"
     f.write_bytes(b"GGUF" + b"\0" * 64)
-    # F16 without flash attention is fastest here, Q8_0 slowest
-    return Clocked({(F16, 1): 0.030, (F16, 0): 0.025, (Q8, 1): 0.033}, f)
+    # F16 is fastest here
+    return Clocked({(F16, 1): 0.025, (Q8, 1): 0.033}, f)
 
 
 def test_choose_takes_the_lowest_score_and_keeps_the_layout():
@@ -77,14 +77,15 @@ def test_choose_takes_the_lowest_score_and_keeps_the_layout():
 def test_measure_times_every_candidate_at_every_depth_and_picks_the_fastest(model):
     choice = kernels.measure(model, n_threads=2, depths=(64, 128), repeats=2, clock=model.clock)
     assert choice.source == "measured"
-    assert (choice.kernel.kv_type, choice.kernel.flash_attn) == ("f16", False)
-    assert sorted(model.opened) == sorted([(F16, 1), (F16, 0), (Q8, 1)])
+    assert (choice.kernel.kv_type, choice.kernel.flash_attn) == ("f16", True)
+    # never attention without flash attention: batch-dependent at every size
+    assert sorted(model.opened) == sorted([(F16, 1), (Q8, 1)])
     assert all(c.closed for c in model.contexts)
     t = choice.timing(KernelConfig(kv_type="q8_0"))
     assert t.step == {64: pytest.approx(0.033), 128: pytest.approx(0.033)}
     assert t.pass_[64] == pytest.approx(0.033 * 2.5)
     lines = choice.describe()
-    assert lines[0].startswith("* KV f16  flash attention off") and len(lines) == 3
+    assert lines[0].startswith("* KV f16  flash attention on") and len(lines) == 2
 
 
 def test_the_choice_is_cached_and_a_corrupt_or_stale_file_is_measured_again(model, tmp_path):
