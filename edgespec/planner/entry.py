@@ -120,7 +120,7 @@ def resolve_rpc(config: EngineConfig, facts=None):
     from .search import DEFAULT_CTX
     n_ctx = config.n_ctx or min(DEFAULT_CTX, facts.n_ctx_train)
     placement = place(facts, probe_all(config.rpc), n_ctx=n_ctx * config.parallel,
-                      kernel=config.kernel, n_gpu_layers=config.n_gpu_layers or None,
+                      kernel=config.layout(), n_gpu_layers=config.n_gpu_layers or None,
                       split=config.tensor_split)
     return replace(config, n_gpu_layers=placement.n_gpu_layers, tensor_split=placement.split), placement
 
