@@ -136,7 +136,9 @@ class Engine:
         with ExitStack() as stack:
             tmodel = _load(config.target, config, config.n_gpu_layers, stack, rpc=config.rpc)
             tpath = tmodel.path
-            config = replace(config, kernel=_default_kernel(tmodel, config, pick_kernel,
+            from .calibration import model_identity
+            tsha = model_identity(tpath)["sha256"]  # digested once: the kernel cache and proposers
+            config = replace(config, kernel=_default_kernel(tmodel, tsha, config, pick_kernel,
                                                             plan.kernel if plan else None))
             n_ctx = config.n_ctx or min(DEFAULT_CTX, tmodel.n_ctx_train)
             if n_ctx > tmodel.n_ctx_train:
@@ -158,12 +160,11 @@ class Engine:
                 # same vocabulary, unless the draft is only bridged (its pair pin is checked then)
                 registry_of_proposers.check_draft(tmodel, dmodel, config.proposer)
             user_len = config.control is not None or config.draft_len is not None
-            from .calibration import model_identity
             options = _proposer_options(config)
             loaded = _build_proposers(config, options, stack, BuildContext(
                 target=tmodel, draft_model=dmodel, n_ctx=n_ctx, threads=config.threads,
                 kernel=config.kernel,
-                target_digest=model_identity(tpath)["sha256"]))
+                target_digest=tsha))
             default = config.proposer  # never "auto" here: the plan resolved it
             config = replace(config, n_ctx=n_ctx,
                              control=(config.control or
@@ -519,7 +520,7 @@ def _load(name: str, config: EngineConfig, gpu_layers: int, stack: ExitStack,
     return model
 
 
-def _default_kernel(model: backend.Model, config: EngineConfig, pick: bool,
+def _default_kernel(model: backend.Model, sha: str, config: EngineConfig, pick: bool,
                     planned: KernelConfig | None) -> KernelConfig:
     """The kernel configuration the context is made with. ``pick`` (the default mode, no
     configuration asked): the fastest candidate measured on this device, measured now when
@@ -529,7 +530,6 @@ def _default_kernel(model: backend.Model, config: EngineConfig, pick: bool,
     if not pick:
         return config.layout()
     from .planner import kernels
-    sha = _digest(model)
     repack = bool(getattr(model, "use_extra_bufts", True))
     offered = kernels.cached(model.path, n_threads=config.threads, sha256=sha, repack=repack).kernel
     if planned is not None and (planned.kv_type, planned.flash_attn) != (offered.kv_type, offered.flash_attn):
@@ -542,11 +542,6 @@ def _default_kernel(model: backend.Model, config: EngineConfig, pick: bool,
         offered = kernels.load_or_measure(model, n_threads=config.threads, sha256=sha).kernel
     base = planned or config.layout()
     return replace(base, kv_type=offered.kv_type, flash_attn=offered.flash_attn)
-
-
-def _digest(model: backend.Model) -> str:
-    from .calibration import model_identity
-    return model_identity(model.path)["sha256"]
 
 
 def _control_from_flags(config: EngineConfig, plan, label: str):
