@@ -56,6 +56,23 @@ if _ll is not None:
                 pass
 
 
+    def _close_llama_cpp_devnull() -> None:
+        """llama-cpp-python opens /dev/null twice at import (``llama_cpp._utils``: where its
+        constructors silence llama.cpp) and never closes it, which interpreter shutdown
+        reports as two ResourceWarnings wherever they are shown (-X dev, -W error). Only
+        constructors use the files, and none runs after exit handlers."""
+        from llama_cpp import _utils
+        for f in (getattr(_utils, "outnull_file", None), getattr(_utils, "errnull_file", None)):
+            try:
+                if f is not None:
+                    f.close()
+            except Exception:
+                pass
+
+    import atexit
+    atexit.register(_close_llama_cpp_devnull)
+
+
 def _ensure_init() -> None:
     global _initialised
     _require()

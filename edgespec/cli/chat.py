@@ -209,8 +209,14 @@ def _load(engine, conv, name: str, ui: "_Ui"):
 
 
 def _with_warnings(ui, fn, *args, **kw):
+    """Run ``fn``, showing each session warning it emits as an error line. "always" is set
+    for SessionWarning only: CPython (3.11) keeps the filter list a warning was last
+    checked against for interpreter shutdown, so an "always" for every category here made
+    the exit report llama-cpp-python's two lifelong /dev/null files as ResourceWarnings."""
+    from ..sessions import SessionWarning
+
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        warnings.simplefilter("always", SessionWarning)
         out = fn(*args, **kw)
     for w in caught:
         ui.error(f"warning: {w.message}")
