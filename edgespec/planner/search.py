@@ -186,13 +186,20 @@ def _bridged(kind: str) -> bool:
     return kind in proposers.REGISTRY and not proposers.REGISTRY[kind].same_vocab
 
 
+def _sizes_pair(target: ModelFacts, draft: ModelFacts) -> bool:
+    """Whether the headers' vocabulary sizes allow a shared tokenizer (llama.cpp's rule: a
+    padded vocabulary differs by up to 128 ids); the load checks every token."""
+    from ..proposers.vocab_check import SPEC_VOCAB_MAX_SIZE_DIFFERENCE
+    return abs(target.n_vocab - draft.n_vocab) <= SPEC_VOCAB_MAX_SIZE_DIFFERENCE
+
+
 def _draft_incompatibility(target: ModelFacts, draft: ModelFacts, kind: str = "draft") -> str:
     if _bridged(kind):
-        if target.n_vocab == draft.n_vocab:
+        if _sizes_pair(target, draft):
             return ("the draft shares the target's vocabulary size: the draft proposer needs no "
                     "bridge")
         return ""
-    if target.n_vocab != draft.n_vocab:
+    if not _sizes_pair(target, draft):
         return (f"vocabulary differs ({draft.n_vocab} vs the target's {target.n_vocab} tokens): "
                 "not a draft for this target (--proposer bridge drafts across tokenizers for a "
                 "pair pinned in models.toml)")
@@ -266,7 +273,7 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
     search.sequences = base.parallel if base is not None else 1
     cands: list[Candidate] = []
     for kind, costly in _kinds(proposer, draft is not None):
-        if proposer == AUTO and costly and _bridged(kind) and draft.n_vocab == target.n_vocab:
+        if proposer == AUTO and costly and _bridged(kind) and _sizes_pair(target, draft):
             continue  # a draft sharing the vocabulary needs no bridge: not a choice to weigh
         acc = acceptance_for(kind, target_name, draft_name) if kind != PLAIN else None
         bad = _draft_incompatibility(target, draft, kind) if costly else ""

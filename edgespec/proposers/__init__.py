@@ -114,12 +114,14 @@ def _suffix(ctx: BuildContext, opts: dict) -> Proposer:
 
 def _draft(ctx: BuildContext, opts: dict) -> Proposer:
     from .draft import DraftModelProposer
-    if ctx.target is not None and ctx.draft_model.n_vocab != ctx.target.n_vocab:
+    from .vocab_check import vocab_mismatch
+    if ctx.target is not None and vocab_mismatch(ctx.target, ctx.draft_model) is not None:
         # loaded for the bridge: this draft's token ids mean nothing to the target
         raise InvalidInputError(f"draft {ctx.draft_model.path.name} does not share the target's "
                                 "vocabulary; use --proposer bridge")
     return DraftModelProposer(ctx.draft_model, n_ctx=ctx.n_ctx, n_threads=ctx.threads,
-                              kernel=ctx.kernel, **opts)
+                              kernel=ctx.kernel, **opts,
+                              target_vocab=ctx.target.n_vocab if ctx.target is not None else None)
 
 
 def _bridge(ctx: BuildContext, opts: dict) -> Proposer:

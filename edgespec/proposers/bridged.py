@@ -224,13 +224,8 @@ class BridgedSession:
 def _refuse_shared_vocabulary(target, draft) -> None:
     """A draft sharing the target's vocabulary needs no bridge: the 'draft' proposer is exact
     and cheaper."""
-    if target.n_vocab != draft.n_vocab:
-        return
-    from .draft import check_compatible
-    from ..errors import IncompatibleDraftError
-    try:
-        check_compatible(target, draft)
-    except IncompatibleDraftError:
+    from .vocab_check import vocab_mismatch
+    if vocab_mismatch(target, draft) is not None:
         return
     raise InvalidInputError(f"draft {draft.path.name} shares the vocabulary of {target.path.name}: "
                             "use --proposer draft (no bridge needed)")

@@ -22,10 +22,12 @@ class DraftModelProposer:
     costly = True
 
     def __init__(self, model, n_ctx: int, n_threads: int | None = None, n_batch: int = 0,
-                 kernel=None) -> None:
+                 kernel=None, target_vocab: int | None = None) -> None:
         from ..config import KernelConfig
         k = kernel or KernelConfig()
         self.model = model
+        #: the target's vocabulary size: a padded pair differs by up to 128 ids
+        self.target_vocab = int(target_vocab or model.n_vocab)
         self.ctx = model.new_context(n_ctx=n_ctx, n_batch=n_batch or k.n_batch, n_threads=n_threads,
                                      flash_attn=int(k.flash_attn), type_k=k.kv_ggml_type,
                                      type_v=k.kv_ggml_type)
@@ -124,7 +126,14 @@ class DraftSession:
             return EMPTY_DRAFT, alts
         t0 = time.perf_counter()
         feed = self.seq[self.kv_len:]
-        logits = ctx.decode(feed, self.kv_len, logits="last")[0]
+        nv = self.owner.model.n_vocab
+        if any(t >= nv for t in feed):
+            # the target (a padded vocabulary) emitted an id this draft lacks: the draft
+            # cannot read on, so it stops drafting for the rest of this request
+            self.pending = []
+            return EMPTY_DRAFT, alts
+        fit = self.owner.target_vocab
+        logits = fit_row(ctx.decode(feed, self.kv_len, logits="last")[0], fit)
         self.kv_len = len(self.seq)
         tokens: list[int] = []
         probs: list[np.ndarray] = []
@@ -142,7 +151,7 @@ class DraftSession:
                 alts.append(_runners_up(logits if p is None else None, p, tok, n_alts))
             history.append(tok)
             if i + 1 < k:
-                logits = ctx.decode([tok], self.kv_len + i, logits="last")[0]
+                logits = fit_row(ctx.decode([tok], self.kv_len + i, logits="last")[0], fit)
         dt = time.perf_counter() - t0
         n_decoded = max(len(feed), 1) + k - 1
         est = dt / n_decoded
@@ -206,23 +215,28 @@ def _runners_up(logits: np.ndarray | None, p: np.ndarray | None, chosen: int,
 def check_compatible(target, draft) -> None:
     """Refuse a draft whose token ids do not mean the same text as the target's.
 
-    Compares vocabulary size, BOS/EOS, every token's text and attributes, and
-    the end-of-generation set; the message names the first difference.
+    llama.cpp's rule (:mod:`.vocab_check`): sizes within 128 (padded vocabularies pair),
+    the same BOS/EOS/EOG, every token's text and attributes equal from id 5 on over the
+    shorter vocabulary; the message names the first difference.
     """
-    tn, dn = target.path.name, draft.path.name
-    if target.n_vocab != draft.n_vocab:
+    from .vocab_check import vocab_mismatch
+    why = vocab_mismatch(target, draft)
+    if why is not None:
         raise IncompatibleDraftError(
-            f"draft {dn} has {draft.n_vocab} tokens, target {tn} has {target.n_vocab}: their "
-            "vocabularies differ, so draft token ids mean nothing to the target. Pick a draft of the "
-            "same family (see `edgespec models list`) or use --proposer ngram/suffix.")
-    for what, a, b in (("BOS", target.bos, draft.bos), ("EOS", target.eos, draft.eos)):
-        if a != b:
-            raise IncompatibleDraftError(f"draft {dn} has {what} token {b}, target {tn} has {a}; "
-                                         "they do not share a tokenizer")
-    for t in range(target.n_vocab):
-        if target.token_text(t) != draft.token_text(t) or target.token_attr(t) != draft.token_attr(t):
-            raise IncompatibleDraftError(
-                f"token {t} is {target.token_text(t)!r} in the target {tn} but "
-                f"{draft.token_text(t)!r} in the draft {dn}: the vocabularies differ")
-    if set(target.eog_tokens) != set(draft.eog_tokens):
-        raise IncompatibleDraftError(f"draft {dn} and target {tn} disagree on end-of-generation tokens")
+            f"draft {draft.path.name} cannot draft for target {target.path.name}: {why}. Pick a "
+            "draft of the same family (see `edgespec models list`), --proposer bridge for a pair "
+            "pinned across tokenizers, or --proposer ngram/suffix.")
+
+
+def fit_row(logits: np.ndarray, n_vocab: int) -> np.ndarray:
+    """A draft's logits row over the target's ``n_vocab`` ids: ids the target lacks are cut
+    (a draft never proposes them), ids the draft lacks get -inf (it never proposes those
+    either, and a target-sized logit bias or penalty still indexes the row)."""
+    n = logits.shape[-1]
+    if n == n_vocab:
+        return logits
+    if n > n_vocab:
+        return logits[..., :n_vocab]
+    out = np.full(logits.shape[:-1] + (n_vocab,), -np.inf, dtype=logits.dtype)
+    out[..., :n] = logits
+    return out
