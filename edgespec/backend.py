@@ -96,6 +96,23 @@ def system_info() -> dict:
     }
 
 
+def build_facts():
+    """What this llama.cpp build is: its system info line, RPC and GPU offload support, and
+    the backend devices it registered (for `edgespec doctor`)."""
+    from .runtime.build import Build
+    _ensure_init()
+    lib = _ggml_lib()
+    devices = []
+    for i in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(i)
+        if dev:
+            devices.append((lib.ggml_backend_dev_name(dev) or b"?").decode("utf-8", "replace"))
+    return Build(llama_cpp_python=getattr(_ll, "__version__", "?"),
+                 system_info=_ll.llama_print_system_info().decode("utf-8", "replace").strip(),
+                 rpc=bool(_ll.llama_supports_rpc()), gpu_offload=bool(_ll.llama_supports_gpu_offload()),
+                 devices=tuple(devices))
+
+
 # --- model -------------------------------------------------------------------
 class Model:
     """A loaded GGUF model: vocabulary, chat template, contexts."""

@@ -270,18 +270,14 @@ def edgespec_component() -> dict:
 def cmake_args() -> dict:
     """The CMake flags llama-cpp-python was built with, as far as this machine can tell:
     $CMAKE_ARGS when set, else what `make install` passes by default
-    (tools/llama_cmake_args.sh); ``wheel_cached`` says whether the Makefile's wheel cache
+    (edgespec/runtime/build.py); ``wheel_cached`` says whether the Makefile's wheel cache
     holds a wheel keyed by exactly these flags (the Makefile's own key)."""
     version = _dist_version("llama_cpp_python")
     args, source = os.environ.get("CMAKE_ARGS"), "env CMAKE_ARGS"
-    script = _REPO / "tools" / "llama_cmake_args.sh"
-    if not args and script.is_file():
-        try:
-            args = subprocess.run(["sh", str(script)], capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
-            source = "tools/llama_cmake_args.sh"
-        except (OSError, subprocess.SubprocessError):
-            args = None
+    if not args:
+        from .device import _cpuinfo
+        from .runtime.build import cmake_args as default_args
+        args, source = default_args(_cpuinfo()[1]), "edgespec/runtime/build.py"
     if not args:
         return {"args": None, "source": None, "wheel_cached": None}
     from .paths import edgespec_home

@@ -51,6 +51,9 @@ cli.add_command(serve)
 from .rpc_server import rpc_server  # noqa: E402
 
 cli.add_command(rpc_server)
+from .doctor import doctor_command  # noqa: E402
+
+cli.add_command(doctor_command)
 
 
 def main() -> None:
