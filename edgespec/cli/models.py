@@ -10,7 +10,7 @@ import click
 from .. import paths, registry
 from .common import handle_errors
 from ..errors import ModelError
-from ..registry import user
+from ..registry import refs, scan, user
 
 
 class _RegistryProblem(click.ClickException):
@@ -110,9 +110,14 @@ def list_models(as_json: bool) -> None:
 def add_model(name: str, path: str, role: str, tokenizer: str | None) -> None:
     """Add your own GGUF file PATH as model NAME (your registry, $EDGESPEC_HOME/models.toml).
 
+    PATH may also be a name `edgespec models scan` prints (`ollama:qwen2.5-coder:7b`):
+    the file it names is pinned.
+
     The file is checked (GGUF header, not truncated) and its sha256 pinned, so `--target
     NAME` refuses it if it changes later. The file stays where it is.
     """
+    if refs.is_store_ref(path):  # a model `models scan` found: pin the file it names
+        path = str(scan.resolve_ref(path, progress=_progress))
     spec = user.add(name, path, role=role, tokenizer=tokenizer, progress=_progress)
     click.echo(f"{spec.name}\t{spec.path}\t{spec.sha256}")
     click.echo(f"added to {paths.user_registry_path()}; use it with --target {spec.name}",
@@ -200,3 +205,47 @@ def verify_models(names: tuple[str, ...]) -> None:
 def model_path(name: str, no_pull: bool) -> None:
     """Print the local path of NAME (a registry name or a .gguf path), pulling it if needed."""
     click.echo(str(registry.resolve(name, pull=not no_pull, progress=_progress)))
+
+
+@models.command("scan")
+@click.option("--source", "sources", multiple=True, type=click.Choice(refs.SCHEMES),
+              help="Scan only this store (repeatable); default all of them.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
+@handle_errors
+def scan_models(sources: tuple[str, ...], as_json: bool) -> None:
+    """GGUF models other tools keep on disk: the Hugging Face cache, LM Studio, ollama and
+    llama.cpp's cache (docs/models.md says where each is looked for).
+
+    NAME works wherever a model name does (`--target ollama:qwen2.5-coder:7b`), or pin it
+    in your registry with `edgespec models add MYNAME NAME`. Headers are read, nothing is
+    hashed; a file that is not GGUF, is truncated or is missing is listed as unusable with
+    the reason.
+    """
+    result = scan.scan(sources or None)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    usable = [m for m in result.models if m.usable]
+    header = ("NAME", "SIZE", "ARCH", "QUANT", "VOCAB", "PATH")
+    table = [header] + [(m.name, _human(m.size), m.architecture or "?", m.quant or "?",
+                         str(m.vocab_size or "?"), str(m.path)) for m in usable]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table if usable else ():
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    if not usable:
+        click.echo("no usable GGUF models found")
+    broken = [m for m in result.models if not m.usable]
+    if broken:
+        click.echo("\nUNUSABLE")
+        for m in broken:
+            click.echo(f"{m.name}  {m.problem}")
+    click.echo("\nSTORES")
+    sw = max(len(s.source) for s in result.stores)
+    for s in result.stores:
+        count = sum(1 for m in result.models if m.source == s.source
+                    and (m.path == s.root or s.root in m.path.parents))
+        state = f"{count} model{'s' if count != 1 else ''}" if s.present else \
+            f"absent (set {s.env} to move it)"
+        click.echo(f"{s.source.ljust(sw)}  {s.root}  {state}")
+        for note in s.notes:
+            click.echo(f"{''.ljust(sw)}  note: {note}")

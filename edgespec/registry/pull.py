@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import ModelError
 from ..paths import edgespec_home, models_dir
+from . import refs, scan
 from .spec import ModelSpec, load_registry
 from .store import (_HASH_BLOCK, Progress, _fsync, _human, _model_lock, _say, _stamp_valid,
                     _verify_existing, _write_stamp, check_gguf, is_path_like, refetch_hint,
@@ -33,9 +34,15 @@ def resolve(name_or_path: str | os.PathLike, pull: bool = True,
     A registry name maps to $EDGESPEC_HOME/models/<name>.gguf: pulled when
     missing (pull=True, progress on stderr), digest-checked when it changed
     since it was last verified. Raises ModelError for an unknown name (listing
-    the known ones), a missing file, a digest mismatch or a corrupt header.
+    the known ones), a missing file, a digest mismatch or a corrupt header. A
+    reference to another tool's store (``ollama:NAME:TAG``, ``hfcache:``, ``lmstudio:``,
+    ``llamacpp:``; edgespec.registry.refs) resolves to the file there, never pulled.
     """
     key = str(name_or_path)
+    # another tool's store (ollama:NAME:TAG, hfcache:, lmstudio:, llamacpp:): before the path
+    # test, since `ollama:owner/name` and `lmstudio:…/file.gguf` look like paths
+    if not isinstance(name_or_path, os.PathLike) and refs.is_store_ref(key):
+        return scan.resolve_ref(key, progress)
     # a path needs no registry: a bare pip install runs `--target model.gguf` as is
     if is_path_like(name_or_path):
         return _checked_path(key)

@@ -98,13 +98,19 @@ def _write_stamp(path: Path, sha256: str) -> None:
 
 
 def _stamp_valid(path: Path, spec: ModelSpec) -> bool:
+    return stamp_matches(path, spec.sha256, spec.size)
+
+
+def stamp_matches(path: Path, sha256: str, size: int | None = None) -> bool:
+    """Whether `path` was hashed to `sha256` (and has `size` bytes, when given) and has not
+    changed since (size, mtime, inode): the check that lets a caller skip re-hashing it."""
     try:
         stamp = json.loads(_stamp_path(path).read_text())
         ident = _file_identity(path)
     except (OSError, ValueError):
         return False
-    return (isinstance(stamp, dict) and stamp.get("sha256") == spec.sha256
-            and ident["size"] == spec.size
+    return (isinstance(stamp, dict) and stamp.get("sha256") == sha256
+            and (size is None or ident["size"] == size)
             and all(stamp.get(k) == v for k, v in ident.items()))
 
 
