@@ -290,7 +290,8 @@ class Engine:
                     raise InvalidInputError("a chat message is not valid UTF-8 text") from None
             bos = self.target.detokenize([self.target.bos], special=True).decode("utf-8", "replace")
             eos = self.target.detokenize([self.target.eos], special=True).decode("utf-8", "replace")
-            text = chat.render(self._template, msgs, bos_token=bos, eos_token=eos)
+            text = chat.render(self._template, msgs, bos_token=bos, eos_token=eos,
+                               extra=params.template_vars)
             # The template writes BOS itself where the model wants one.
             return self.target.tokenize(text, add_special=False, parse_special=True)
         return self.target.tokenize(prompt, add_special=True, parse_special=False)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from .errors import InvalidInputError
 
@@ -62,6 +63,9 @@ class GenerationParams:
     grammar: str | None = None
     json_schema: str | dict | None = None
     json_mode: bool = False
+    # extra chat-template variables: "tools" (OpenAI-shaped declarations) and a request's
+    # chat_template_kwargs (edgespec.agents.Turn builds them); read by chat prompts only
+    template_vars: Mapping[str, Any] | None = None
 
     def validate(self) -> "GenerationParams":
         _guard(self.max_tokens >= 1, f"max_tokens must be >= 1 (got {self.max_tokens})")

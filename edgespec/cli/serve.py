@@ -140,6 +140,11 @@ def _with_envvars(command: click.Command) -> click.Command:
                    "connection that stalls is closed (a stalled body gets a 408 first).")
 @click.option("--timeout-keep-alive", type=click.FloatRange(0, min_open=True), default=5.0,
               show_default=True, help="Seconds an idle connection is kept between requests.")
+@click.option("--reasoning-format", type=click.Choice(["auto", "deepseek", "none"]),
+              default="auto", show_default=True,
+              help="A reasoning model's leading <think> block: split into reasoning_content "
+                   "(auto, deepseek) or left in the content (none); a request's "
+                   "reasoning_format overrides it.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info",
                                                 "debug"]), default="info", show_default=True)
 @click.option("--print-config", is_flag=True,
@@ -149,7 +154,7 @@ def _with_envvars(command: click.Command) -> click.Command:
 def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget, host,
           port, api_key, allow_remote, parallel, max_queue, max_tokens_limit, model_id,
           cache_ram_mib, canary, drain_seconds, strict, cors_origins, timeout_read,
-          timeout_keep_alive, log_level, print_config):
+          timeout_keep_alive, reasoning_format, log_level, print_config):
     """Serve the target over an OpenAI-compatible HTTP API (chat, completions, models,
     health, metrics).
 
@@ -175,7 +180,8 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
     settings = ServerSettings(served_model=served, aliases=aliases, api_key=api_key,
                               max_tokens_limit=max_tokens_limit, strict=strict,
                               cors_origins=tuple(cors_origins), read_timeout=timeout_read,
-                              keep_alive_timeout=timeout_keep_alive).validate()
+                              keep_alive_timeout=timeout_keep_alive,
+                              reasoning_format=reasoning_format).validate()
     engine = Engine.from_config(config)
     try:
         if canary is not None:

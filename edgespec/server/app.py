@@ -31,7 +31,7 @@ from ..events import Finished, Step
 from ..serving import DONE
 from . import auth
 from .errors import APIError, from_edgespec, install_handlers
-from .mapping import chat_request, check_model, completion_request
+from .mapping import chat_request, chat_turn, check_model, completion_request
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .responses import Shape
 from .schemas import ChatCompletionRequest, CompletionRequest, parse_request
@@ -80,7 +80,10 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
         req = _parse(ChatCompletionRequest, await _body(request, settings), settings, request)
         check_model(req.model, settings)
         prompt, params = chat_request(req, settings, engine.target.n_vocab)
-        return await _generate(request, "chat", req, prompt, params)
+        # tools, tool_choice, the reasoning split, chat_template_kwargs (edgespec.agents)
+        prompt, params, turn = chat_turn(req, prompt, params, engine.target.chat_template(),
+                                         settings)
+        return await _generate(request, "chat", req, prompt, params, turn)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -91,7 +94,7 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
 
     slices = _Slices(settings.max_slices)
 
-    async def _generate(request: Request, kind: str, req, prompt, params):
+    async def _generate(request: Request, kind: str, req, prompt, params, turn=None):
         bridge = _Bridge(asyncio.get_running_loop(), metrics)
         traffic = slices.of(request.headers.get(SLICE_HEADER), kind, params)
         try:
@@ -103,10 +106,15 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
         shape = Shape(kind, req.model, identity.short, engine.target.token_piece)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return EventSourceResponse(_stream(ticket, bridge, shape, include_usage), sep="\n",
-                                       ping=15)
+            return EventSourceResponse(_stream(ticket, bridge, shape, include_usage, turn),
+                                       sep="\n", ping=15)
         fin = await _collect(request, ticket, bridge)
-        return JSONResponse(shape.whole(fin, identity.hash))
+        if turn is None:
+            return JSONResponse(shape.whole(fin, identity.hash))
+        out = turn.output()
+        out.feed(fin.text)
+        final = out.finish(fin.stop_reason)
+        return JSONResponse(shape.whole(fin, identity.hash, out.message(), final.finish_reason))
 
     async def _collect(request: Request, ticket, bridge: "_Bridge") -> Finished:
         fin = None
@@ -133,9 +141,10 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
                            type="server_error", code="dropped")
         return fin
 
-    async def _stream(ticket, bridge: "_Bridge", shape: Shape, include_usage: bool):
+    async def _stream(ticket, bridge: "_Bridge", shape: Shape, include_usage: bool, turn=None):
         complete = False
         sent = ""
+        out = turn.output() if turn is not None else None
         try:
             yield json.dumps(shape.chunk("", first=True, include_usage=include_usage))
             while True:
@@ -148,14 +157,21 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
                     return
                 if isinstance(ev, Step) and (ev.text or ev.logprobs):
                     sent += ev.text
-                    yield json.dumps(shape.chunk(ev.text, ev.logprobs,
-                                                 include_usage=include_usage))
+                    for body in _chunks(shape, out, ev.text, ev.logprobs, include_usage):
+                        yield json.dumps(body)
                 elif isinstance(ev, Finished):
                     if ev.text.startswith(sent) and len(ev.text) > len(sent):
                         # text the assembler held back (a possible stop string) and released
-                        yield json.dumps(shape.chunk(ev.text[len(sent):],
-                                                     include_usage=include_usage))
-                    yield json.dumps(shape.final_chunk(ev, identity.hash, include_usage))
+                        for body in _chunks(shape, out, ev.text[len(sent):], (), include_usage):
+                            yield json.dumps(body)
+                    reason = None
+                    if out is not None:  # what the turn's parsers still held
+                        final = out.finish(ev.stop_reason)
+                        for delta in final.deltas:
+                            yield json.dumps(shape.chunk("", delta=delta,
+                                                         include_usage=include_usage))
+                        reason = final.finish_reason
+                    yield json.dumps(shape.final_chunk(ev, identity.hash, include_usage, reason))
                     if include_usage:
                         yield json.dumps(shape.usage_chunk(ev))
             complete = True
@@ -189,6 +205,18 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     return app
+
+
+def _chunks(shape: Shape, out, text: str, lps, include_usage: bool) -> list[dict]:
+    """Stream chunks for one step's text: as content, or through the turn's parsers (which
+    may hold it back: a step's logprobs then travel in a chunk with an empty delta)."""
+    if out is None:
+        return [shape.chunk(text, lps, include_usage=include_usage)]
+    deltas = out.feed(text)
+    if not deltas:
+        return [shape.chunk("", lps, delta={}, include_usage=include_usage)] if lps else []
+    return [shape.chunk("", lps if i == 0 else (), delta=d, include_usage=include_usage)
+            for i, d in enumerate(deltas)]
 
 
 async def _watch_disconnect(request: Request, ticket, gone: asyncio.Event) -> None:

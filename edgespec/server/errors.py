@@ -64,6 +64,8 @@ def from_edgespec(e: EdgespecError) -> APIError:
         return APIError(503, str(e), type="server_error", code="shutting_down")
     if isinstance(e, ContextOverflowError):
         return APIError(400, str(e), param="messages", code="context_length_exceeded")
+    if getattr(e, "code", None) and getattr(e, "param", None):  # edgespec.agents' errors
+        return APIError(400, str(e), param=e.param, code=e.code)
     if isinstance(e, UnsupportedError):
         return APIError(400, str(e), code="unsupported_parameter")
     return APIError(400, str(e), code="invalid_value")  # InvalidInputError, ModelError, ...

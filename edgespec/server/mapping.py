@@ -18,13 +18,12 @@ def check_model(model: str, settings: ServerSettings) -> None:
 def chat_request(req: ChatCompletionRequest, settings: ServerSettings, n_vocab: int
                  ) -> tuple[list[dict], GenerationParams]:
     _refuse_common(req)
-    for field in ("tools", "functions"):
-        if getattr(req, field):
-            raise unsupported(field, f"{field} (function calling) is not supported yet; send "
-                                     "the conversation without it")
-    for field in ("tool_choice", "function_call"):
-        if getattr(req, field) not in (None, "none"):
-            raise unsupported(field, f"{field} needs tools, which are not supported yet")
+    if req.functions:
+        raise unsupported("functions", "functions (OpenAI's deprecated function calling) is not "
+                                       "supported; declare them as tools")
+    if req.function_call not in (None, "none"):
+        raise unsupported("function_call", "function_call is deprecated and not supported; "
+                                           "use tool_choice")
     if req.modalities not in (None, ["text"]):
         raise unsupported("modalities", "only text output is supported")
     for field in ("audio", "prediction", "reasoning_effort"):
@@ -139,17 +138,52 @@ def _response_format(req: ChatCompletionRequest) -> dict:
 
 
 def _message(i: int, m: Message) -> dict:
+    """One message, OpenAI-shaped; its tool calls and tool-result ids are checked with the
+    turn (chat_turn), which knows the whole conversation."""
     where = f"messages.{i}"
-    if m.tool_calls:
-        raise unsupported(f"{where}.tool_calls", "tool calls are not supported yet")
-    if m.role == "tool" or m.tool_call_id is not None:
-        raise unsupported(f"{where}.role", "tool messages are not supported yet")
-    if m.name is not None:
+    if m.name is not None and m.role != "tool":
         raise unsupported(f"{where}.name", "message names are not supported: the model's chat "
                                            "template has no place for them; put the name in "
                                            "the content")
-    if m.content is None:
+    if m.content is None and not m.tool_calls:
         raise bad_request(f"{where}.content is missing", param=f"{where}.content")
-    text = m.content if isinstance(m.content, str) else "\n".join(p.text for p in m.content)
+    text = None if m.content is None else (
+        m.content if isinstance(m.content, str) else "\n".join(p.text for p in m.content))
     role = "system" if m.role == "developer" else m.role
-    return {"role": role, "content": text}
+    msg = {"role": role, "content": text}
+    if m.tool_calls:
+        msg["tool_calls"] = m.tool_calls
+    if m.tool_call_id is not None:
+        msg["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        msg["name"] = m.name
+    return msg
+
+
+def chat_turn(req: ChatCompletionRequest, messages: list[dict], params: GenerationParams,
+              template: str | None, settings: ServerSettings):
+    """The turn's tools, tool_choice, reasoning split and template kwargs (edgespec.agents),
+    folded into the request's params: (template messages, params, Turn)."""
+    from dataclasses import replace
+
+    from ..agents import ToolError, ToolSupportError, prepare_turn
+    forced = req.tool_choice not in (None, "auto", "none")
+    if forced and (params.json_schema is not None or params.json_mode):
+        raise bad_request("tool_choice forces a call, whose grammar cannot be combined with "
+                          "response_format; send one of them", param="response_format")
+    try:
+        turn = prepare_turn(template, settings.served_model, messages, tools=req.tools,
+                            tool_choice=req.tool_choice,
+                            parallel_tool_calls=req.parallel_tool_calls,
+                            reasoning_format=req.reasoning_format or settings.reasoning_format,
+                            chat_template_kwargs=req.chat_template_kwargs)
+    except (ToolError, ToolSupportError) as e:
+        raise APIError(400, str(e), param=e.param, code=e.code) from None
+    stop = params.stop + tuple(s for s in turn.stop if s not in params.stop)
+    if len(stop) > 16:
+        raise bad_request(f"{len(params.stop)} stop strings and parallel_tool_calls false, "
+                          "which ends the output after the first call with a stop string of "
+                          "its own; send at most 15", param="stop")
+    params = replace(params, template_vars=turn.template_vars or None, stop=stop,
+                     grammar=turn.grammar if turn.grammar is not None else params.grammar)
+    return turn.messages, params, turn

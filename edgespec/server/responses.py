@@ -94,12 +94,15 @@ class Shape:
                 "top_logprobs": tops, "text_offset": offsets}
 
     # --- whole responses ------------------------------------------------------------------
-    def whole(self, fin: Finished, identity: str) -> dict:
+    def whole(self, fin: Finished, identity: str, message: dict | None = None,
+              finish_reason: str | None = None) -> dict:
+        """``message`` / ``finish_reason``: a chat turn's own (tool calls, reasoning: an
+        edgespec.agents.TurnOutput's), else the text as content and the mapped reason."""
         lps = self.logprobs(tuple(fin.logprobs))
-        reason = FINISH_REASON.get(fin.stop_reason, "stop")
+        reason = finish_reason or FINISH_REASON.get(fin.stop_reason, "stop")
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": fin.text,
-                                              "refusal": None},
+            msg = message or {"role": "assistant", "content": fin.text}
+            choice = {"index": 0, "message": {**msg, "refusal": None},
                       "logprobs": lps, "finish_reason": reason}
             body = self._head("chat.completion")
         else:
@@ -110,10 +113,14 @@ class Shape:
 
     # --- stream chunks --------------------------------------------------------------------
     def chunk(self, text: str, lps: tuple[TokenLogprob, ...] = (), *, first: bool = False,
-              include_usage: bool = False) -> dict:
+              include_usage: bool = False, delta: dict | None = None) -> dict:
+        """``delta``: a chat turn's own (reasoning_content, tool_calls), instead of ``text``
+        as content."""
         logprobs = self.logprobs(lps)
         if self.kind == "chat":
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            if delta is None:
+                delta = {"content": text}
+            delta = {"role": "assistant", **delta} if first else delta
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}
             body = self._head("chat.completion.chunk")
         else:
@@ -125,12 +132,13 @@ class Shape:
             body["usage"] = None
         return body
 
-    def final_chunk(self, fin: Finished, identity: str, include_usage: bool) -> dict:
+    def final_chunk(self, fin: Finished, identity: str, include_usage: bool,
+                    finish_reason: str | None = None) -> dict:
         body = self.chunk("", include_usage=include_usage)
         choice = body["choices"][0]
         if self.kind == "chat":
             choice["delta"] = {}
-        choice["finish_reason"] = FINISH_REASON.get(fin.stop_reason, "stop")
+        choice["finish_reason"] = finish_reason or FINISH_REASON.get(fin.stop_reason, "stop")
         body["edgespec"] = extension(fin, identity)
         return body
 

@@ -3,13 +3,13 @@
 Every field this server knows is named here. A field that is not is ignored and named in
 the server log (real clients send fields of newer API versions: ``parse_request``), or,
 with ``--strict``, refused (400, with the field as ``param``). A known field whose value
-this server cannot honour (``n > 1``, tools, ``echo``) is always refused: a request is never
+this server cannot honour (``n > 1``, ``functions``, ``echo``) is always refused: a request is never
 answered with some of its meaning dropped. Types are strict: ``"max_tokens": "5"`` is a type
 error, not 5, and NaN or infinite numbers are refused.
 
 Fields accepted but without effect are only those that cannot change the answer
 (``user``, ``metadata``, ``store``, ``service_tier``, ``parallel_tool_calls`` without tools,
-``stream_options.include_obfuscation``); docs/server.md lists them.
+``stream_options.include_obfuscation``, a message's ``reasoning_content``); docs/server.md lists them.
 """
 from __future__ import annotations
 
@@ -38,10 +38,11 @@ class TextPart(_Strict):
 class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
-    name: str | None = None  # refused when set (see app._messages)
-    tool_calls: list[Any] | None = None  # refused when non-empty
-    tool_call_id: str | None = None
+    name: str | None = None  # a tool result's function name; refused elsewhere (mapping._message)
+    tool_calls: list[Any] | None = None  # an assistant's calls (checked by edgespec.agents)
+    tool_call_id: str | None = None  # the call a role "tool" message answers
     refusal: str | None = None
+    reasoning_content: str | None = None  # an earlier answer's reasoning, sent back: not rendered
 
 
 class JsonSchemaFormat(_Strict):
@@ -86,12 +87,16 @@ class ChatCompletionRequest(_Common):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    # accepted so that a refusal can name them (app._refuse_unsupported)
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # validated by edgespec.agents.tools (JSON Schema)
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    # llama-server's extensions: template variables (enable_thinking, ...) and the reasoning
+    # split for this request (the server's --reasoning-format by default)
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_format: Literal["none", "deepseek", "auto"] | None = None
+    # accepted so that a refusal can name them (mapping.chat_request)
     functions: list[Any] | None = None
     function_call: Any = None
-    parallel_tool_calls: bool | None = None
     modalities: list[str] | None = None
     audio: Any = None
     prediction: Any = None

@@ -21,6 +21,9 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (none: no CORS)
     read_timeout: float = 30.0  # seconds a client has to send a request's headers, and its body
     keep_alive_timeout: float = 5.0  # an idle connection between requests is closed after this
+    # a leading <think> block: "none" leaves it in the content, "deepseek"/"auto" split it
+    # into reasoning_content (llama-server's --reasoning-format); requests may override it
+    reasoning_format: str = "auto"
 
     def validate(self) -> "ServerSettings":
         if not self.served_model:
@@ -40,6 +43,10 @@ class ServerSettings:
             if origin != "*" and "://" not in origin:
                 raise InvalidInputError(f"--cors-origin {origin!r} is not an origin; send "
                                         "scheme://host[:port], e.g. http://localhost:3000")
+        from ..agents.reasoning import FORMATS
+        if self.reasoning_format not in FORMATS:
+            raise InvalidInputError(f"--reasoning-format {self.reasoning_format!r}; use one of "
+                                    f"{', '.join(FORMATS)}")
         if self.api_key is not None and not self.api_key.strip():
             raise InvalidInputError("--api-key is empty; pass a real key or leave it out")
         return self

@@ -102,7 +102,8 @@ def test_request_fields_reach_the_scheduler_as_generation_params(engine):
 
 @pytest.mark.parametrize("body,param", [
     ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages.0.name"),
-    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "messages.0.role"),
+    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]},
+     "messages.0.tool_call_id"),  # it answers no call
     ({"messages": MSG, "functions": [{"name": "f"}]}, "functions"),
     ({"messages": MSG, "tool_choice": "auto"}, "tool_choice"),
     ({"messages": MSG, "top_logprobs": 2}, "top_logprobs"),
