@@ -266,18 +266,20 @@ def _parse(buf, file_size: int, path: Path) -> GGUFInfo:
                     tensors=tuple(tensors))
 
 
-def read_gguf_header(path: str | os.PathLike) -> GGUFInfo:
+def read_gguf_header(path: str | os.PathLike, fix: str | None = None) -> GGUFInfo:
     """Parse and check the header of `path`; raise ModelError saying what is wrong.
 
     Checks: the file exists and is a regular file, holds at least a header,
     starts with b"GGUF", has a supported version, counts that fit the file, a
     well-formed metadata and tensor table, and enough bytes for every tensor
     the table describes (a truncated download fails here). It does not hash
-    or read the tensor data.
+    or read the tensor data. `fix` replaces the advice on a broken file for a
+    caller that knows where the file came from (another tool's store).
     """
     p = Path(path)
-    fix = ("re-download it, or if it came from the registry re-pull it with "
-           "`edgespec models pull NAME --force`")
+    own_fix = fix
+    fix = fix or ("re-download it, or if it came from the registry re-pull it with "
+                  "`edgespec models pull NAME --force`")
     try:
         st = p.stat()
     except FileNotFoundError:
@@ -295,6 +297,6 @@ def read_gguf_header(path: str | os.PathLike) -> GGUFInfo:
         with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             return _parse(mm, st.st_size, p)
     except _Corrupt as e:
-        raise ModelError(f"{p}: {e}; {e.hint or fix}") from None
+        raise ModelError(f"{p}: {e}; {own_fix or e.hint or fix}") from None
     except (OSError, ValueError, OverflowError, struct.error, MemoryError) as e:
         raise ModelError(f"{p}: cannot read the GGUF header ({type(e).__name__}: {e}); {fix}") from None

@@ -241,11 +241,12 @@ def scan_models(sources: tuple[str, ...], as_json: bool) -> None:
             click.echo(f"{m.name}  {m.problem}")
     click.echo("\nSTORES")
     sw = max(len(s.source) for s in result.stores)
+    rw = max(len(str(s.root)) for s in result.stores)
     for s in result.stores:
         count = sum(1 for m in result.models if m.source == s.source
                     and (m.path == s.root or s.root in m.path.parents))
         state = f"{count} model{'s' if count != 1 else ''}" if s.present else \
             f"absent (set {s.env} to move it)"
-        click.echo(f"{s.source.ljust(sw)}  {s.root}  {state}")
+        click.echo(f"{s.source.ljust(sw)}  {str(s.root).ljust(rw)}  {state}")
         for note in s.notes:
             click.echo(f"{''.ljust(sw)}  note: {note}")

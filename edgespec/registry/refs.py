@@ -11,8 +11,10 @@ One scheme per store, and the locator is what that tool calls the file, so a nam
                                       main, or a commit prefix; default the revision main
                                       points to, else the newest)
     lmstudio:PUBLISHER/REPO/FILE.gguf a file under LM Studio's models folder
-    llamacpp:FILE.gguf                a file in llama.cpp's download cache (``-hf`` writes
-                                      ``owner_repo_file.gguf``)
+    llamacpp:FILE.gguf                a file in llama.cpp's download cache (``-hf`` wrote
+                                      ``owner_repo_file.gguf`` before 2026)
+    llamacpp:OWNER/REPO/FILE.gguf[@REV]  the same cache in the Hugging Face layout
+                                      (models--OWNER--REPO/...), llama.cpp's since 2026
 
 The parsing is pure; :mod:`edgespec.registry.scan` finds the files.
 """
@@ -69,7 +71,7 @@ class OllamaName:
 
 
 def is_store_ref(name: str) -> bool:
-    """Whether `name` names a file in another tool's store (``ollama:…``, ``hfcache:…``, …)."""
+    """Whether `name` names a file in another tool's store (``ollama:…``, ``hfcache:…``)."""
     scheme, sep, _ = str(name).partition(":")
     return bool(sep) and scheme in SCHEMES
 

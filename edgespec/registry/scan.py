@@ -15,7 +15,9 @@ call, so the environment variables apply as set then):
               whose layer of mediaType application/vnd.ollama.image.model names the GGUF
               file, blobs/sha256-<hex>
     llamacpp  llama.cpp's download cache: $LLAMA_CACHE, else ~/.cache/llama.cpp (macOS
-              ~/Library/Caches/llama.cpp), files named OWNER_REPO_FILE.gguf
+              ~/Library/Caches/llama.cpp), files named OWNER_REPO_FILE.gguf; llama.cpp
+              builds of 2026 and later write the Hugging Face layout instead (in
+              $LLAMA_CACHE when set, else in the Hugging Face cache), read like hfcache
 
 Listing reads headers only (edgespec.gguf_header, no hashing): a file that is not GGUF,
 is truncated or that a manifest names but is missing is listed as unusable with the
@@ -37,9 +39,9 @@ from pathlib import Path
 from typing import Iterable
 
 from ..errors import ModelError
+from ..gguf_header import read_gguf_header
 from . import refs
-from .store import (Progress, _human, _say, _write_stamp, check_gguf, sha256_file,
-                    stamp_matches)
+from .store import Progress, _human, _say, _write_stamp, sha256_file, stamp_matches
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 LMSTUDIO_ENV = "EDGESPEC_LMSTUDIO_MODELS"
@@ -198,17 +200,25 @@ def _list_store(store: Store) -> tuple[Store, list[_Candidate]]:
     if not store.present:
         return store, []
     if store.source == "hfcache":
-        return _list_hfcache(store)
+        return _list_hf_layout(store)
     if store.source == "ollama":
         return store, _list_ollama(store.root)
-    return store, _list_files(store.source, store.root)
+    files = _list_files(store.source, store.root)
+    if store.source == "llamacpp" and any(store.root.glob("models--*")):
+        # llama.cpp since 2026 keeps -hf downloads in the Hugging Face layout (in $LLAMA_CACHE
+        # when set, else in the Hugging Face cache itself) and migrates its flat files there
+        store, hf = _list_hf_layout(store)
+        files += hf
+    return store, files
 
 
 def _gguf_files(root: Path) -> list[Path]:
-    """Every *.gguf under root, sorted, skipping hidden folders (partial downloads, trash)."""
+    """Every *.gguf under root, sorted, skipping hidden folders (partial downloads, trash)
+    and Hugging Face layout repos (models--OWNER--REPO), which _list_hf_layout reads."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".")
+                             and not (Path(dirpath) == root and d.startswith("models--")))
         found += [Path(dirpath) / f for f in sorted(filenames)
                   if f.lower().endswith(".gguf") and not f.startswith(".")]
     return found
@@ -259,14 +269,17 @@ def _list_files(source: str, root: Path) -> list[_Candidate]:
             for name, path, size, problem, parts in _group_splits(files)]
 
 
-def _list_hfcache(store: Store) -> tuple[Store, list[_Candidate]]:
+def _list_hf_layout(store: Store) -> tuple[Store, list[_Candidate]]:
+    """The GGUF files of a Hugging Face layout cache, named <source>:OWNER/REPO/FILE."""
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
     try:
         info = scan_cache_dir(store.root)
     except CacheNotFound:
         return Store(store.source, store.root, store.env, False), []
-    notes = tuple(str(w) for w in info.warnings)
+    # llama.cpp's cache also holds its flat files, which are not repos
+    notes = tuple(str(w) for w in info.warnings
+                  if store.source == "hfcache" or "models--" in str(w))
     out = []
     for repo in sorted(info.repos, key=lambda r: r.repo_id):
         if repo.repo_type != "model":
@@ -281,15 +294,15 @@ def _list_hfcache(store: Store) -> tuple[Store, list[_Candidate]]:
             by_path = {f.file_path: f for _, f in files}
             grouped = _group_splits([(rel, f.file_path) for rel, f in files])
             for rel, path, size, problem, parts in grouped:
-                name = f"hfcache:{repo.repo_id}/{rel}"
+                name = f"{store.source}:{repo.repo_id}/{rel}"
                 if rel in plain:
                     name += f"@{rev.commit_hash[:12]}"
                 plain.add(rel)
                 cached = by_path.get(path)
                 out.append(_Candidate(
-                    name, "hfcache", path, size, sha256=_lfs_sha(cached) if parts == 1 else None,
-                    problem=problem, parts=parts,
-                    hint=_REFETCH["hfcache"].format(repo=repo.repo_id, file=rel),
+                    name, store.source, path, size,
+                    sha256=_lfs_sha(cached) if parts == 1 else None, problem=problem,
+                    parts=parts, hint=_REFETCH[store.source].format(repo=repo.repo_id, file=rel),
                     commit=rev.commit_hash, refs=tuple(sorted(rev.refs))))
     return Store(store.source, store.root, store.env, True, notes), out
 
@@ -337,8 +350,10 @@ def _ollama_candidate(root: Path, oname: refs.OllamaName, manifest: Path) -> _Ca
     except ValueError as e:
         return broken(f"its manifest {manifest} is not valid JSON ({e})")
     layers = doc.get("layers") if isinstance(doc, dict) else None
+    if not isinstance(layers, list):
+        layers = []
     model_layers = [layer for layer in layers if isinstance(layer, dict)
-                    and layer.get("mediaType") == OLLAMA_MODEL_LAYER] if isinstance(layers, list) else []
+                    and layer.get("mediaType") == OLLAMA_MODEL_LAYER]
     if not model_layers:
         return broken(f"its manifest {manifest} names no layer of mediaType {OLLAMA_MODEL_LAYER}")
     layer = model_layers[0]
@@ -348,7 +363,7 @@ def _ollama_candidate(root: Path, oname: refs.OllamaName, manifest: Path) -> _Ca
         return broken(f"its manifest {manifest} names the model blob {digest!r}, not "
                       "sha256:<64 hex digits>")
     blobs = root / "blobs"
-    # ollama names blobs sha256-<hex>; versions before 0.1.32 wrote sha256:<hex>
+    # ollama names blobs sha256-<hex>; older versions wrote sha256:<hex>
     blob = next((b for b in (blobs / f"sha256-{hexdigest}", blobs / f"sha256:{hexdigest}")
                  if b.is_file()), blobs / f"sha256-{hexdigest}")
     if not blob.is_file():
@@ -395,7 +410,7 @@ def _facts(c: _Candidate) -> ScannedModel:
     if c.problem:
         return ScannedModel(usable=False, problem=c.problem, **base)
     try:
-        info = check_gguf(c.path)
+        info = read_gguf_header(c.path, fix=c.hint)
     except ModelError as e:
         return ScannedModel(usable=False, problem=str(e), **base)
     from .user import _quant
@@ -423,9 +438,9 @@ def resolve_ref(name: str, progress: Progress | None = None) -> Path:
     if c.problem:
         raise ModelError(f"{name}: {c.problem}")
     try:
-        check_gguf(c.path)
+        read_gguf_header(c.path, fix=c.hint)
     except ModelError as e:
-        raise ModelError(f"{name}: {e}. As a {c.source} file: {c.hint}") from None
+        raise ModelError(f"{name}: {e}") from None
     if c.sha256 and not stamp_matches(c.path, c.sha256):
         say(f"checking the sha256 of {name} ({_human(c.size)}) against its name, once")
         actual = sha256_file(c.path)
@@ -448,8 +463,8 @@ def _find(ref: refs.StoreRef) -> _Candidate:
     if ref.scheme == "ollama":
         want = refs.parse_ollama(ref.locator).canonical.lower()
         hits = [c for c in candidates if c.ollama.lower() == want]
-    elif ref.scheme == "hfcache":
-        hits = _match_hfcache(ref, candidates)
+    elif ref.scheme in ("hfcache", "llamacpp"):
+        hits = _match_hf_layout(ref, candidates)
     else:
         hits = [c for c in candidates if c.name == str(ref)]
     if hits:
@@ -469,9 +484,10 @@ def _find(ref: refs.StoreRef) -> _Candidate:
                      + f". Get it with {get}, or see `edgespec models scan`")
 
 
-def _match_hfcache(ref: refs.StoreRef, candidates: list[_Candidate]) -> list[_Candidate]:
+def _match_hf_layout(ref: refs.StoreRef, candidates: list[_Candidate]) -> list[_Candidate]:
+    """NAME or NAME@REV (a ref such as main, or a commit prefix of at least 7 digits)."""
     base, _, rev = ref.locator.partition("@")
-    plain = f"hfcache:{base}"
+    plain = f"{ref.scheme}:{base}"
     if not rev:
         return [c for c in candidates if c.name == plain]
     out = []

@@ -98,10 +98,10 @@ class Disk:
         return blob
 
     def hf_file(self, repo_id: str, filename: str, src: Path, etag: str,
-                commit: str = COMMIT, main: bool = True) -> Path:
+                commit: str = COMMIT, main: bool = True, hub: Path | None = None) -> Path:
         """What hf_hub_download writes: blobs/<etag>, snapshots/<commit>/<file> -> a
         relative symlink to the blob, refs/main holding the commit."""
-        repo = self.hf_hub / f"models--{repo_id.replace('/', '--')}"
+        repo = (hub or self.hf_hub) / f"models--{repo_id.replace('/', '--')}"
         _link(src, repo / "blobs" / etag)
         snap = repo / "snapshots" / commit / filename
         snap.parent.mkdir(parents=True, exist_ok=True)
@@ -169,12 +169,14 @@ def test_scan_lists_every_store_with_header_facts(disk, smol):
         assert row[1:6] == ["98", "MB", "llama", "Q4_1", "49152"]
     assert rows["ollama:smollm2:135m"][-1] == str(disk.ollama / "blobs" / f"sha256-{smol.sha256}")
     assert "UNUSABLE" not in r.output
-    stores = r.output.split("STORES\n", 1)[1]
-    assert f"ollama    {disk.ollama}  1 model" in stores
-    assert f"hfcache   {disk.hf_hub}  1 model" in stores
-    assert f"llamacpp  {disk.llamacpp}  1 model" in stores
-    assert f"{disk.home / '.cache' / 'lm-studio' / 'models'}  absent (set {scan.LMSTUDIO_ENV}" \
-        in stores
+    stores = {tuple(line.split()[:2]): " ".join(line.split()[2:])
+              for line in r.output.split("STORES\n", 1)[1].splitlines()}
+    assert stores == {
+        ("ollama", str(disk.ollama)): "1 model", ("hfcache", str(disk.hf_hub)): "1 model",
+        ("lmstudio", str(disk.lmstudio)): "1 model",
+        ("lmstudio", str(disk.home / ".cache" / "lm-studio" / "models")):
+            f"absent (set {scan.LMSTUDIO_ENV} to move it)",
+        ("llamacpp", str(disk.llamacpp)): "1 model"}
 
 
 def test_scan_json_and_the_digest_recorded_once(disk, smol, monkeypatch):
@@ -209,8 +211,14 @@ def test_every_store_absent_is_reported_not_an_error(disk):
     r = run("models", "scan")
     assert r.exit_code == 0, r.output
     assert r.output.startswith("no usable GGUF models found")
-    for root in (disk.ollama, disk.hf_hub, disk.lmstudio, disk.llamacpp):
-        assert f"{root}  absent (set " in r.output
+    stores = [line.split() for line in r.output.split("STORES\n", 1)[1].splitlines()]
+    assert [(s[0], s[1], s[4]) for s in stores] == [
+        ("ollama", str(disk.ollama), "OLLAMA_MODELS"),
+        ("hfcache", str(disk.hf_hub), "HF_HUB_CACHE"),
+        ("lmstudio", str(disk.lmstudio), scan.LMSTUDIO_ENV),
+        ("lmstudio", str(disk.home / ".cache" / "lm-studio" / "models"), scan.LMSTUDIO_ENV),
+        ("llamacpp", str(disk.llamacpp), "LLAMA_CACHE")]
+    assert all(s[2] == "absent" for s in stores)
     doc = json.loads(run("models", "scan", "--json").output)
     assert doc["models"] == [] and not any(s["present"] for s in doc["stores"])
 
@@ -225,8 +233,13 @@ def test_truncated_and_non_gguf_files_are_listed_unusable(disk, smol):
     (disk.llamacpp / "empty.gguf").write_bytes(b"")
     models = scanned()
     assert models["lmstudio:someone/cut-GGUF/cut.gguf"]["usable"] is False
-    assert "the file is truncated" in models["lmstudio:someone/cut-GGUF/cut.gguf"]["problem"]
-    assert "not a GGUF file" in models["llamacpp:notes.gguf"]["problem"]
+    cut = models["lmstudio:someone/cut-GGUF/cut.gguf"]["problem"]
+    assert cut.startswith(f"{trunc}: the file is truncated: its header describes {smol.size} "
+                          f"bytes but it holds {smol.size // 2}")
+    assert cut.endswith("; re-download it in LM Studio, or delete the file")
+    notes = models["llamacpp:notes.gguf"]["problem"]
+    assert "not a GGUF file: it starts with b'thes'" in notes
+    assert notes.endswith("delete it and let llama.cpp download it again")  # its store's advice
     assert "the file is empty" in models["llamacpp:empty.gguf"]["problem"]
     assert all(models[n]["usable"] for n in NAMES)  # the good ones are still there
 
@@ -245,12 +258,25 @@ def test_broken_ollama_manifests_never_stop_the_scan(disk, smol, tmp_path):
     disk.everywhere(smol)
     disk.ollama_model("qwen2.5-coder", "7b", None, "a" * 64, size=4_683_073_184)
     disk.ollama_model("llama3.2", "1b", None, "b" * 64, manifest="{not json")
+    disk.ollama_model("embed", "v1", None, "c" * 64, manifest=json.dumps(
+        {"layers": [{"mediaType": "application/vnd.ollama.image.license", "digest": "x"}]}))
+    cut = tmp_path / "cut.gguf"
+    with open(smol.path, "rb") as f:
+        cut.write_bytes(f.read(1 << 20))
+    disk.ollama_model("smollm2", "cut", cut, smol.sha256.replace("b", "0", 1), size=smol.size)
     models = scanned("--source", "ollama")
     assert set(models) == {"ollama:smollm2:135m", "ollama:qwen2.5-coder:7b",
-                           "ollama:llama3.2:1b"}
+                           "ollama:llama3.2:1b", "ollama:embed:v1", "ollama:smollm2:cut"}
+    assert models["ollama:smollm2:135m"]["usable"]
     missing = models["ollama:qwen2.5-coder:7b"]
     assert not missing["usable"] and f"sha256-{'a' * 64}, which is missing" in missing["problem"]
     assert "not valid JSON" in models["ollama:llama3.2:1b"]["problem"]
+    assert f"names no layer of mediaType {MODEL_LAYER}" in models["ollama:embed:v1"]["problem"]
+    # the manifest's size tells a truncated blob without hashing it
+    assert f"has {1 << 20} bytes, its manifest says {smol.size}: it is truncated" \
+        in models["ollama:smollm2:cut"]["problem"]
+    assert all(m["problem"].endswith(f"re-pull it with `ollama pull {n[len('ollama:'):]}`")
+               for n, m in models.items() if not m["usable"])
 
 
 def test_split_set_with_a_part_missing_is_unusable(disk, tmp_path):
@@ -381,7 +407,8 @@ def test_hf_cache_honours_hf_hub_cache_and_revisions(disk, smol, tmp_path, monke
     new = disk.hf_file(repo, "tiny.gguf", tiny, sha256(tiny.read_bytes()))
     old = disk.hf_file(repo, "tiny.gguf", smol.path, smol.sha256, commit=OLD_COMMIT, main=False)
     names = scanned("--source", "hfcache")
-    assert set(names) == {f"hfcache:{repo}/tiny.gguf", f"hfcache:{repo}/tiny.gguf@{OLD_COMMIT[:12]}"}
+    assert set(names) == {f"hfcache:{repo}/tiny.gguf",
+                          f"hfcache:{repo}/tiny.gguf@{OLD_COMMIT[:12]}"}
     assert registry.resolve(f"hfcache:{repo}/tiny.gguf") == new       # what main points to
     assert registry.resolve(f"hfcache:{repo}/tiny.gguf@main") == new
     assert registry.resolve(f"hfcache:{repo}/tiny.gguf@{OLD_COMMIT[:8]}") == old
@@ -405,6 +432,40 @@ def test_store_locations_follow_their_variables(disk, smol, tmp_path, monkeypatc
     doc = json.loads(run("models", "scan", "--json", "--source", "ollama").output)
     assert doc["stores"] == [{"source": "ollama", "root": str(tmp_path / "ollama"),
                               "env": "OLLAMA_MODELS", "present": False, "notes": []}]
+
+
+def test_a_name_in_two_folders_of_one_store_means_the_first(disk, tmp_path, monkeypatch):
+    first, second = tmp_path / "lms-a", tmp_path / "lms-b"
+    monkeypatch.setenv(scan.LMSTUDIO_ENV, f"{first}{os.pathsep}{second}")
+    for folder in (first, second):
+        (folder / "pub" / "repo").mkdir(parents=True)
+    a = write_gguf(first / "pub" / "repo" / "m.gguf")
+    b = write_gguf(second / "pub" / "repo" / "m.gguf")
+    doc = json.loads(run("models", "scan", "--json", "--source", "lmstudio").output)
+    assert [(m["path"], m["usable"]) for m in doc["models"]] == [(str(a), True), (str(b), False)]
+    assert doc["models"][1]["problem"] == (
+        f"the name lmstudio:pub/repo/m.gguf resolves to {a} in an earlier folder; set "
+        f"{scan.LMSTUDIO_ENV} to this folder to use this file")
+    assert registry.resolve("lmstudio:pub/repo/m.gguf") == a
+
+
+def test_llamacpp_cache_in_the_hugging_face_layout(disk, smol, tmp_path, monkeypatch):
+    cache = tmp_path / "llama-cache"
+    monkeypatch.setenv("LLAMA_CACHE", str(cache))
+    snap = disk.hf_file("ggml-org/SmolLM2-GGUF", "smol-q4_1.gguf", smol.path, smol.sha256,
+                        hub=cache)
+    _link(smol.path, cache / "ggml-org_SmolLM2-GGUF_smol-q4_1.gguf")  # not migrated yet
+    (cache / "ggml-org_SmolLM2-GGUF_smol-q4_1.gguf.etag").write_text('"abc"')
+    doc = json.loads(run("models", "scan", "--json", "--source", "llamacpp").output)
+    assert [m["name"] for m in doc["models"]] == [
+        "llamacpp:ggml-org_SmolLM2-GGUF_smol-q4_1.gguf",
+        "llamacpp:ggml-org/SmolLM2-GGUF/smol-q4_1.gguf"]
+    assert all(m["usable"] for m in doc["models"])
+    assert doc["stores"][0]["notes"] == []  # the flat files are not broken repos
+    assert registry.resolve("llamacpp:ggml-org/SmolLM2-GGUF/smol-q4_1.gguf") == snap
+    assert registry.resolve("llamacpp:ggml-org/SmolLM2-GGUF/smol-q4_1.gguf@main") == snap
+    assert scanned("--source", "llamacpp")[
+        "llamacpp:ggml-org/SmolLM2-GGUF/smol-q4_1.gguf"]["verified"] is True
 
 
 def test_models_add_pins_a_scanned_model(disk, smol):
