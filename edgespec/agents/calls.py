@@ -9,7 +9,11 @@ templates in common use emit:
       {"name": "get_weather", "arguments": {"city": "Paris"}}
       </tool_call>
 
-  several calls one after another; text before them is the message's content.
+  several calls one after another; text before them is the message's content. Qwen2.5-Coder
+  often drops the tag and writes the object in a fenced ``json`` block, or bare as its whole
+  answer; like llama-server's Hermes parser, such an object is a call too, but only when it
+  has arguments and names a declared tool (anything else is an ordinary code block or
+  JSON answer, and stays content).
 * ``llama3`` (Llama 3.1-3.3 JSON tool calling): the whole answer is one JSON object
   ``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``. A leading JSON
   object that does not name a declared tool is an ordinary answer, not a call.
@@ -97,10 +101,14 @@ class CallParser:
         self.calls: list[ToolCall] = []
         self.malformed = False
         self._buf = ""  # unsettled text (text mode) or the open call's body (call mode)
-        self._in_call = False
-        self._opener = ""  # the markup that opened the current call (returned if malformed)
+        self._kind: str | None = None  # the open call's markup (None: text mode)
+        self._opener = ""  # the text that opened the current call (returned if not a call)
         self._lead = False  # drop whitespace at the start of the next content (after a call)
-        self._seen_text = False  # content other than whitespace was emitted (llama3: no call)
+        self._seen_text = False  # content other than whitespace was emitted
+
+    @property
+    def _in_call(self) -> bool:
+        return self._kind is not None
 
     # --- feeding --------------------------------------------------------------------------
     def feed(self, text: str) -> Parsed:
@@ -112,31 +120,29 @@ class CallParser:
 
     def finish(self) -> Parsed:
         """Everything still held. An unclosed call whose body parses is a call (models often
-        end with the end-of-turn token instead of the closing tag); otherwise its markup is
-        content, and malformed unless it is llama3's (a JSON answer cut short)."""
+        end with the end-of-turn token instead of the closing tag); otherwise its text is
+        content, and malformed where the markup was unambiguous (a tag, [TOOL_CALLS])."""
         out = Parsed()
-        if self._in_call:
+        if self._kind is not None:
             body = self._buf.strip()
-            if self.fmt == "hermes" and self._accept(_loads(body), out):
-                pass
-            elif self.fmt == "mistral" and self._mistral_body(body, out, final=True):
-                pass
-            elif self.fmt == "llama3" and self._accept(_loads(body), out):
-                pass
+            if self._kind == "mistral":
+                done = self._mistral_body(body, out)
             else:
-                if self.fmt != "llama3":
+                done = self._accept(_loads(body), out, self._kind not in _STRICT)
+            if not done:
+                if self._kind in _STRICT:
                     self.malformed = True
                 out.content += self._opener + self._buf
-            self._in_call = False
+            self._kind = None
         elif not self._lead:
             out.content += self._buf
         self._buf = ""
         return out
 
-    # --- the state machine ----------------------------------------------------------------
+    # --- text mode: finding where a call opens ---------------------------------------------
     def _step(self, out: Parsed) -> bool:
         """Settle what the buffer allows; True when another pass may settle more."""
-        if self._in_call:
+        if self._kind is not None:
             return self._step_call(out)
         if self._lead:
             self._buf = self._buf.lstrip()
@@ -147,78 +153,96 @@ class CallParser:
             out.content += self._buf  # one call only: the rest is the model's text
             self._buf = ""
             return False
-        opener, at = self._find_opener()
-        if opener is not None:
-            before = self._buf[:at]
-            out.content += before.rstrip()  # whitespace next to markup is layout, not content
-            self._seen_text = self._seen_text or bool(before.strip())
-            self._opener = opener
-            self._buf = self._buf[at + len(opener):]
-            self._in_call = True
+        found, hold = self._scan()
+        if found is not None and found[1] < hold:
+            kind, start, body = found
+            before = self._buf[:start]
+            kept = before.rstrip()  # whitespace next to a call is layout, not content ...
+            out.content += kept
+            self._seen_text = self._seen_text or bool(kept.strip())
+            # ... but returned with the markup when that is not a call after all
+            self._kind, self._opener = kind, self._buf[len(kept):body]
+            self._buf = self._buf[body:]
             return True
         # release what cannot begin markup; trailing whitespace waits (it is dropped if
         # markup follows it)
-        keep = max((held_prefix(self._buf, m) for m in self._openers()), default=0)
-        body = self._buf[:len(self._buf) - keep]
-        settled = body.rstrip()
+        settled = self._buf[:hold].rstrip()
         out.content += settled
         self._seen_text = self._seen_text or bool(settled.strip())
         self._buf = self._buf[len(settled):]
         return False
 
-    def _openers(self) -> tuple[str, ...]:
+    def _scan(self) -> tuple[tuple[str, int, int] | None, int]:
+        """The first call opener in the buffer as (kind, start, body start), and where text
+        must be held from because what follows may still open one."""
+        buf, hold, found = self._buf, len(self._buf), []
+        tags = {"hermes": ((_HERMES_OPEN, "tag"),), "mistral": ((_MISTRAL_OPEN, "mistral"),),
+                "llama3": () if self._seen_text else ((_PYTHON_TAG, "python"),)}[self.fmt]
+        for marker, kind in tags:
+            at = buf.find(marker)
+            if at >= 0:
+                found.append((kind, at, at + len(marker)))
+            hold = min(hold, len(buf) - held_prefix(buf, marker))
         if self.fmt == "hermes":
-            return (_HERMES_OPEN,)
-        if self.fmt == "mistral":
-            return (_MISTRAL_OPEN,)
-        return () if self._seen_text else (_PYTHON_TAG,)
+            # Qwen2.5-Coder often writes its call as a fenced JSON block instead of the tag
+            # (llama-server's Hermes parser takes it too): ```json\n{"name": ...}\n```
+            at = buf.find("`")
+            while at >= 0:
+                state, _ = _match(buf, at, _FENCE)
+                if state == "full":
+                    found.append(("fence", at, buf.index("{", at)))
+                    break
+                if state == "partial":
+                    hold = min(hold, at)
+                    break
+                at = buf.find("`", at + 1)
+        if not self._seen_text and not self.calls and self.fmt in ("hermes", "llama3"):
+            # the answer is a bare JSON object: llama3's call; for hermes models a call
+            # written without its tag (only a declared tool's name makes it one)
+            state, _ = _match(buf, 0, _BARE if self.fmt == "hermes" else _BARE_ANY)
+            if state == "full":
+                at = buf.index("{")
+                found.append(("bare", at, at))
+            elif state == "partial":
+                hold = 0
+        return (min(found, key=lambda f: f[1]) if found else None), hold
 
-    def _find_opener(self) -> tuple[str | None, int]:
-        if self.fmt == "llama3":
-            if self._seen_text:
-                return None, -1
-            head = self._buf.lstrip()
-            skipped = len(self._buf) - len(head)
-            if head.startswith(_PYTHON_TAG):
-                return _PYTHON_TAG, skipped
-            if head.startswith("{"):
-                return "", skipped  # the JSON object itself is the call
-            return None, -1
-        marker = self._openers()[0]
-        at = self._buf.find(marker)
-        return (marker, at) if at >= 0 else (None, -1)
-
+    # --- call mode: finding where it closes -----------------------------------------------
     def _step_call(self, out: Parsed) -> bool:
-        if self.fmt == "hermes":
-            at = self._buf.find(_HERMES_CLOSE)
+        kind = self._kind
+        if kind in ("tag", "fence"):
+            close = _HERMES_CLOSE if kind == "tag" else "```"
+            at = self._buf.find(close)
             if at < 0:
                 return False
-            body, raw = self._buf[:at], self._buf[:at + len(_HERMES_CLOSE)]
-            self._buf = self._buf[at + len(_HERMES_CLOSE):]
-            self._in_call = False
-            if not self._accept(_loads(body.strip()), out):
-                self.malformed = True
-                out.content += self._opener + raw
-            self._lead = True
+            body, raw = self._buf[:at], self._buf[:at + len(close)]
+            self._buf = self._buf[at + len(close):]
+            self._kind = None
+            if self._accept(_loads(body.strip()), out, kind == "fence"):
+                self._lead = True
+            else:
+                self.malformed = self.malformed or kind == "tag"
+                out.content += self._opener + raw  # a code block that is not a call: content
+                self._seen_text = True
             return True
         body = self._buf.lstrip()
         if not body.rstrip().endswith(("}", "]")):
             return False  # a JSON value can only be complete at a closing bracket
-        if self.fmt == "mistral":
+        if kind == "mistral":
             return self._mistral_body(body, out, final=False)
         value, end = _raw_decode(body)
         if end < 0:
             return False
-        self._in_call = False
-        if self._accept(value, out):
+        self._kind = None
+        if self._accept(value, out, lenient=True):
             self._lead = True
         else:
-            out.content += self._opener + body[:end]  # a JSON answer, not a call
-            self._seen_text = True
+            out.content += self._opener + self._buf[:len(self._buf) - len(body) + end]
+            self._seen_text = True  # a JSON answer, not a call
         self._buf = body[end:]
         return True
 
-    def _mistral_body(self, body: str, out: Parsed, final: bool) -> bool:
+    def _mistral_body(self, body: str, out: Parsed, final: bool = True) -> bool:
         """``[{...}, ...]`` or ``name[ARGS]{...}`` after [TOOL_CALLS]; True once settled."""
         body = body.lstrip()
         if body.startswith("["):
@@ -231,14 +255,14 @@ class CallParser:
             at = body.find(_MISTRAL_ARGS)
             if at < 0:
                 return False
-            name = body[:at].strip()
-            args, n = _raw_decode(body[at + len(_MISTRAL_ARGS):].lstrip())
+            rest = body[at + len(_MISTRAL_ARGS):].lstrip()
+            args, n = _raw_decode(rest)
             if n < 0:
                 return False
-            end = len(body) - len(body[at + len(_MISTRAL_ARGS):].lstrip()) + n
-            items = [{"name": name, "arguments": args}]
+            end = len(body) - len(rest) + n
+            items = [{"name": body[:at].strip(), "arguments": args}]
             ok = self._acceptable(items[0])
-        self._in_call = False
+        self._kind = None
         if ok:
             for v in items:
                 self._accept(v, out)
@@ -253,8 +277,12 @@ class CallParser:
     def _acceptable(self, value) -> bool:
         return _call_parts(value, self.names) is not None
 
-    def _accept(self, value, out: Parsed) -> bool:
-        """Record ``value`` as a call if it is one."""
+    def _accept(self, value, out: Parsed, lenient: bool = False) -> bool:
+        """Record ``value`` as a call if it is one. ``lenient``: markup that may be an
+        ordinary answer (a JSON object, a code block) is a call only with its arguments."""
+        if lenient and not (isinstance(value, dict) and ("arguments" in value
+                                                          or "parameters" in value)):
+            return False
         parts = _call_parts(value, self.names)
         if parts is None:
             return False
@@ -264,6 +292,36 @@ class CallParser:
         self.calls.append(call)
         out.calls.append(call)
         return True
+
+
+#: markup kinds whose text can only be a call: one that does not parse is malformed
+_STRICT = frozenset({"tag", "mistral"})
+
+#: openers matched piece by piece (see _match): a fenced call, a bare call object
+_FENCE = (("lit", "```"), ("opt", "json"), ("ws", ""), ("lit", "{"), ("ws", ""),
+          ("lit", '"name"'))
+_BARE = (("ws", ""), ("lit", "{"), ("ws", ""), ("lit", '"name"'))
+_BARE_ANY = (("ws", ""), ("lit", "{"))
+
+
+def _match(text: str, i: int, parts) -> tuple[str, int]:
+    """Match ``parts`` (literals, optional literals, runs of whitespace) at ``text[i:]``:
+    ("full", end), ("partial", -1) when the text ends before it is decided, ("none", -1)."""
+    for kind, lit in parts:
+        if kind == "ws":
+            while i < len(text) and text[i] in " \t\r\n":
+                i += 1
+            if i == len(text):
+                return "partial", -1
+            continue
+        n = min(len(lit), len(text) - i)
+        if text[i:i + n] == lit[:n]:
+            if n < len(lit):
+                return "partial", -1
+            i += n
+        elif kind == "lit":
+            return "none", -1
+    return "full", i
 
 
 _NOT_JSON = object()

@@ -62,6 +62,23 @@ CASES = [
      '<tool_call>{"name": "get_weather", "arguments": [1]}</tool_call>', [], True),
     ("hermes", '<tool_call>\n{"name": "get_weather", "argu', '<tool_call>\n{"name": "get_weather", "argu',
      [], True),
+    # Qwen2.5-Coder's habit: the call object in a fenced json block, or bare
+    ("hermes", '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n'
+               '  }\n}\n```', "", [PARIS], False),
+    ("hermes", 'Calling it:\n```\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
+     "Calling it:", [PARIS], False),
+    ("hermes", '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}', "", [PARIS],
+     False),
+    ("hermes", '{"name": "get_weather", "arguments": {"city": "Paris"}}', "", [PARIS], False),
+    # ... but code blocks and JSON answers that are no call stay content, not malformed
+    ("hermes", 'Here:\n```json\n{"name": "Bob", "age": 3}\n```\nDone.',
+     'Here:\n```json\n{"name": "Bob", "age": 3}\n```\nDone.', [], False),
+    ("hermes", '```json\n{"name": "get_weather"}\n```', '```json\n{"name": "get_weather"}\n```',
+     [], False),
+    ("hermes", "```python\nprint(`x`)\n```", "```python\nprint(`x`)\n```", [], False),
+    ("hermes", '{"name": "Bob", "age": 3}', '{"name": "Bob", "age": 3}', [], False),
+    ("hermes", 'x = {"name": "get_weather", "arguments": {}}', 'x = {"name": "get_weather", '
+               '"arguments": {}}', [], False),
     ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [PARIS], False),
     ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', "",
      [PARIS], False),
