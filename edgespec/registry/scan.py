@@ -41,7 +41,9 @@ from typing import Iterable
 from ..errors import ModelError
 from ..gguf_header import read_gguf_header
 from . import refs
-from .store import Progress, _human, _say, _write_stamp, sha256_file, stamp_matches
+from .spec import load_registry
+from .store import (Progress, Verification, _human, _say, _stamp_path, _write_stamp,
+                    sha256_file, stamp_matches)
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 LMSTUDIO_ENV = "EDGESPEC_LMSTUDIO_MODELS"
@@ -450,6 +452,44 @@ def resolve_ref(name: str, progress: Progress | None = None) -> Path:
                              f"{c.hint}")
         _write_stamp(c.path, actual)
     return c.path
+
+
+def _drop_stamp(path: Path) -> None:
+    try:
+        _stamp_path(path).unlink(missing_ok=True)
+    except OSError:  # a read-only cache: nothing was recorded there either
+        pass
+
+
+def verify_ref(name: str, progress: Progress | None = None) -> Verification:
+    """Re-hash the file a store reference names (always, unlike resolve_ref) and compare
+    it with the digest its store names it by; a mismatch is returned (ok=False) and its
+    stamp dropped. A file the store names by no digest is ok when its header checks out."""
+    say = progress or _say
+    c = _find(refs.parse(name))
+    if c.problem:
+        raise ModelError(f"{name}: {c.problem}")
+    try:
+        read_gguf_header(c.path, fix=c.hint)
+    except ModelError as e:
+        raise ModelError(f"{name}: {e}") from None
+    say(f"hashing {name} ({_human(c.size)})")
+    sha = sha256_file(c.path)
+    match = next((m.name for m in load_registry().models.values() if m.sha256 == sha), None)
+    if c.sha256 is None:
+        return Verification(path=c.path, ok=True, actual_sha256=sha, actual_size=c.size,
+                            name=match, message="a valid GGUF header; its store names no "
+                            "digest (pin one with `edgespec models add NAME REF`)")
+    ok = sha == c.sha256
+    if ok:
+        _write_stamp(c.path, sha)
+    else:
+        _drop_stamp(c.path)
+    return Verification(path=c.path, ok=ok, actual_sha256=sha, actual_size=c.size, name=match,
+                        expected_sha256=c.sha256, expected_size=c.size,
+                        message="ok" if ok else f"{c.path} has sha256 {sha}, but its store "
+                        f"names it by sha256 {c.sha256}: the file is corrupt or was changed; "
+                        f"{c.hint}")
 
 
 def _find(ref: refs.StoreRef) -> _Candidate:

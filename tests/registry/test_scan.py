@@ -388,6 +388,22 @@ def test_blob_whose_digest_does_not_match_its_name_is_refused(disk, tmp_path):
         registry.resolve("ollama:tiny:v1")
 
 
+def test_models_verify_rehashes_scanned_models(disk, smol, tmp_path):
+    disk.everywhere(smol)
+    tiny = write_gguf(tmp_path / "tiny.gguf")
+    disk.ollama_model("tiny", "v1", tiny, "d" * 64)
+    r = run("models", "verify", "ollama:smollm2:135m", "lmstudio:HuggingFaceTB/"
+            "SmolLM2-135M-Instruct-GGUF/smollm2-135m-q4_1.gguf", "ollama:tiny:v1")
+    assert r.exit_code == 1  # the tiny blob is not what its name says
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"ollama:smollm2:135m\tok\t{smol.sha256}"
+    assert lines[1].split("\t")[1:3] == ["ok", smol.sha256]
+    assert "its store names no digest" in lines[1]
+    assert lines[2].split("\t")[:2] == ["ollama:tiny:v1", "MISMATCH"]
+    assert f"names it by sha256 {'d' * 64}" in lines[2]
+    assert scanned()["ollama:smollm2:135m"]["verified"] is True
+
+
 def test_changed_blob_after_its_digest_was_stamped_is_refused(disk, tmp_path):
     tiny = write_gguf(tmp_path / "tiny.gguf")
     digest = sha256(tiny.read_bytes())
