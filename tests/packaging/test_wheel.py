@@ -112,6 +112,42 @@ def test_generate_with_a_gguf_path_and_with_a_user_registry_name(installed, mode
     assert r.stdout.strip()
 
 
+def test_models_scan_on_a_built_cache(installed, model_path, tmp_path):
+    """The GGUF files of an ollama store and a Hugging Face cache (as their tools lay them
+    out, around the real smollm2-135m) are listed and resolve, from the wheel alone."""
+    from edgespec import registry
+    model = model_path("smollm2-135m")
+    sha = registry.load_registry().get("smollm2-135m").sha256
+    ollama, hub = tmp_path / "ollama", tmp_path / "hf" / "hub"
+    (ollama / "blobs").mkdir(parents=True)
+    os.symlink(model, ollama / "blobs" / f"sha256-{sha}")
+    manifest = ollama / "manifests" / "registry.ollama.ai" / "library" / "smollm2" / "135m"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text('{"schemaVersion": 2, "layers": [{"mediaType": '
+                        f'"application/vnd.ollama.image.model", "digest": "sha256:{sha}", '
+                        f'"size": {model.stat().st_size}}}]}}')
+    repo = hub / "models--HuggingFaceTB--SmolLM2-135M-Instruct-GGUF"
+    commit = "a" * 40
+    (repo / "blobs").mkdir(parents=True)
+    os.symlink(model, repo / "blobs" / sha)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    os.symlink(f"../../blobs/{sha}", repo / "snapshots" / commit / "smollm2.gguf")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    env = {"HOME": str(tmp_path), "EDGESPEC_HOME": str(tmp_path / "es"),
+           "OLLAMA_MODELS": str(ollama), "HF_HOME": str(tmp_path / "hf")}
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME", "LLAMA_CACHE"):
+        env[var] = ""  # unset for the child: empty counts as unset
+    r = edgespec(installed, "models", "scan", env=env)
+    assert r.returncode == 0, r.stderr
+    names = [line.split()[0] for line in r.stdout.split("\n\n")[0].splitlines()[1:]]
+    assert names == ["ollama:smollm2:135m",
+                     "hfcache:HuggingFaceTB/SmolLM2-135M-Instruct-GGUF/smollm2.gguf"]
+    r = edgespec(installed, "models", "path", "ollama:smollm2:135m", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(ollama / "blobs" / f"sha256-{sha}")
+
+
 @pytest.mark.parametrize("args, extra", [(("serve",), "server"), (("tui",), "tui"),
                                          (("bench", "--preset", "quick"), "bench")])
 def test_a_command_whose_extra_is_missing_says_what_to_install(installed, args, extra):
