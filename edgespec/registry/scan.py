@@ -30,6 +30,7 @@ wherever a model name is accepted.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -84,8 +85,8 @@ class _Candidate:
     problem: str | None = None
     hint: str = ""             # what to do when the file is broken
     ollama: str = ""           # ollama: the canonical name a reference is compared with
-    commit: str = ""           # hfcache: the snapshot's commit and the refs pointing to it
-    refs: tuple[str, ...] = ()
+    commit: str = ""           # Hugging Face layout: the snapshot's commit and the refs
+    ref_names: tuple[str, ...] = ()  # (branches, tags) pointing to it
     parts: int = 1
 
 
@@ -201,6 +202,14 @@ def stores(sources: Iterable[str] | None = None) -> tuple[Store, ...]:
 def _list_store(store: Store) -> tuple[Store, list[_Candidate]]:
     if not store.present:
         return store, []
+    try:
+        return _list_present(store)
+    except OSError as e:  # another user's store (the ollama service's), a dying disk
+        note = f"cannot read it ({e.strerror or e}{f': {e.filename}' if e.filename else ''})"
+        return dataclasses.replace(store, notes=store.notes + (note,)), []
+
+
+def _list_present(store: Store) -> tuple[Store, list[_Candidate]]:
     if store.source == "hfcache":
         return _list_hf_layout(store)
     if store.source == "ollama":
@@ -305,7 +314,7 @@ def _list_hf_layout(store: Store) -> tuple[Store, list[_Candidate]]:
                     name, store.source, path, size,
                     sha256=_lfs_sha(cached) if parts == 1 else None, problem=problem,
                     parts=parts, hint=_REFETCH[store.source].format(repo=repo.repo_id, file=rel),
-                    commit=rev.commit_hash, refs=tuple(sorted(rev.refs))))
+                    commit=rev.commit_hash, ref_names=tuple(sorted(rev.refs))))
     return Store(store.source, store.root, store.env, True, notes), out
 
 
@@ -403,7 +412,7 @@ def scan(sources: Iterable[str] | None = None) -> ScanResult:
 
 
 def _unusable(m: ScannedModel, problem: str) -> ScannedModel:
-    return ScannedModel(**{**m.__dict__, "usable": False, "problem": problem})
+    return dataclasses.replace(m, usable=False, problem=problem)
 
 
 def _facts(c: _Candidate) -> ScannedModel:
@@ -519,9 +528,10 @@ def _find(ref: refs.StoreRef) -> _Candidate:
     get = {"ollama": f"`ollama pull {ref.locator}`",
            "hfcache": "`hf download OWNER/REPO FILE.gguf`",
            "lmstudio": "LM Studio", "llamacpp": "`llama-cli -hf OWNER/REPO`"}[ref.scheme]
+    notes = "".join(f" ({s.root}: {n})" for s in listed for n in s.notes)
     raise ModelError(f"no {ref.scheme} model {ref} in {roots}; "
                      + (f"present: {shown}" if names else "it holds no GGUF models")
-                     + f". Get it with {get}, or see `edgespec models scan`")
+                     + f"{notes}. Get it with {get}, or see `edgespec models scan`")
 
 
 def _match_hf_layout(ref: refs.StoreRef, candidates: list[_Candidate]) -> list[_Candidate]:
@@ -533,6 +543,6 @@ def _match_hf_layout(ref: refs.StoreRef, candidates: list[_Candidate]) -> list[_
     out = []
     for c in candidates:
         if c.name.split("@", 1)[0] == plain and (
-                rev in c.refs or (len(rev) >= 7 and c.commit.startswith(rev))):
+                rev in c.ref_names or (len(rev) >= 7 and c.commit.startswith(rev))):
             out.append(c)
     return out

@@ -279,6 +279,26 @@ def test_broken_ollama_manifests_never_stop_the_scan(disk, smol, tmp_path):
                for n, m in models.items() if not m["usable"])
 
 
+def test_a_store_that_cannot_be_read_is_a_note_not_a_crash(disk, smol, monkeypatch):
+    disk.everywhere(smol)
+    manifests = disk.ollama / "manifests"
+    real_iterdir = Path.iterdir
+
+    def iterdir(self):
+        if self == manifests:  # as for the ollama service's store, owned by its own user
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    doc = json.loads(run("models", "scan", "--json").output)
+    ollama = next(s for s in doc["stores"] if s["source"] == "ollama")
+    assert ollama["present"] and ollama["notes"] == [
+        f"cannot read it (Permission denied: {manifests})"]
+    assert {m["name"] for m in doc["models"]} == set(NAMES) - {"ollama:smollm2:135m"}
+    with pytest.raises(ModelError, match=r"it holds no GGUF models \(.*: cannot read it "
+                                         r"\(Permission denied"):
+        registry.resolve("ollama:smollm2:135m")
+
+
 def test_split_set_with_a_part_missing_is_unusable(disk, tmp_path):
     part = write_gguf(tmp_path / "part.gguf")
     folder = disk.lmstudio / "pub" / "Big-GGUF"
