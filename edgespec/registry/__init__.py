@@ -9,6 +9,9 @@ and sha256. Anywhere a model name is accepted, a path to a local ``.gguf`` file 
     toml_write.py     writes the user registry back (tomllib only reads)
     store.py          pulled files, digest stamps, verify, model_status, locks
     pull.py           resolve a name or path; pull, assemble and check a model
+    refs.py           references into other tools' stores: ollama:NAME:TAG, hfcache:, ...
+    scan.py           those stores on disk (ollama, LM Studio, llama.cpp, the Hugging Face
+                      cache): `edgespec models scan`, and resolving a reference to its file
     qualification.py  per-machine qualification results of target-proposer pairs
 
 File locations come from :mod:`edgespec.paths` (``$EDGESPEC_HOME``, default the platform's
