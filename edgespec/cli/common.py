@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 import functools
+import signal
 import sys
+import threading
 
 import click
 
 from ..errors import Cancelled, EdgespecError
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 def handle_errors(fn):
@@ -23,6 +29,8 @@ def handle_errors(fn):
             click.echo("\ncancelled", err=True)
             sys.exit(130)
         except KeyboardInterrupt:
+            # the process is exiting: a second Ctrl-C must not kill it mid-shutdown
+            signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
             click.echo("\ninterrupted", err=True)
             sys.exit(130)
         except EdgespecError as e:

@@ -7,8 +7,9 @@ import sys
 import click
 
 from .common import handle_errors
+from .interrupts import in_thread, interrupts
 from .options import engine_config, engine_options, structured_options, structured_params
-from ..errors import InvalidInputError
+from ..errors import Cancelled, InvalidInputError
 from ..params import GenerationParams, SamplingParams
 
 
@@ -55,54 +56,68 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_to
              system, n_ctx, threads, budget, logprobs, grammar_file, schema_file, json_mode,
              show_stats, as_json):
     """Generate a completion for PROMPT (or stdin)."""
-    from ..engine import Engine
+    with interrupts() as intr:  # Ctrl-C: the first cancels, a second exits at once
+        from ..engine import Engine  # a second or more of imports: inside, too
+
+        text = read_prompt(prompt)
+        params = GenerationParams(
+            max_tokens=max_tokens, stop=tuple(stop), chat=chat, system=system, logprobs=logprobs,
+            **structured_params(grammar_file, schema_file, json_mode),
+            sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                                    min_p=min_p, repeat_penalty=repeat_penalty,
+                                    presence_penalty=presence_penalty,
+                                    frequency_penalty=frequency_penalty, seed=seed),
+        ).validate()
+        config = engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx,
+                               threads, budget)
+        engine = Engine.from_config(config)
+        intr.on_first(engine.cancel)
+        try:
+            _run(engine, text, params, intr, target, show_stats, as_json, logprobs)
+        finally:
+            engine.close()
+
+
+def _run(engine, text, params, intr, target, show_stats, as_json, logprobs) -> None:
+    """One request, printed as it streams (or as one JSON record)."""
     from ..events import Control, Finished, Step
 
-    text = read_prompt(prompt)
-    params = GenerationParams(
-        max_tokens=max_tokens, stop=tuple(stop), chat=chat, system=system, logprobs=logprobs,
-        **structured_params(grammar_file, schema_file, json_mode),
-        sampling=SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
-                                frequency_penalty=frequency_penalty, seed=seed),
-    ).validate()
-    config = engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads,
-                           budget)
-    engine = Engine.from_config(config)
-    try:
-        if engine.plan is not None and show_stats and not as_json:
-            from ..planner import check_memory
-            click.echo(f"[plan] {_plan_line(engine.plan)}", err=True)
-            click.echo(f"[plan] {check_memory(engine.plan, 'load').report()}", err=True)
-        fin = None
-        controls = []
-        for ev in engine.stream(text, params):
-            if isinstance(ev, Step) and not as_json:
-                click.echo(ev.text, nl=False)
-                sys.stdout.flush()
-            elif isinstance(ev, Control):
-                controls.append({"kind": ev.kind, "reason": ev.reason})
-            elif isinstance(ev, Finished):
-                fin = ev
-        if as_json:
-            rec = {"text": fin.text, "tokens": list(fin.tokens), "stop_reason": fin.stop_reason,
-                   "target": target, "proposer": engine.default_proposer,
-                   "stats": fin.stats.to_dict(), "control": controls}
-            # the release this record measured: its hash, and the full record (once per run)
-            ident = engine.identity
-            rec["identity"] = ident.hash
-            rec["identity_record"] = ident.to_dict()
-            if logprobs is not None:
-                rec["logprobs"] = [{"token": lp.token, "logprob": lp.logprob,
-                                    "top": [[t, v] for t, v in lp.top]} for lp in fin.logprobs]
-            click.echo(json.dumps(rec))
-        else:
-            click.echo()
-        if show_stats:
-            click.echo(fin.stats.summary(), err=True)
-        _warn_unfinished(params, fin)
-    finally:
-        engine.close()
+    if engine.plan is not None and show_stats and not as_json:
+        from ..planner import check_memory
+        click.echo(f"[plan] {_plan_line(engine.plan)}", err=True)
+        click.echo(f"[plan] {check_memory(engine.plan, 'load').report()}", err=True)
+    fin = None
+    controls = []
+    # the request runs on a worker thread, so a Ctrl-C is taken here at once
+    for ev in in_thread(engine.stream(text, params), engine.cancel):
+        if intr.interrupted:  # an interrupt before the request began cleared no flag
+            engine.cancel()
+        if isinstance(ev, Step) and not as_json:
+            click.echo(ev.text, nl=False)
+            sys.stdout.flush()
+        elif isinstance(ev, Control):
+            controls.append({"kind": ev.kind, "reason": ev.reason})
+        elif isinstance(ev, Finished):
+            fin = ev
+    if as_json:
+        rec = {"text": fin.text, "tokens": list(fin.tokens), "stop_reason": fin.stop_reason,
+               "target": target, "proposer": engine.default_proposer,
+               "stats": fin.stats.to_dict(), "control": controls}
+        # the release this record measured: its hash, and the full record (once per run)
+        ident = engine.identity
+        rec["identity"] = ident.hash
+        rec["identity_record"] = ident.to_dict()
+        if logprobs is not None:
+            rec["logprobs"] = [{"token": lp.token, "logprob": lp.logprob,
+                                "top": [[t, v] for t, v in lp.top]} for lp in fin.logprobs]
+        click.echo(json.dumps(rec))
+    else:
+        click.echo()
+    if show_stats:
+        click.echo(fin.stats.summary(), err=True)
+    if fin.stop_reason == "cancelled":
+        raise Cancelled("cancelled")
+    _warn_unfinished(params, fin)
 
 
 def _warn_unfinished(params: GenerationParams, fin) -> None:
