@@ -107,7 +107,8 @@ class CallParser:
         self._seen_text = False  # content other than whitespace was emitted
 
     @property
-    def _in_call(self) -> bool:
+    def in_call(self) -> bool:
+        """A call's markup is open (its closing text has not arrived)."""
         return self._kind is not None
 
     # --- feeding --------------------------------------------------------------------------

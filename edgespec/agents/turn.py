@@ -212,7 +212,7 @@ class TurnOutput:
             split = self.reasoning.finish()
             deltas += self._deltas(split.reasoning, split.content)
         if self.calls is not None:
-            if stop_reason == "stop" and self.turn.stop and self.calls._in_call:
+            if stop_reason == "stop" and self.turn.stop and self.calls.in_call:
                 # ended by the turn's own stop string: the first call's closing tag
                 deltas += self._emit(self.calls.feed(self.turn.stop[0]))
             deltas += self._emit(self.calls.finish())

@@ -254,3 +254,12 @@ def test_one_call_only_ends_at_the_first_calls_stop_string():
                                       '{"city": "Oslo"}}\n'], stop_reason="stop")
     assert reason == "tool_calls"
     assert out.message()["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo"}'
+
+
+def test_render_offers_what_hugging_face_templates_use():
+    # loop controls, today's date (Llama 3.x prints it) and plain-JSON tojson with its options
+    tmpl = ("{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}"
+            "{% endfor %}|{{ strftime_now('%Y') | length }}|{{ tools | tojson(indent=1) }}")
+    text = chat.render(tmpl, [{"role": "user", "content": "<a&b>"}, {"role": "user", "content": "x"}],
+                       tools=[{"k": "é<"}])
+    assert text == '<a&b>|4|[\n {\n  "k": "é<"\n }\n]'
