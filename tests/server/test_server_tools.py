@@ -53,8 +53,9 @@ def merged(chunks):
             for tc in d.get("tool_calls") or []:
                 slot = calls.setdefault(tc["index"], {"id": None, "name": "", "arguments": ""})
                 slot["id"] = tc.get("id") or slot["id"]
-                slot["name"] += tc.get("function", {}).get("name", "")
-                slot["arguments"] += tc.get("function", {}).get("arguments", "")
+                fn = tc.get("function") or {}
+                slot["name"] += fn.get("name") or ""
+                slot["arguments"] += fn.get("arguments") or ""
             finish = choice["finish_reason"] or finish
     return content, reasoning, [calls[i] for i in sorted(calls)], finish
 
@@ -171,3 +172,140 @@ def test_tools_for_a_template_without_tool_support_are_refused_naming_the_model(
         assert (err["param"], err["code"]) == ("tools", "tools_unsupported")
         assert "the model 'fake' has no tool support" in err["message"]
         assert chat(c, messages=ASK).status_code == 200  # without tools it serves
+
+
+# --- a real server: Qwen2.5-Coder 1.5B, speculation on ------------------------------------
+REAL = "qwen-1.5b"
+GREEDY = {"temperature": 0.0}
+LOOKUP = [{"role": "system", "content": "You are a weather assistant. Always use the "
+                                        "get_weather tool to look the weather up."},
+          {"role": "user", "content": "What is the weather in Paris right now?"}]
+RESULT = {"city": "Paris", "temperature_c": 18, "sky": "sunny"}
+
+
+def _serve(model_path, *flags):
+    from server_env import THREADS
+
+    from tools.soak import ServeProcess
+    model_path(REAL)
+    return ServeProcess(["--target", REAL, "--ctx", "2048", "--threads", THREADS,
+                         "--max-tokens-limit", "256", *flags], startup_seconds=600)
+
+
+@pytest.fixture(scope="module")
+def qwen(model_path):
+    """The default configuration: --proposer auto (the planner picks the proposers)."""
+    with _serve(model_path) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def qwen_client(qwen):
+    from openai import OpenAI
+    with OpenAI(base_url=qwen.base_url + "/v1", api_key="unused", max_retries=0,
+                timeout=600) as c:
+        yield c
+
+
+def _answer(client, messages, stream, **kw):
+    """(message dict, finish_reason, edgespec stats) of one turn, streamed or not."""
+    if not stream:
+        r = client.chat.completions.create(model=REAL, messages=messages, **kw)
+        msg = r.choices[0].message
+        calls = [{"id": c.id, "type": "function", "function": {
+            "name": c.function.name, "arguments": c.function.arguments}}
+            for c in msg.tool_calls or []]
+        return ({"role": "assistant", "content": msg.content, "tool_calls": calls},
+                r.choices[0].finish_reason, r.model_extra["edgespec"])
+    chunks = list(client.chat.completions.create(model=REAL, messages=messages, stream=True,
+                                                 **kw))
+    content, reasoning, calls, finish = merged([c.model_dump() for c in chunks])
+    assert reasoning == "" and "<tool_call>" not in content  # no markup leaks into content
+    ext = next(c.model_extra["edgespec"] for c in chunks if c.model_extra.get("edgespec"))
+    return ({"role": "assistant", "content": content or None, "tool_calls": [
+        {"id": c["id"], "type": "function",
+         "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]},
+        finish, ext)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_the_openai_client_runs_a_tool_loop(qwen_client, stream):
+    msg, finish, ext = _answer(qwen_client, LOOKUP, stream, tools=[WEATHER], max_tokens=48,
+                               **GREEDY)
+    assert finish == "tool_calls", msg
+    (call,) = msg["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    assert ext["proposer"] != "none"  # speculation on
+    history = [*LOOKUP, msg, {"role": "tool", "tool_call_id": call["id"],
+                              "content": json.dumps(RESULT)}]
+    final, finish, _ = _answer(qwen_client, history, stream, tools=[WEATHER], max_tokens=40,
+                               **GREEDY)
+    assert finish in ("stop", "length") and not final["tool_calls"]
+    assert "18" in final["content"]  # the answer uses the tool's result
+
+
+def test_a_named_tool_choice_forces_a_schema_valid_call(qwen_client):
+    import jsonschema
+    convert = {"type": "function", "function": {
+        "name": "convert", "description": "Convert an amount of money",
+        "parameters": {"type": "object", "properties": {
+            "amount": {"type": "number"}, "currency": {"enum": ["EUR", "USD", "JPY"]}},
+            "required": ["amount", "currency"]}}}
+    r = qwen_client.chat.completions.create(
+        model=REAL, messages=[{"role": "user", "content": "Say hello."}],
+        tools=[WEATHER, convert], tool_choice={"type": "function", "function": {"name": "convert"}},
+        max_tokens=64, **GREEDY)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls  # parallel calls allowed, but the grammar ends at one
+    assert call.function.name == "convert"
+    jsonschema.validate(json.loads(call.function.arguments),
+                        convert["function"]["parameters"])
+    ext = r.model_extra["edgespec"]
+    assert ext["stop_reason"] in ("eos", "grammar") and ext["accepted"] > 0
+
+
+def test_greedy_tool_call_turn_is_the_plain_paths(qwen_client, model_path):
+    """The tool-call turn with speculation (the default, auto) and without (--proposer none)."""
+    spec, finish, ext = _answer(qwen_client, LOOKUP, False, tools=[WEATHER], max_tokens=48,
+                                **GREEDY)
+    assert finish == "tool_calls" and ext["proposer"] != "none"
+    from openai import OpenAI
+    with _serve(model_path, "--proposer", "none") as plain_server, \
+            OpenAI(base_url=plain_server.base_url + "/v1", api_key="unused", max_retries=0,
+                   timeout=600) as plain_client:
+        plain, plain_finish, plain_ext = _answer(plain_client, LOOKUP, False, tools=[WEATHER],
+                                                 max_tokens=48, **GREEDY)
+    assert plain_ext["proposer"] == "none" and plain_finish == finish
+    assert plain["content"] == spec["content"]
+    assert [c["function"] for c in plain["tool_calls"]] == [c["function"] for c in spec["tool_calls"]]
+
+
+def test_a_real_think_block_streams_as_reasoning_content(qwen_client):
+    """Qwen2.5 does not think on its own; asked to repeat a <think> block, it writes one, and
+    the real streaming path (speculative steps of several tokens) splits it off."""
+    messages = [{"role": "user", "content": "Repeat this text exactly, character for "
+                                            "character, and write nothing else:\n"
+                                            "<think>2 + 2 = 4</think>The answer is 4."}]
+    chunks = list(qwen_client.chat.completions.create(model=REAL, messages=messages,
+                                                      stream=True, max_tokens=32, **GREEDY))
+    content, reasoning, _, finish = merged([c.model_dump() for c in chunks])
+    assert (reasoning, content, finish) == ("2 + 2 = 4", "The answer is 4.", "stop")
+    assert not any("<think>" in (c.choices[0].delta.content or "") for c in chunks if c.choices)
+    whole = qwen_client.chat.completions.create(model=REAL, messages=messages, max_tokens=32,
+                                                **GREEDY).choices[0].message
+    assert (whole.model_extra["reasoning_content"], whole.content) == (reasoning, content)
+    kept = qwen_client.chat.completions.create(model=REAL, messages=messages, max_tokens=32,
+                                               extra_body={"reasoning_format": "none"}, **GREEDY)
+    assert kept.choices[0].message.content == "<think>2 + 2 = 4</think>The answer is 4."
+
+
+def test_tools_for_smollm2_are_refused_naming_it(client):
+    """SmolLM2's template has no tool support: the real server refuses rather than drop them."""
+    import openai
+    from server_env import MODEL
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], max_tokens=4)
+    err = e.value.body
+    assert err["code"] == "tools_unsupported" and f"the model {MODEL!r}" in err["message"]
