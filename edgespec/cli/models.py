@@ -10,7 +10,7 @@ import click
 from .. import paths, registry
 from .common import handle_errors
 from ..errors import ModelError
-from ..registry import refs, scan, user
+from ..registry import hub, refs, scan, user
 
 
 class _RegistryProblem(click.ClickException):
@@ -111,14 +111,19 @@ def add_model(name: str, path: str, role: str, tokenizer: str | None) -> None:
     """Add your own GGUF file PATH as model NAME (your registry, $EDGESPEC_HOME/models.toml).
 
     PATH may also be a name `edgespec models scan` prints (`ollama:qwen2.5-coder:7b`):
-    the file it names is pinned.
+    the file it names is pinned. A Hugging Face reference (`hf://OWNER/REPO/FILE.gguf`,
+    `OWNER/REPO:QUANT`) is pulled into the Hugging Face cache and pinned at its commit.
 
     The file is checked (GGUF header, not truncated) and its sha256 pinned, so `--target
     NAME` refuses it if it changes later. The file stays where it is.
     """
     if refs.is_store_ref(path):  # a model `models scan` found: pin the file it names
         path = str(scan.resolve_ref(path, progress=_progress))
-    spec = user.add(name, path, role=role, tokenizer=tokenizer, progress=_progress)
+    source = None
+    if hub.is_hub_ref(path):  # pulled and pinned at its commit, so NAME never moves with main
+        fetched = hub.fetch(path, progress=_progress)
+        path, source = str(fetched.path), fetched.uri
+    spec = user.add(name, path, role=role, tokenizer=tokenizer, progress=_progress, hub=source)
     click.echo(f"{spec.name}\t{spec.path}\t{spec.sha256}")
     click.echo(f"added to {paths.user_registry_path()}; use it with --target {spec.name}",
                err=True)
@@ -141,13 +146,20 @@ def remove_model(name: str) -> None:
 @models.command("pull")
 @click.argument("names", nargs=-1)
 @click.option("--all", "pull_all", is_flag=True, help="Pull every registry model.")
-@click.option("--force", is_flag=True, help="Re-pull even if the file is present and verifies.")
+@click.option("--force", is_flag=True, help="Re-pull even if the file is present and verifies "
+              "(a Hub file: download it again and pin what arrives).")
 @handle_errors
 def pull_models(names: tuple[str, ...], pull_all: bool, force: bool) -> None:
     """Install, assemble and verify models into $EDGESPEC_HOME/models.
 
     With no NAMES, pulls the default target and draft. A present file with the
     right digest is left alone; a file whose digest does not match is refused.
+
+    A NAME may be a Hugging Face reference: `hf://OWNER/REPO/FILE.gguf` (`@REV` after
+    the repo for a branch, tag or commit) or `OWNER/REPO:QUANT` (the repo's GGUF file
+    of that quant, Q4_K_M when left out). It goes into the Hugging Face cache (HF_HOME,
+    HF_TOKEN, HF_ENDPOINT, HF_HUB_OFFLINE apply); its sha256 is recorded at the first
+    pull and checked afterwards.
     """
     reg = registry.load_registry()
     if pull_all and names:
@@ -156,10 +168,16 @@ def pull_models(names: tuple[str, ...], pull_all: bool, force: bool) -> None:
         names = tuple(n for n, spec in reg.models.items() if not spec.local)
     elif not names:
         names = tuple(n for n in (reg.default_target, reg.default_draft) if n)
+    for name in names:  # every name is checked before a long download starts
+        if hub.is_hub_ref(name):
+            hub.parse(name)
+        else:
+            reg.get(name)
     for name in names:
-        reg.get(name)  # every name is checked before a long download starts
-    for name in names:
-        path = registry.pull(name, force=force, progress=_progress)
+        if hub.is_hub_ref(name):
+            path = hub.pull(name, force=force, progress=_progress)
+        else:
+            path = registry.pull(name, force=force, progress=_progress)
         click.echo(f"{name}\t{path}")
 
 

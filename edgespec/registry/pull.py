@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import ModelError
 from ..paths import edgespec_home, models_dir
-from . import refs, scan
+from . import hub, refs, scan
 from .spec import ModelSpec, load_registry
 from .store import (_HASH_BLOCK, Progress, _fsync, _human, _model_lock, _say, _stamp_valid,
                     _verify_existing, _write_stamp, check_gguf, is_path_like, refetch_hint,
@@ -36,13 +36,20 @@ def resolve(name_or_path: str | os.PathLike, pull: bool = True,
     since it was last verified. Raises ModelError for an unknown name (listing
     the known ones), a missing file, a digest mismatch or a corrupt header. A
     reference to another tool's store (``ollama:NAME:TAG``, ``hfcache:``, ``lmstudio:``,
-    ``llamacpp:``; edgespec.registry.refs) resolves to the file there, never pulled.
+    ``llamacpp:``; edgespec.registry.refs) resolves to the file there, never pulled. A
+    Hugging Face reference (``hf://owner/repo/file.gguf``, ``owner/repo:QUANT``;
+    edgespec.registry.hub) is pulled into the Hugging Face cache and checked against the
+    digest recorded at its first pull.
     """
     key = str(name_or_path)
     # another tool's store (ollama:NAME:TAG, hfcache:, lmstudio:, llamacpp:): before the path
     # test, since `ollama:owner/name` and `lmstudio:…/file.gguf` look like paths
     if not isinstance(name_or_path, os.PathLike) and refs.is_store_ref(key):
         return scan.resolve_ref(key, progress)
+    # the Hugging Face Hub (hf://owner/repo/file.gguf, owner/repo:QUANT): before the path
+    # test too, as both look like paths; a local file of the shorthand's spelling stays a path
+    if hub.is_hub_ref(name_or_path):
+        return hub.resolve(key, pull=pull, progress=progress)
     # a path needs no registry: a bare pip install runs `--target model.gguf` as is
     if is_path_like(name_or_path):
         return _checked_path(key)
@@ -66,6 +73,9 @@ def _resolve_registered(spec: ModelSpec, pull: bool, say: Progress) -> Path:
     if path.is_file() and _stamp_valid(path, spec):
         return path
     if spec.local:  # the user's own file: never pulled, checked against its pin
+        if not path.is_file() and spec.hub and pull:
+            # added from the Hub and lost from its cache: that commit's file, fetched again
+            path = hub.resolve(spec.hub, progress=say)
         if not path.is_file():
             raise ModelError(f"{spec.name}: {path} is missing; {refetch_hint(spec)}")
         with _model_lock(spec.name, say):

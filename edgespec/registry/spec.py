@@ -63,6 +63,7 @@ class ModelSpec:
     quant: str = ""
     license: str = ""
     path: Path | None = None  # a local file pinned by the user registry: never pulled
+    hub: str = ""  # hf://owner/repo@commit/file a user model's file was pulled from
 
     @property
     def local(self) -> bool:
@@ -171,7 +172,8 @@ def _parse_model(c: _Check, name: str, raw, local_ok: bool = False) -> ModelSpec
     bad_name = check_name(name)
     if bad_name:
         raise c.fail(where, bad_name)
-    optional = {"description", "quant", "license"} | ({"source", "path"} if local_ok else set())
+    optional = {"description", "quant", "license"} | ({"source", "path", "hub"} if local_ok
+                                                       else set())
     t = c.table(raw, where, {"role", "size", "sha256", "tokenizer", "chat_template", "context"}
                 | (set() if local_ok else {"source"}), optional)
     if local_ok and ("source" in t) == ("path" in t):
@@ -179,6 +181,10 @@ def _parse_model(c: _Check, name: str, raw, local_ok: bool = False) -> ModelSpec
     local = c.typed(t, "path", where, str)
     if local is not None and not Path(local).expanduser().is_absolute():
         raise c.fail(f"{where}.path", f"{local!r} must be an absolute path")
+    hub = c.typed(t, "hub", where, str, "")
+    if hub and (local is None or not hub.startswith("hf://")):
+        raise c.fail(f"{where}.hub", f"{hub!r}: an hf://owner/repo@commit/file.gguf reference, "
+                                     "beside the path it was pulled to")
     size = c.typed(t, "size", where, int)
     if size <= 0:
         raise c.fail(f"{where}.size", f"must be positive (got {size})")
@@ -200,6 +206,7 @@ def _parse_model(c: _Check, name: str, raw, local_ok: bool = False) -> ModelSpec
         quant=c.typed(t, "quant", where, str, ""),
         license=c.typed(t, "license", where, str, ""),
         path=Path(local).expanduser() if local is not None else None,
+        hub=hub,
     )
 
 

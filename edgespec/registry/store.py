@@ -53,6 +53,9 @@ def _stamp_path(path: Path) -> Path:
 
 def refetch_hint(spec: ModelSpec) -> str:
     """What to do about a model file that is missing or does not match its pin."""
+    if spec.hub:
+        return (f"pull it again with `edgespec models pull {spec.hub}` (the pinned commit), "
+                f"or `edgespec models remove {spec.name}`")
     if spec.local:
         return (f"restore the file you added, or `edgespec models remove {spec.name}` and add "
                 "it again")

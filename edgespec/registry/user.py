@@ -112,8 +112,11 @@ def _quant(file_type) -> str:
 
 
 def add(name: str, file: str | Path, role: str = "target", tokenizer: str | None = None,
-        progress: Progress | None = None) -> ModelSpec:
+        progress: Progress | None = None, hub: str | None = None) -> ModelSpec:
     """Pin the local GGUF `file` as model `name` in the user registry; returns its spec.
+
+    `hub`: the hf://owner/repo@commit/file the file was pulled from (edgespec.registry.hub),
+    recorded so a file the Hugging Face cache lost is fetched again.
 
     Refused (ModelError, the file untouched) for a bad or taken name, a user registry that
     does not validate, and a file that is missing, not GGUF or truncated."""
@@ -134,6 +137,8 @@ def add(name: str, file: str | Path, role: str = "target", tokenizer: str | None
     say(f"hashing {file} ({_human(size)})")
     sha = sha256_file(file)
     entry = facts_entry(info, file, size, sha, role, tokenizer)
+    if hub:
+        entry["hub"] = hub
     with _model_lock("user-registry", say):
         doc = read_user(path) or {"schema": SCHEMA}
         layer_dict(shipped, doc, path)  # an invalid file is reported, never overwritten
