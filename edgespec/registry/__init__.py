@@ -12,6 +12,8 @@ and sha256. Anywhere a model name is accepted, a path to a local ``.gguf`` file 
     refs.py           references into other tools' stores: ollama:NAME:TAG, hfcache:, ...
     scan.py           those stores on disk (ollama, LM Studio, llama.cpp, the Hugging Face
                       cache): `edgespec models scan`, and resolving a reference to its file
+    hub.py            Hugging Face Hub references (hf://owner/repo/file.gguf, owner/repo:QUANT)
+                      -> a file pulled into its cache, pinned by sha256 at the first pull
     qualification.py  per-machine qualification results of target-proposer pairs
 
 File locations come from :mod:`edgespec.paths` (``$EDGESPEC_HOME``, default the platform's

@@ -52,7 +52,6 @@ _SHORT_RE = re.compile(rf"^(?:(?:https?://)?(?:hf\.co|huggingface\.co)/)?"
                        rf"(?P<repo>{_PART}/{_PART})(?:@(?P<rev>{_REV}))?"
                        rf"(?::(?P<quant>[A-Za-z0-9][A-Za-z0-9_.-]*))?$")
 _SPLIT_RE = re.compile(r"^(?P<base>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
-_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 # quant labels as GGUF file names carry them (Q4_K_M, IQ2_XS, Q8_0, F16, BF16, ...)
 _QUANT_RE = re.compile(r"(?<![A-Za-z0-9])(I?Q[1-8](?:_[A-Z0-9]+)*|BF16|F16|F32)(?![A-Za-z0-9])",
                        re.IGNORECASE)
@@ -133,7 +132,7 @@ def _parse_uri(s: str) -> HubRef:
         path, revision = path.rsplit("@", 1)
     if not re.fullmatch(_PART, owner) or not re.fullmatch(_PART, name):
         raise ModelError(f"{s}: {owner}/{name} is not a repository id (letters, digits, "
-                         "'-', '_', '.'); {how}".replace("{how}", how))
+                         f"'-', '_', '.'); {how}")
     if revision is not None and not re.fullmatch(_REV, revision):
         raise ModelError(f"{s}: {revision!r} is not a revision; {how}")
     if not path.lower().endswith(".gguf"):
