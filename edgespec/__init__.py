@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Cancelled", "ContextOverflowError", "EdgespecError", "IncompatibleDraftError",
     "InvalidInputError", "ModelError", "UnsupportedError", "GenerationParams", "SamplingParams",
-    "Engine", "Result",
+    "Engine", "Result", "Llama", "AsyncEngine",
 ]
 
 
@@ -17,4 +17,7 @@ def __getattr__(name):
     if name in ("Engine", "Result"):
         from . import engine
         return getattr(engine, name)
+    if name in ("Llama", "AsyncEngine"):  # llama-cpp-python-shaped and asyncio (edgespec.apps)
+        from . import apps
+        return getattr(apps, name)
     raise AttributeError(name)

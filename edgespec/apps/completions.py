@@ -1,0 +1,466 @@
+"""``create_completion`` / ``create_chat_completion`` with llama-cpp-python's arguments and
+shapes, over :meth:`edgespec.engine.Engine.stream` (speculation on, as the engine runs it).
+
+    out = create_chat_completion(engine, [{"role": "user", "content": "Hi"}], max_tokens=32)
+    out["choices"][0]["message"]["content"]
+
+Each call is a :class:`Call`: the arguments mapped onto :class:`GenerationParams` (every
+refusal raised before anything runs), then rendered from the engine's events, whole or as
+chunks. The defaults are llama-cpp-python's own (chat: temperature 0.2, top-k 40, top-p 0.95,
+min-p 0.05, no token limit; completion: temperature 0.8 and 16 tokens), so an app that
+relies on them samples the same way.
+
+What llama-cpp-python 0.3.36 accepts and edgespec cannot honour is refused with an
+:class:`~edgespec.errors.UnsupportedError` naming the argument: ``suffix``, token-id prompts,
+``stopping_criteria`` and ``logits_processor`` (Python callbacks on logits that speculative
+verification cannot replay), ``typical_p`` and ``mirostat_mode`` when sampling, ``echo`` with
+``logprobs``. What llama-cpp-python itself ignores is ignored here too: ``tfs_z`` (its
+sampler has no tail-free step), ``mirostat_tau``/``mirostat_eta`` without mirostat,
+``top_logprobs`` without ``logprobs``, ``echo`` when streaming, ``tool_choice`` without
+``tools``.
+
+``tools``/``tool_choice`` (and the legacy ``functions``/``function_call``, converted as
+llama-cpp-python converts them) go through :mod:`edgespec.agents`, as ``edgespec serve``'s
+do: declared to the model's own chat template, a required or named call constrained by its
+JSON schema through the grammar path, the model's call markup parsed into OpenAI
+``tool_calls`` (``finish_reason`` ``"tool_calls"``), streamed as ``delta.tool_calls``.
+Reasoning stays in the content, as llama-cpp-python leaves it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
+
+from ..errors import Cancelled, InvalidInputError, UnsupportedError
+from ..events import Event, Finished, Step, TokenLogprob
+from ..params import GenerationParams, SamplingParams
+from . import shapes
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+#: llama.cpp's LLAMA_DEFAULT_SEED: "pick a random seed", as is -1
+RANDOM_SEEDS = (-1, 0xFFFFFFFF)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a ``Llama`` instance fixes for its requests (its constructor's ``seed`` and
+    ``last_n_tokens_size``, and its ``model_path`` as the responses' model name)."""
+
+    model: str | None = None  # None: the engine's target name
+    seed: int | None = None  # a request without its own seed samples with this one
+    repeat_last_n: int = 64  # Llama(last_n_tokens_size=...): the penalties' window
+
+
+# --- the calls ---------------------------------------------------------------------------
+def create_completion(engine: "Engine", prompt: str, suffix: str | None = None,
+                      max_tokens: int | None = 16, temperature: float = 0.8,
+                      top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+                      logprobs: int | None = None, echo: bool = False,
+                      stop: str | Sequence[str] | None = (), frequency_penalty: float = 0.0,
+                      presence_penalty: float = 0.0, repeat_penalty: float = 1.0,
+                      top_k: int = 40, stream: bool = False, seed: int | None = None,
+                      tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
+                      mirostat_eta: float = 0.1, model: str | None = None,
+                      stopping_criteria=None, logits_processor=None, grammar=None,
+                      logit_bias: Mapping[int | str, float] | None = None, *,
+                      defaults: Defaults = Defaults()):
+    """``Llama.create_completion``: the whole ``text_completion`` dict, or with
+    ``stream=True`` an iterator of its chunks."""
+    call = completion_call(**_args(locals()))
+    return call.render(engine.stream(call.prompt, call.params))
+
+
+def create_chat_completion(engine: "Engine", messages: Sequence[Mapping],
+                           functions=None, function_call=None, tools=None, tool_choice=None,
+                           temperature: float = 0.2, top_p: float = 0.95, top_k: int = 40,
+                           min_p: float = 0.05, typical_p: float = 1.0, stream: bool = False,
+                           stop: str | Sequence[str] | None = (), seed: int | None = None,
+                           response_format: Mapping | None = None,
+                           max_tokens: int | None = None, presence_penalty: float = 0.0,
+                           frequency_penalty: float = 0.0, repeat_penalty: float = 1.0,
+                           tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
+                           mirostat_eta: float = 0.1, model: str | None = None,
+                           logits_processor=None, grammar=None,
+                           logit_bias: Mapping[int | str, float] | None = None,
+                           logprobs: bool | None = None, top_logprobs: int | None = None, *,
+                           defaults: Defaults = Defaults()):
+    """``Llama.create_chat_completion``: the whole ``chat.completion`` dict, or with
+    ``stream=True`` an iterator of ``chat.completion.chunk`` dicts."""
+    call = chat_call(**_args(locals()))
+    return call.render(engine.stream(call.prompt, call.params))
+
+
+def _args(scope: dict) -> dict:
+    # the public signatures spell llama-cpp-python's arguments out (help(), IDEs); the
+    # Call builders take the same names, so the caller's locals() are its arguments
+    return {k: v for k, v in scope.items() if k != "call"}
+
+
+@dataclass
+class Call:
+    """One request: what the engine runs and how its events become llama-cpp-python dicts."""
+
+    head: shapes.Head
+    prompt: str | list[dict]
+    params: GenerationParams
+    stream: bool
+    piece: Callable[[int], bytes] = field(repr=False)
+    echo: str = ""  # a non-streamed completion's text starts with its prompt
+    offset: int = 0  # characters before the generated text (completions' text_offset)
+    turn: object = None  # a chat's edgespec.agents.Turn: tool calls read out of the text
+
+    def render(self, events: Iterator[Event]):
+        return self.chunks(events) if self.stream else self.whole(events)
+
+    def whole(self, events: Iterator[Event]) -> dict:
+        fin = _finished(events)
+        lps = shapes.completion_logprobs(fin.logprobs, self.piece, self.offset)
+        use = shapes.usage(fin.stats.prompt_tokens, len(fin.tokens))
+        finish = shapes.finish_reason(fin.stop_reason)
+        if self.head.kind == "chat":
+            message = None
+            if self.turn is not None:
+                out = self.turn.output()
+                out.feed(fin.text)
+                finish = out.finish(fin.stop_reason).finish_reason or finish
+                message = out.message()
+                if self.turn.choice.mode == "named" and out.tool_calls:
+                    # llama-cpp-python also fills the legacy field when a function is named
+                    message["function_call"] = dict(message["tool_calls"][0]["function"])
+            return shapes.chat_completion(self.head, fin.text, finish, use, lps, message)
+        return shapes.completion(self.head, self.echo + fin.text, finish, use, lps)
+
+    def chunks(self, events: Iterator[Event]) -> Iterator[dict]:
+        """One chunk per piece of visible text (a token's, as llama-cpp-python streams them;
+        a held-back stop-string prefix or a split UTF-8 character joins the next piece),
+        then the finishing chunk."""
+        chat = self.head.kind == "chat"
+        out = self.turn.output() if self.turn is not None else None
+        at = self.offset
+        pending: list[TokenLogprob] = []  # logprobs of tokens whose text has not shown yet
+        try:
+            if chat:
+                yield shapes.chat_chunk(self.head, {"role": "assistant"})
+            for ev in events:
+                if isinstance(ev, Finished):
+                    finish = shapes.finish_reason(ev.stop_reason)
+                    if out is not None:  # what the call parser still held
+                        final = out.finish(ev.stop_reason)
+                        for delta in final.deltas:
+                            yield shapes.chat_chunk(self.head, delta)
+                        finish = final.finish_reason or finish
+                    yield (shapes.chat_chunk(self.head, {}, finish=finish) if chat else
+                           shapes.completion_chunk(self.head, "", finish=finish))
+                    return
+                if not isinstance(ev, Step):
+                    continue
+                for text, lps in _pieces(ev, pending):
+                    lp = (shapes.completion_logprobs(lps, self.piece, at)
+                          if self.params.logprobs is not None else None)
+                    at += len(text)
+                    if not chat:
+                        yield shapes.completion_chunk(self.head, text, lp)
+                        continue
+                    # a call's markup is held until the call closes, then sent as tool_calls
+                    for i, delta in enumerate(out.feed(text) if out is not None
+                                              else [{"content": text}]):
+                        yield shapes.chat_chunk(self.head, delta, lp if i == 0 else None)
+            raise Cancelled("the request ended before the engine finished it")
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()  # the engine is free as soon as the consumer stops reading
+
+
+def _pieces(step: Step, pending: list[TokenLogprob]) -> Iterator[tuple[str, list[TokenLogprob]]]:
+    """(text, logprobs of its tokens) per non-empty piece of ``step``; a step without
+    per-token pieces (the tail released at the end) is one piece."""
+    lps = list(step.logprobs)
+    if not step.pieces:
+        pending.extend(lps)
+        if step.text:
+            yield step.text, pending[:]
+            pending.clear()
+        return
+    for i, piece in enumerate(step.pieces):
+        if i < len(lps):
+            pending.append(lps[i])
+        if piece:
+            yield piece, pending[:]
+            pending.clear()
+
+
+def _finished(events: Iterator[Event]) -> Finished:
+    fin = None
+    for ev in events:
+        if isinstance(ev, Finished):
+            fin = ev
+    if fin is None:
+        raise Cancelled("the request ended before the engine finished it")
+    return fin
+
+
+# --- arguments -> Call ---------------------------------------------------------------------
+def completion_call(engine: "Engine", prompt, suffix=None, max_tokens=16, temperature=0.8,
+                    top_p=0.95, min_p=0.05, typical_p=1.0, logprobs=None, echo=False, stop=(),
+                    frequency_penalty=0.0, presence_penalty=0.0, repeat_penalty=1.0, top_k=40,
+                    stream=False, seed=None, tfs_z=1.0, mirostat_mode=0, mirostat_tau=5.0,
+                    mirostat_eta=0.1, model=None, stopping_criteria=None, logits_processor=None,
+                    grammar=None, logit_bias=None, *, defaults: Defaults = Defaults()) -> Call:
+    """Validate ``create_completion``'s arguments into a :class:`Call` (nothing runs)."""
+    if not isinstance(prompt, str):
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            raise UnsupportedError("prompt: token-id prompts are not supported; pass the prompt "
+                                   "as text (llm.detokenize(tokens).decode())")
+        raise InvalidInputError(f"prompt must be a string (got {type(prompt).__name__})")
+    if suffix is not None:
+        raise UnsupportedError("suffix: fill-in-the-middle is not supported; leave suffix out "
+                               "and put the text after the gap in the prompt")
+    _refuse_callbacks(stopping_criteria=stopping_criteria, logits_processor=logits_processor)
+    if echo and logprobs is not None:
+        raise UnsupportedError("echo with logprobs: edgespec does not compute the prompt "
+                               "tokens' logprobs; drop echo or logprobs")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                 or logprobs < 0):
+        raise InvalidInputError(f"logprobs is the number of alternatives to report, an int >= 0 "
+                                f"(got {logprobs!r})")
+    params = GenerationParams(
+        max_tokens=_max_tokens(engine, max_tokens), stop=_stop(stop), chat=False,
+        logprobs=logprobs,
+        sampling=_sampling(engine, defaults, temperature=temperature, top_p=top_p, top_k=top_k,
+                           min_p=min_p, typical_p=typical_p, repeat_penalty=repeat_penalty,
+                           presence_penalty=presence_penalty,
+                           frequency_penalty=frequency_penalty, mirostat_mode=mirostat_mode,
+                           seed=seed, logit_bias=logit_bias),
+        grammar=_grammar(grammar))
+    head = shapes.Head("completion", _model(engine, model, defaults))
+    # llama-cpp-python echoes the prompt only in a whole response; its stream ignores echo
+    return Call(head, prompt, params, bool(stream), engine.target.token_piece,
+                echo=prompt if echo and not stream else "", offset=len(prompt))
+
+
+def chat_call(engine: "Engine", messages, functions=None, function_call=None, tools=None,
+              tool_choice=None, temperature=0.2, top_p=0.95, top_k=40, min_p=0.05,
+              typical_p=1.0, stream=False, stop=(), seed=None, response_format=None,
+              max_tokens=None, presence_penalty=0.0, frequency_penalty=0.0, repeat_penalty=1.0,
+              tfs_z=1.0, mirostat_mode=0, mirostat_tau=5.0, mirostat_eta=0.1, model=None,
+              logits_processor=None, grammar=None, logit_bias=None, logprobs=None,
+              top_logprobs=None, *, defaults: Defaults = Defaults()) -> Call:
+    """Validate ``create_chat_completion``'s arguments into a :class:`Call` (nothing runs)."""
+    _refuse_callbacks(logits_processor=logits_processor)
+    structured = _response_format(response_format)
+    if structured and grammar is not None:
+        raise InvalidInputError("give grammar or response_format, not both")
+    tools, tool_choice = _legacy_functions(tools, tool_choice, functions, function_call)
+    head = shapes.Head("chat", _model(engine, model, defaults))
+    turn = _turn(engine, head.model, _messages(messages), tools, tool_choice)
+    if turn.grammar is not None and (structured or grammar is not None):
+        raise InvalidInputError("tool_choice forces a call, whose grammar cannot be combined "
+                                "with response_format or grammar; send one of them")
+    n_top = None
+    if logprobs:  # llama-cpp-python: logprobs=top_logprobs if logprobs else None
+        n_top = 0 if top_logprobs is None else top_logprobs
+        if isinstance(n_top, bool) or not isinstance(n_top, int) or n_top < 0:
+            raise InvalidInputError(f"top_logprobs must be an int >= 0 (got {top_logprobs!r})")
+    stops = _stop(stop)
+    params = GenerationParams(
+        max_tokens=_max_tokens(engine, max_tokens),
+        stop=stops + tuple(s for s in turn.stop if s not in stops), chat=True, logprobs=n_top,
+        sampling=_sampling(engine, defaults, temperature=temperature, top_p=top_p, top_k=top_k,
+                           min_p=min_p, typical_p=typical_p, repeat_penalty=repeat_penalty,
+                           presence_penalty=presence_penalty,
+                           frequency_penalty=frequency_penalty, mirostat_mode=mirostat_mode,
+                           seed=seed, logit_bias=logit_bias),
+        grammar=turn.grammar if turn.grammar is not None else _grammar(grammar),
+        template_vars=turn.template_vars or None, **structured)
+    return Call(head, turn.messages, params, bool(stream), engine.target.token_piece,
+                turn=turn)
+
+
+def _model(engine: "Engine", model: str | None, defaults: Defaults) -> str:
+    if model is not None:
+        return str(model)
+    return defaults.model if defaults.model is not None else engine.target_name
+
+
+def _max_tokens(engine: "Engine", max_tokens) -> int:
+    # llama-cpp-python: None or <= 0 generates until the context is full; the engine ends
+    # such a request with stop reason "context", reported as finish_reason "length"
+    if max_tokens is None:
+        return engine.ctx.n_ctx
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise InvalidInputError(f"max_tokens must be an int or None (got {max_tokens!r})")
+    return max_tokens if max_tokens > 0 else engine.ctx.n_ctx
+
+
+def _stop(stop) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if not all(isinstance(s, str) for s in stops):
+        raise InvalidInputError("stop must be a string or a list of strings")
+    if not all(stops):
+        # llama-cpp-python would stop at once (b"" is in every text); that is never meant
+        raise InvalidInputError("stop strings must be non-empty")
+    return stops
+
+
+def _sampling(engine: "Engine", defaults: Defaults, *, temperature, top_p, top_k, min_p,
+              typical_p, repeat_penalty, presence_penalty, frequency_penalty, mirostat_mode,
+              seed, logit_bias) -> SamplingParams:
+    temperature = float(temperature)
+    if temperature > 0.0:  # llama-cpp-python reads these only when it samples
+        if mirostat_mode not in (0, None):
+            raise UnsupportedError(f"mirostat_mode={mirostat_mode}: mirostat sampling is not "
+                                   "supported; use temperature with top_k/top_p/min_p")
+        if typical_p not in (1.0, None):
+            raise UnsupportedError(f"typical_p={typical_p}: locally typical sampling is not "
+                                   "supported; leave typical_p at 1.0 and use top_p or min_p")
+    if seed is None:
+        seed = defaults.seed
+    elif seed in RANDOM_SEEDS:
+        seed = None
+    return SamplingParams(
+        temperature=temperature, top_p=float(top_p), top_k=max(0, int(top_k)),
+        min_p=float(min_p), repeat_penalty=float(repeat_penalty),
+        repeat_last_n=defaults.repeat_last_n, presence_penalty=float(presence_penalty),
+        frequency_penalty=float(frequency_penalty), logit_bias=_logit_bias(engine, logit_bias),
+        seed=seed)
+
+
+def _logit_bias(engine: "Engine", bias) -> tuple[tuple[int, float], ...]:
+    if not bias:
+        return ()
+    if not isinstance(bias, Mapping):
+        raise InvalidInputError("logit_bias must map token ids to biases ({token_id: bias})")
+    n_vocab = engine.target.n_vocab
+    pairs = {}
+    for key, value in bias.items():
+        tok = int(key) if isinstance(key, int) or (isinstance(key, str) and key.isdigit()) else -1
+        if isinstance(key, bool) or not 0 <= tok < n_vocab:
+            raise InvalidInputError(f"logit_bias key {key!r} is not a token id of this model "
+                                    f"(0..{n_vocab - 1})")
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            v = math.nan
+        # -inf bans a token; +inf or NaN would leave no distribution to sample from
+        if math.isnan(v) or v == math.inf:
+            raise InvalidInputError(f"logit_bias for token {key} must be a finite number or "
+                                    f"-inf (got {value!r})")
+        pairs[tok] = v
+    return tuple(sorted(pairs.items()))
+
+
+def _grammar(grammar) -> str | None:
+    """GBNF text from ``grammar``: a string, or a ``llama_cpp.LlamaGrammar`` (which keeps the
+    text it was made from; edgespec compiles it with the target's own vocabulary)."""
+    if grammar is None or isinstance(grammar, str):
+        return grammar
+    text = getattr(grammar, "_grammar", None)
+    if isinstance(text, str):
+        return text
+    raise InvalidInputError(f"grammar must be GBNF text or a llama_cpp.LlamaGrammar (got "
+                            f"{type(grammar).__name__})")
+
+
+def _response_format(rf) -> dict:
+    """``response_format`` as GenerationParams fields: ``{"type": "json_object"}`` (any JSON
+    object), llama-cpp-python's ``{"type": "json_object", "schema": {...}}`` and OpenAI's
+    ``{"type": "json_schema", "json_schema": {"schema": {...}}}`` (that schema), enforced on
+    every path by edgespec.grammar."""
+    if rf is None:
+        return {}
+    if not isinstance(rf, Mapping) or "type" not in rf:
+        raise InvalidInputError("response_format must be a dict with a type: {'type': "
+                                "'json_object'} or {'type': 'json_schema', 'json_schema': "
+                                "{'schema': {...}}}")
+    kind = rf["type"]
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        schema = rf.get("schema")
+        return {"json_schema": schema} if schema is not None else {"json_mode": True}
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        if schema is None:
+            raise InvalidInputError("response_format json_schema needs json_schema.schema (a "
+                                    "JSON schema object)")
+        return {"json_schema": schema}
+    raise InvalidInputError(f"response_format type {kind!r} is not one of text, json_object, "
+                            "json_schema")
+
+
+def _messages(messages) -> list[dict]:
+    """The conversation as the engine renders it through the GGUF chat template: a text
+    content part list joined; what a text model cannot read refused."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise InvalidInputError("messages must be a list of {'role': ..., 'content': ...} dicts")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or "role" not in m:
+            raise InvalidInputError(f"messages[{i}] must be a dict with 'role' and 'content'")
+        if m.get("function_call") or m["role"] == "function":
+            raise UnsupportedError(f"messages[{i}]: legacy function messages are not "
+                                   "supported; send tool_calls and role 'tool' messages")
+        content = m.get("content")
+        if isinstance(content, (list, tuple)):
+            texts = []
+            for j, part in enumerate(content):
+                if isinstance(part, Mapping) and part.get("type") == "text":
+                    texts.append(str(part.get("text", "")))
+                else:
+                    kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                    raise UnsupportedError(f"messages[{i}].content[{j}] is a {kind!r} part; "
+                                           "edgespec serves text models: send text parts only")
+            content = "".join(texts)
+        msg = dict(m)
+        # llama-cpp-python hands a missing content to the template as None; a message
+        # without calls reads as empty text
+        msg["content"] = "" if content is None and not m.get("tool_calls") else content
+        out.append(msg)
+    return out
+
+
+def _refuse_callbacks(**given) -> None:
+    for name, value in given.items():
+        if value is not None:
+            raise UnsupportedError(
+                f"{name}: Python callbacks over logits cannot be replayed by speculative "
+                "verification; use grammar, response_format, logit_bias or stop instead")
+
+
+def _legacy_functions(tools, tool_choice, functions, function_call):
+    """``functions`` / ``function_call`` as tools and tool_choice, as llama-cpp-python's
+    chat handlers convert them; a tool_choice of "auto" or "none" without tools is dropped,
+    as llama-cpp-python drops it."""
+    if functions is not None:
+        if tools:
+            raise InvalidInputError("give tools or the legacy functions, not both")
+        tools = [{"type": "function", "function": f} for f in functions]
+    if function_call is not None:
+        if tool_choice is not None:
+            raise InvalidInputError("give tool_choice or the legacy function_call, not both")
+        tool_choice = (function_call if isinstance(function_call, str) else
+                       {"type": "function", "function": {"name": function_call.get("name")}}
+                       if isinstance(function_call, Mapping) else function_call)
+    if not tools and tool_choice in ("auto", "none"):
+        tool_choice = None
+    return tools, tool_choice
+
+
+def _turn(engine: "Engine", model: str, messages: list[dict], tools, tool_choice):
+    """The chat turn (edgespec.agents): tool declarations for the template, a forced call's
+    grammar, the call parser; reasoning is left in the content (reasoning_format "none"),
+    as llama-cpp-python leaves it."""
+    from ..agents import prepare_turn
+    return prepare_turn(engine.target.chat_template(), model, messages, tools=tools,
+                        tool_choice=tool_choice, reasoning_format="none")
+
+
+__all__ = ["Call", "Defaults", "chat_call", "completion_call", "create_chat_completion",
+           "create_completion"]
