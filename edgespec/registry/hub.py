@@ -513,6 +513,43 @@ def pull(ref: str | HubRef, force: bool = False, progress: Progress | None = Non
     return resolve(ref, pull=True, force=force, progress=progress)
 
 
+def verify(ref: str | HubRef, progress: Progress | None = None):
+    """Re-hash a pulled Hub reference (every part of a split set) against its pins, from the
+    cache alone. A mismatch is returned (ok=False), not raised; a reference that is not
+    pulled raises ModelError. Returns a :class:`edgespec.registry.store.Verification` of
+    the file it loads."""
+    from .store import Verification
+    r = ref if isinstance(ref, HubRef) else parse(ref)
+    say = progress or _say
+    env = _env()
+    listing = _cached_listing(r, env, "it is not pulled yet", f"run `edgespec models pull {r}`")
+    parts = _pick(r, listing, env)
+    results = []
+    for p in parts:
+        path = _cached(r, listing.commit, p, env)
+        if path is None:
+            raise ModelError(f"{r}: {p} is not in the Hugging Face cache {env.cache_dir}; run "
+                             f"`edgespec models pull {r}`")
+        known = pin(r.repo, listing.commit, p)
+        if known is None:
+            raise ModelError(f"{r}: {p} has no pin in {pins_path()} (it was not pulled by "
+                             f"edgespec); run `edgespec models pull {r}` to record one")
+        say(f"hashing {p} ({_human(path.stat().st_size)})")
+        sha, size = sha256_file(path), path.stat().st_size
+        ok = sha == known.get("sha256") and size == known.get("size")
+        if ok:
+            _write_stamp(path, sha)
+        results.append((p, path, ok, sha, size, known))
+    bad = [f"{p} has sha256 {sha} ({size} bytes), pinned {k.get('sha256')} ({k.get('size')} "
+           "bytes)" for p, _, ok, sha, size, k in results if not ok]
+    p, path, _, sha, size, known = results[0]
+    message = "ok" if not bad else (f"{'; '.join(bad)}; `edgespec models pull {r} --force` "
+                                    "downloads it again and pins what arrives")
+    return Verification(path=path, ok=not bad, actual_sha256=sha, actual_size=size,
+                        expected_sha256=known.get("sha256"), expected_size=known.get("size"),
+                        message=message)
+
+
 # --------------------------------------------------------------------------- errors
 
 

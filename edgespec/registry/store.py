@@ -143,11 +143,14 @@ def verify(name_or_path: str | os.PathLike, progress: Progress | None = None) ->
     (ok=False), not raised, so a caller can report every model. A local path is
     ok when its header checks out; `name` is set if its digest is a registry model's.
     A store reference (``ollama:NAME:TAG``; edgespec.registry.refs) is re-hashed against
-    the digest its store names it by, where it has one.
+    the digest its store names it by, where it has one; a Hugging Face reference against
+    the digests recorded at its first pull (edgespec.registry.hub).
     """
-    from . import refs, scan  # scan builds on this module
+    from . import hub, refs, scan  # scan and hub build on this module
     if not isinstance(name_or_path, os.PathLike) and refs.is_store_ref(str(name_or_path)):
         return scan.verify_ref(str(name_or_path), progress)
+    if hub.is_hub_ref(name_or_path):
+        return hub.verify(str(name_or_path), progress)
     reg = load_registry()
     say = progress or _say
     if not is_path_like(name_or_path) and str(name_or_path) in reg.models:

@@ -148,6 +148,30 @@ def test_models_scan_on_a_built_cache(installed, model_path, tmp_path):
     assert r.stdout.strip() == str(ollama / "blobs" / f"sha256-{sha}")
 
 
+def test_a_hub_pull_from_the_stand_in(installed, model_path, tmp_path):
+    """`models pull OWNER/REPO:QUANT` from the wheel alone, against the loopback Hub stand-in
+    (tests/registry/hub_standin.py) serving the real smollm2-135m file."""
+    import json
+    sys.path.insert(0, str(ROOT / "tests" / "registry"))
+    from hub_standin import StandIn
+
+    from edgespec import registry
+    model = model_path("smollm2-135m")
+    sha = registry.load_registry().get("smollm2-135m").sha256
+    with StandIn() as hub:
+        hub.add_file("edgespec-test/SmolLM2-GGUF", "smollm2-135m-Q4_K_M.gguf", model, sha256=sha)
+        env = {"EDGESPEC_HOME": str(tmp_path / "es"), "HF_HOME": str(tmp_path / "hf"),
+               "HF_ENDPOINT": hub.endpoint}
+        for var in ("HF_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+            env[var] = ""  # unset for the child: empty counts as unset
+        r = edgespec(installed, "models", "pull", "edgespec-test/SmolLM2-GGUF:Q4_K_M", env=env)
+    assert r.returncode == 0, r.stderr
+    path = Path(r.stdout.strip().split("\t")[1])
+    assert path.is_relative_to(tmp_path / "hf" / "hub")
+    pins = json.loads((tmp_path / "es" / "hub-pins.json").read_text())["files"]
+    assert [p["sha256"] for p in pins.values()] == [sha]
+
+
 @pytest.mark.parametrize("args, extra", [(("serve",), "server"), (("tui",), "tui"),
                                          (("bench", "--preset", "quick"), "bench")])
 def test_a_command_whose_extra_is_missing_says_what_to_install(installed, args, extra):

@@ -441,3 +441,20 @@ def test_models_add_pins_a_hub_model_in_the_user_registry(env, standin, smol_sha
     shutil.rmtree(env / "hf")
     path = registry.resolve("my-smol")
     assert _sha(path) == smol_sha
+
+
+def test_models_verify_rehashes_a_hub_model_against_its_pins(env, standin, tmp_path):
+    repo, name = "edgespec-test/verify-GGUF", "tiny-Q8_0.gguf"
+    blob = standin.add_file(repo, name, write_gguf(tmp_path / "v.gguf", elements=600))
+    uri = f"hf://{repo}/{name}"
+    r = _cli("models", "verify", uri)
+    assert r.exit_code == 1 and "not pulled yet" in r.output
+    path = hub.pull(uri)
+    r = _cli("models", "verify", uri)
+    assert r.exit_code == 0, r.output
+    assert f"{uri}\tok\t{blob.sha256}" in r.output
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.resolve().write_bytes(bytes(data))
+    r = _cli("models", "verify", f"{repo}:q8_0")
+    assert r.exit_code == 1 and "MISMATCH" in r.output and "--force" in r.output
