@@ -6,6 +6,7 @@ EDGESPEC_HOME and HF_HOME, so nothing here reaches the real Hub or the user's ca
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -373,6 +374,15 @@ def test_too_little_disk_is_refused_before_downloading(env, standin, smol_sha, m
     assert "needs about 165.5 MB free" in r.output and "only 50.0 MB left" in r.output
     assert "HF_HOME" in r.output
     assert _gets(standin, smol_sha) == []
+
+    # the disk fills up anyway (another writer): the OSError huggingface_hub lets through
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(hub, "_free_bytes", lambda where: 1 << 40)
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", full)
+    r = _cli("models", "pull", SMOL_URI)
+    assert r.exit_code == 1
+    assert "the disk filled up while downloading" in r.output and "Traceback" not in r.output
 
 
 # --------------------------------------------------------------------------- split sets
