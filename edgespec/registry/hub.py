@@ -319,13 +319,14 @@ def _pick(ref: HubRef, listing: _Listing, env: _Env) -> list[str]:
                              f"name one with hf://{ref.repo}/FILE.gguf")
         parts = next(iter(sets.values()))
     missing = [p for p in parts if p not in listing.files]
+    if missing and listing.from_cache:
+        raise ModelError(f"{ref}: {_set_name(parts[0])} is a split set and the Hugging Face "
+                         f"cache {env.cache_dir} lacks {', '.join(missing)}; "
+                         f"{listing.why_cache}")
     if missing:
-        first = parts[0]
-        raise ModelError(f"{ref}: {_set_name(first)} is a split set, but {where} lacks "
+        raise ModelError(f"{ref}: {_set_name(parts[0])} is a split set, but {where} lacks "
                          f"{', '.join(missing)}; the set is incomplete, so nothing was "
-                         "loaded. Ask the repository's owner, or pick another file"
-                         + ("" if not listing.from_cache else
-                            " (or pull it again online: the cache may hold only some parts)"))
+                         "downloaded. Tell the repository's owner, or pick another file")
     return parts
 
 
