@@ -245,7 +245,7 @@ def test_dropped_connection_resumes_with_a_range_request(env, standin, smol_sha)
 
 
 def test_a_killed_pull_leaves_nothing_that_resolves_and_the_next_pull_completes(
-        env, standin, smol_sha):
+        env, standin, smol_sha, monkeypatch):
     standin.stall_after[smol_sha] = 40_000_000
     child = subprocess.Popen(
         [sys.executable, "-c", "import sys; from edgespec.registry import hub; "
@@ -267,12 +267,10 @@ def test_a_killed_pull_leaves_nothing_that_resolves_and_the_next_pull_completes(
     # the partial file is huggingface_hub's, in blobs/: no reference reaches it
     with pytest.raises(ModelError, match="not pulled yet"):
         registry.resolve(SMOL_URI, pull=False)
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    try:
+    with monkeypatch.context() as m:
+        m.setenv("HF_HUB_OFFLINE", "1")
         with pytest.raises(ModelError, match="HF_HUB_OFFLINE is set"):
             registry.resolve(SMOL_URI)
-    finally:
-        del os.environ["HF_HUB_OFFLINE"]
     r = _cli("models", "pull", SMOL_URI)
     assert r.exit_code == 0, r.output
     assert _sha(Path(r.output.strip().splitlines()[-1].split("\t")[1])) == smol_sha
