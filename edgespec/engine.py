@@ -161,10 +161,15 @@ class Engine:
                 registry_of_proposers.check_draft(tmodel, dmodel, config.proposer)
             user_len = config.control is not None or config.draft_len is not None
             options = _proposer_options(config)
+            layout = config.layout()
             loaded = _build_proposers(config, options, stack, BuildContext(
                 target=tmodel, draft_model=dmodel, n_ctx=n_ctx, threads=config.threads,
                 kernel=config.kernel,
-                target_digest=tsha))
+                target_digest=tsha,
+                # a proposer that derives its own draft (self) loads it as a draft is loaded
+                load_model=lambda path: backend.load_model(
+                    path, n_gpu_layers=config.draft_gpu_layers, use_extra_bufts=layout.repack,
+                    use_mmap=layout.use_mmap)))
             default = config.proposer  # never "auto" here: the plan resolved it
             config = replace(config, n_ctx=n_ctx,
                              control=(config.control or
@@ -378,6 +383,14 @@ class Engine:
         self.proposers[name] = proposer
         self._identity = None  # the feature matrix changed
         self._resources.callback(proposer.close)
+
+    def remove_proposer(self, name: str) -> None:
+        """Close and drop a proposer added with :meth:`add_proposer` (its model is freed now,
+        not when the engine closes; closing twice is harmless)."""
+        if name not in self.proposers or name == self.default_proposer:
+            raise InvalidInputError(f"proposer {name!r} is not an added proposer of this engine")
+        self.proposers.pop(name).close()
+        self._identity = None
 
     def clone_proposer(self, name: str, as_name: str, **overrides) -> str:
         """Load a fresh instance of loaded proposer ``name`` (the options the engine gave it,
@@ -593,6 +606,8 @@ def _build_proposers(config: EngineConfig, options: Mapping[str, dict], stack: E
     for name, spec in registry_of_proposers.REGISTRY.items():
         if "draft_model" in spec.needs and ctx.draft_model is None:
             continue
+        if spec.costly and not spec.needs and name not in wanted:
+            continue  # it derives a model of its own (self): built only when asked for
         try:
             p = spec.build(ctx, options.get(name, {}))
         except InvalidInputError:

@@ -162,6 +162,8 @@ class Matrix:
     warmup: int = 1  # requests per configuration run first and discarded
     warmup_tokens: int = 8
     bootstrap_resamples: int = 2000
+    # keep every engine request's passes for `edgespec bench --replay` (edgespec.replay)
+    record: bool = False
     confidence: float = 0.95
     preset: str = "custom"
 

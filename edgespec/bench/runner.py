@@ -241,6 +241,12 @@ class BenchRun:
     interrupted: bool = False
     started_at: float = 0.0
     finished_at: float = 0.0
+    recorder: object | None = None  # an edgespec.replay.record.Recorder with --record
+
+    def trace_lines(self) -> list[dict]:
+        """traces.jsonl: a header, then every recorded engine request (none without --record)."""
+        r = self.recorder
+        return [] if r is None else [r.header(self.matrix.to_dict()), *r.requests]
 
     def to_dict(self) -> dict:
         return {"schema": 1, "identity": self.identity, "matrix": self.matrix.to_dict(),
@@ -254,8 +260,10 @@ class Runner:
 
     def __init__(self, m: Matrix, engine, anchors: dict | None = None,
                  request_name: dict[str, str] | None = None, progress: Progress | None = None,
-                 control: dict[str, dict] | None = None, exact_engine=None) -> None:
+                 control: dict[str, dict] | None = None, exact_engine=None,
+                 recorder=None) -> None:
         self.m = m
+        self.recorder = recorder  # edgespec.replay.record.Recorder, or None
         self.engine = engine
         self.exact_engine = exact_engine  # runs the exact configurations when given
         self.control = control or {}
@@ -302,6 +310,10 @@ class Runner:
                         rec.update(config=cfg.label, kind=cfg.kind, prompt_id=prompt.id,
                                    category=prompt.category, source=prompt.source, turn=turn,
                                    n_turns=len(prompt.turns), unit=unit, position=pos)
+                        trace = rec.pop("_trace", None)
+                        if trace is not None:
+                            trace.update(unit=unit, prompt_id=prompt.id, turn=turn,
+                                         category=prompt.category)
                         if "prompt_tokens" in rec:
                             rec["bucket"] = bucket_label(rec["prompt_tokens"], self.m.buckets)
                         unit_records.append(rec)
@@ -392,11 +404,20 @@ class Runner:
             kw["control"] = control_settings(engine.control, ctl)
             if "exact" in ctl:
                 kw["exact"] = bool(ctl["exact"])
+        rr = None
+        if self.recorder is not None:  # tokenized before the clock starts
+            rr = self.recorder.begin(
+                engine="exact" if engine is self.exact_engine else "default", config=cfg.label,
+                prompt_tokens=engine.prompt_tokens(messages, self._params(max_tokens, seed)),
+                max_tokens=max_tokens, n_ctx=engine.ctx.n_ctx, warmup=messages is WARMUP_MESSAGES)
+            t0 = time.perf_counter()
         stream: Iterator = engine.stream(messages, self._params(max_tokens, seed),
                                               proposer=self.request_name[cfg.label], **kw)
         sizes: dict[int, list[float]] = {}  # tokens in the target pass -> [passes, seconds]
         try:
             for ev in stream:
+                if rr is not None:
+                    rr.on_event(ev)
                 if isinstance(ev, Step):
                     rss = max(rss, _rss(self._proc))
                     # a pass holds the pending token plus the drafts (a plain step is 1)
@@ -409,12 +430,16 @@ class Runner:
             close = getattr(stream, "close", None)
             if close is not None:
                 close()
+            if rr is not None:
+                self.recorder.end(rr)
         wall = time.perf_counter() - t0
         if fin is None:
             raise EdgespecError("the engine stream ended without a Finished event")
         rec = _record(fin.stats, list(fin.tokens), fin.text, wall, rss)
         rec["pass_size_hist"] = {str(k): int(v[0]) for k, v in sorted(sizes.items())}
         rec["pass_seconds"] = {str(k): v[1] for k, v in sorted(sizes.items())}
+        if rr is not None and "passes" in rr.rec:
+            rec["_trace"] = rr.rec  # run() labels it with the unit, then drops this key
         return rec
 
     def _anchor_request(self, cfg: ConfigSpec, messages: list[dict], max_tokens: int,
@@ -581,10 +606,12 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
                     anchors[cfg.label] = tools.ToolAnchor(cfg.proposer, setup,
                                                           cfg.knob_dict.get("draft_max"))
         run.identity = collect_identity(m, engine, anchors, plan.control)
+        if m.record:
+            run.recorder = _recorder(m, engines, prompts)
         if on_loaded is not None:
             on_loaded(run)
         Runner(m, engine, anchors, request_names, progress, plan.control,
-               exact_engine=engines.get(True)).run(prompts, run)
+               exact_engine=engines.get(True), recorder=run.recorder).run(prompts, run)
     except KeyboardInterrupt:
         run.interrupted = True
         run.finished_at = time.time()
@@ -594,3 +621,29 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
         for eng in engines.values():
             eng.close()
     return run
+
+
+def deepest_pass(m: Matrix, engine, prompts: Sequence[BenchPrompt]) -> int:
+    """The most cached cells any pass of the run can have: the longest conversation's
+    prompt plus every answer's max_new_tokens."""
+    params = GenerationParams(max_tokens=m.max_new_tokens)
+    need = 0
+    for p in prompts:
+        n = len(engine.prompt_tokens(p.messages([""] * (len(p.turns) - 1)), params))
+        need = max(need, n + len(p.turns) * (m.max_new_tokens + 8))
+    return need
+
+
+def _recorder(m: Matrix, engines: dict, prompts: Sequence[BenchPrompt]):
+    """--record: the pass-time curve at the depths this run's passes have, measured on each
+    engine's kernel configuration before any request, and the hooks that keep each pass."""
+    from ..replay.depth import depths_for, measure_depths
+    from ..replay.record import Recorder
+
+    rec = Recorder()
+    for exact, eng in engines.items():
+        depths = depths_for(deepest_pass(m, eng, prompts), eng.ctx.n_ctx)
+        curve = measure_depths(eng.target, depths, n_threads=eng.ctx.n_threads,
+                               kernel=eng.config.kernel)
+        rec.attach("exact" if exact else "default", eng, curve)
+    return rec

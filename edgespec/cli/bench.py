@@ -73,6 +73,14 @@ def run_and_write(m, out_dir: Path, label: str):
     data = run.to_dict()
     json_path = write_json(data, out_dir / "bench.json")
     report_path = write_report(data, out_dir)
+    lines = run.trace_lines()
+    if lines:
+        import json
+        with open(out_dir / "traces.jsonl", "w", encoding="utf-8") as f:
+            for line in lines:
+                f.write(json.dumps(line) + "\n")
+        click.echo(f"recorded {len(lines) - 1} requests' passes in {out_dir / 'traces.jsonl'}; "
+                   f"replay them with `edgespec bench --replay {out_dir}`", err=True)
     return run, data, json_path, report_path
 
 
@@ -137,11 +145,22 @@ def _echo_overall(data) -> None:
 @click.option("--report-from", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Rebuild report.md and the plots from a saved bench.json; run nothing.")
 @click.option("--dry-run", is_flag=True, help="Print the matrix and the request count; run nothing.")
+@click.option("--record", is_flag=True, default=None,
+              help="Also keep every engine request's passes (drafts, decisions, timings) and "
+                   "the pass-time curve at this run's context depths, in traces.jsonl, for --replay.")
+@click.option("--replay", "replay_dir", type=click.Path(exists=True), default=None,
+              metavar="RUN_DIR",
+              help="Replay a --record run's passes through the same controllers on its own "
+                   "cost curves and print predicted vs measured speedups; run nothing.")
 @handle_errors
 def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, categories,
           per_category, max_turns, humanevalfix, long_, jsonl, prompt_field, jsonl_n, buckets,
-          max_tokens, temperature, seed, threads, n_ctx, warmup, out, report_from, dry_run):
+          max_tokens, temperature, seed, threads, n_ctx, warmup, out, report_from, dry_run,
+          record, replay_dir):
     """Benchmark the plain path, proposers and anchors (llama.cpp, llama-cpp-python) side by side."""
+    if replay_dir:
+        _replay(Path(replay_dir), out)
+        return
     if not dry_run:  # the report's plots need matplotlib; a dry run draws none
         require("bench", "bench")
     from ..bench.compose import Flags, compose
@@ -161,6 +180,8 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
                            prompt_field=prompt_field, jsonl_n=jsonl_n, max_new_tokens=max_tokens,
                            temperature=temperature, seed=seed, threads=threads, n_ctx=n_ctx,
                            warmup=warmup).items())))
+    if record:  # what the run keeps, not what it measures: the preset stays unmodified
+        m = replace(m, record=True)
     if dry_run:
         from ..bench.runner import collect_prompts, total_requests
 
@@ -177,6 +198,27 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
     if run.interrupted:
         click.echo("interrupted: the files hold what was measured before Ctrl-C", err=True)
         sys.exit(130)
+
+
+def _replay(run_dir: Path, out: str | None) -> None:
+    """`edgespec bench --replay RUN_DIR`: the comparison on stdout, replay.md and
+    replay.json beside the traces (or in --out)."""
+    import json
+
+    from ..replay import compare, load_traces
+    from ..replay.report import comparison_json, format_report
+
+    run_dir = run_dir if run_dir.is_dir() else run_dir.parent
+    traces = load_traces(run_dir)
+    comp, over = compare(traces)
+    text = format_report(comp, over, traces, run_dir)
+    click.echo(text, nl=False)
+    dest = Path(out) if out else run_dir
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "replay.md").write_text(text, encoding="utf-8")
+    (dest / "replay.json").write_text(json.dumps(comparison_json(comp, over), indent=1),
+                                      encoding="utf-8")
+    click.echo(f"wrote {dest / 'replay.md'} and {dest / 'replay.json'}", err=True)
 
 
 @click.command("qualify")

@@ -210,8 +210,8 @@ def test_metrics_count_what_was_served(client, server):
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400,
      "unsupported_parameter", "n"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [
-        {"type": "function", "function": {"name": "f"}}]}, 400, "unsupported_parameter",
-     "tools"),
+        {"type": "function", "function": {"name": "f"}}]}, 400, "tools_unsupported",
+     "tools"),  # SmolLM2's template has no place for tools
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 513},
      400, "invalid_value", "max_tokens"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stop": [""]}, 400,
