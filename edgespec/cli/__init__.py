@@ -54,6 +54,9 @@ cli.add_command(rpc_server)
 from .doctor import doctor_command  # noqa: E402
 
 cli.add_command(doctor_command)
+from .self_draft import self_draft_command  # noqa: E402
+
+cli.add_command(self_draft_command)
 
 
 def main() -> None:

@@ -58,6 +58,11 @@ def engine_options(fn):
                      callback=_remember("n_gpu_layers"),
                      help="Target layers to offload (to a GPU, or with --rpc to the servers); "
                           "0: as many as fit."),
+        click.option("--proposer-option", "-O", multiple=True, expose_value=False,
+                     callback=_proposer_options, metavar="NAME.KEY=VALUE",
+                     help="A proposer's option, e.g. self.layers=0-5,22-27 or "
+                          "ngram.max_draft=6; repeatable (`edgespec plan` lists each "
+                          "proposer's options)."),
         click.option("--tensor-split", default=None, expose_value=False, callback=_shares,
                      help="With --rpc: each remote device's share of the offloaded layers, "
                           "e.g. 1,1 (default: by free memory)."),
@@ -84,6 +89,22 @@ def _endpoints(ctx: click.Context, _param, value):
     return value
 
 
+def _proposer_options(ctx: click.Context, _param, values):
+    from ..proposers import spec
+    out: dict[str, dict] = {}
+    for item in values:
+        head, eq, value = item.partition("=")
+        name, dot, key = head.partition(".")
+        if not (eq and dot and name and key):
+            raise click.BadParameter(f"{item!r} is not NAME.KEY=VALUE, e.g. self.layers=first:14")
+        try:
+            out.setdefault(name, {}).update(spec(name).check_options({key: value}))
+        except InvalidInputError as e:
+            raise click.BadParameter(str(e)) from None
+    ctx.meta["edgespec.proposer_options"] = out
+    return values
+
+
 def _shares(ctx: click.Context, _param, value):
     if value is None:
         return None
@@ -104,7 +125,8 @@ def engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, th
                         budget=budget, tree_width=meta.get("edgespec.tree_width", 0),
                         rpc=meta.get("edgespec.rpc", ()),
                         n_gpu_layers=meta.get("edgespec.n_gpu_layers", 0),
-                        tensor_split=meta.get("edgespec.tensor_split")).validate()
+                        tensor_split=meta.get("edgespec.tensor_split"),
+                        proposer_options=meta.get("edgespec.proposer_options", {})).validate()
 
 
 def structured_options(fn):

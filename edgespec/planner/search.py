@@ -210,7 +210,11 @@ def _kinds(proposer: str, has_draft: bool) -> list[tuple[str, bool]]:
     """(proposer, costs a model) to evaluate: every registered one for "auto", else those asked."""
     from .. import proposers
     if proposer == AUTO:
-        names = [PLAIN] + proposers.names()
+        # self-speculation derives a model of its own, which the planner's draft memory and
+        # speed model do not describe: it runs when asked for (--proposer self), see
+        # docs/benchmarks.md for where it was measured
+        names = [PLAIN] + [n for n in proposers.names()
+                           if not (proposers.REGISTRY[n].costly and not proposers.needs_model(n))]
     elif proposer == PLAIN:
         names = [PLAIN]
     else:

@@ -58,6 +58,8 @@ class BuildContext:
     threads: int | None = None
     target_digest: str | None = None  # sha256 of the target file, keys persisted statistics
     kernel: Any = None  # the engine's KernelConfig (a draft model's context follows it)
+    #: loads a GGUF file as the engine loads a draft (for a proposer deriving its own model)
+    load_model: Callable[[Any], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,11 @@ def _draft(ctx: BuildContext, opts: dict) -> Proposer:
                               target_vocab=ctx.target.n_vocab if ctx.target is not None else None)
 
 
+def _self(ctx: BuildContext, opts: dict) -> Proposer:
+    from .selfspec import build_self
+    return build_self(ctx, opts.get("layers", ""), n_batch=opts.get("n_batch", 0))
+
+
 def _bridge(ctx: BuildContext, opts: dict) -> Proposer:
     from .bridged import BridgedDraftProposer
     return BridgedDraftProposer(ctx.draft_model, ctx.target, n_ctx=ctx.n_ctx,
@@ -164,6 +171,14 @@ REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
     ProposerSpec(
         "draft", "a GGUF draft model sharing the target's vocabulary", costly=True,
         needs=("draft_model",), factory=_draft, options={
+            "n_batch": Option(int, 0, "draft context batch size (0: the engine's)"),
+        }),
+    ProposerSpec(
+        "self", "self-speculation: a draft made of a subset of the target's own layers (no "
+        "second model; built from the target and cached)", costly=True, needs=(),
+        factory=_self, options={
+            "layers": Option(str, "", "the kept layers: first:N, skip:A-B or a list such as "
+                             "0-5,22-27 (default: the measured choice, `edgespec self-draft`)"),
             "n_batch": Option(int, 0, "draft context batch size (0: the engine's)"),
         }),
     ProposerSpec(
