@@ -29,7 +29,7 @@ from .. import __version__
 from ..errors import ContextOverflowError, EdgespecError
 from ..events import Finished, Step
 from ..serving import DONE
-from . import auth
+from . import auth, choices
 from .errors import APIError, from_edgespec, install_handlers
 from .mapping import chat_request, chat_turn, check_model, completion_request
 from .metrics import CONTENT_TYPE, ServerMetrics
@@ -95,8 +95,14 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
     slices = _Slices(settings.max_slices)
 
     async def _generate(request: Request, kind: str, req, prompt, params, turn=None):
-        bridge = _Bridge(asyncio.get_running_loop(), metrics)
         traffic = slices.of(request.headers.get(SLICE_HEADER), kind, params)
+        if (req.n or 1) > 1:  # parallel sequences sharing the prompt's KV (server/choices.py)
+            return await choices.generate(
+                request, kind, req, prompt, params, turn, n=req.n, scheduler=scheduler,
+                engine=engine, identity=identity, traffic=traffic, watch=_watch_disconnect,
+                new_bridge=lambda: _Bridge(asyncio.get_running_loop(), metrics),
+                failure=_failure)
+        bridge = _Bridge(asyncio.get_running_loop(), metrics)
         try:
             ticket = await run_in_threadpool(
                 lambda: scheduler.submit(prompt, params, on_event=bridge, traffic=traffic))

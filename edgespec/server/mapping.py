@@ -72,8 +72,7 @@ def completion_request(req: CompletionRequest, settings: ServerSettings, n_vocab
 
 # --- pieces ---------------------------------------------------------------------------------
 def _refuse_common(req) -> None:
-    if req.n not in (None, 1):
-        raise unsupported("n", "n > 1 is not supported; send one request per choice")
+    # n > 1 is served (edgespec.server.choices), within the server's sequences
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream: true",
                           param="stream_options")

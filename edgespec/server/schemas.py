@@ -3,7 +3,7 @@
 Every field this server knows is named here. A field that is not is ignored and named in
 the server log (real clients send fields of newer API versions: ``parse_request``), or,
 with ``--strict``, refused (400, with the field as ``param``). A known field whose value
-this server cannot honour (``n > 1``, ``functions``, ``echo``) is always refused: a request is never
+this server cannot honour (``functions``, ``echo``; ``n`` beyond ``--parallel``) is always refused: a request is never
 answered with some of its meaning dropped. Types are strict: ``"max_tokens": "5"`` is a type
 error, not 5, and NaN or infinite numbers are refused.
 

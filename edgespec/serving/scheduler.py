@@ -12,6 +12,10 @@
     ticket.cancel()                    a queued request is dropped, a running one ends at
                                        its next step with stop_reason "cancelled"
     close(drain=True)                  refuses new requests, finishes the admitted ones
+    submit_n(prompt, params, n, ...)   n choices of one request (OpenAI's ``n``): the
+                                       prompt is prefilled once and its KV copied
+                                       (seq_cp) into the other choices' sequences; see
+                                       "Several choices" below
 
 A step. Each active request plans its part of the pass in turn (edgespec.request.Loop.plan):
 its controller sees the rows the requests before it already put in the pass and the tokens
@@ -28,6 +32,18 @@ number of rows (Engine.exact_max_draft() + 1), so a request may wait a step for 
 (round robin), and a prompt loads alone. That bounds exact throughput; the default mode
 is not bounded.
 
+Several choices. ``submit_n`` queues one request whose n choices are admitted together,
+when n sequences are free (so n is at most the number of sequences, and the KV pool must
+be unified: a copy marks the prompt's cells for each choice, it moves no data). The first
+choice prefills the prompt (reusing any cached prefix as usual); when its last chunk is in,
+every other choice's sequence gets the prompt's cells (``Context.seq_cp``) and samples its
+first token from the same last-prompt-token logits; from then on the choices are ordinary
+sequences of the batch. Choice i samples with its own generator, seeded ``seed + i`` (mod
+2**64) when the request has a seed: choice 0 is the request's n = 1 answer (on the plain
+path; under speculation the draws a request consumes depend on its drafts, which depend on
+what the proposers learned before). Greedy choices are equal. If the first choice
+ends before its prompt is in (cancelled, failed), the others prefill it themselves.
+
 ``on_event`` runs on the scheduler thread: it must not block (the server hands events to
 its asyncio loop with ``call_soon_threadsafe``).
 """
@@ -37,7 +53,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from ..errors import EdgespecError, UnsupportedError
@@ -84,10 +100,31 @@ class Ticket:
         self.cancelled = threading.Event()
         self.submitted = time.monotonic()
         self.prepared = prepared  # edgespec.engine.Prepared
+        # the other choices of an n > 1 request (submit_n): they are admitted with this
+        # ticket, which alone sits in the queue, and start from the prompt KV it prefills
+        self.followers: list[Ticket] = []
+        self.leader: Ticket | None = None
 
     def cancel(self) -> None:
         self.cancelled.set()
         self._scheduler._cancelled(self)
+
+
+class Choices:
+    """The tickets of an n-choice request (:meth:`Scheduler.submit_n`), choice i at [i]."""
+
+    def __init__(self, tickets: list[Ticket]) -> None:
+        self.tickets = tickets
+
+    def __len__(self) -> int:
+        return len(self.tickets)
+
+    def __getitem__(self, i: int) -> Ticket:
+        return self.tickets[i]
+
+    def cancel(self) -> None:
+        for t in reversed(self.tickets):  # the leader last: a queued group leaves at once
+            t.cancel()
 
 
 @dataclass
@@ -106,6 +143,9 @@ class _Active:
     yielding: bool = False  # its drafts are held back by the load (a load_yield was sent)
     prefill: object | None = None  # an edgespec.kvcache.PrefillStart while its prompt loads
     pos: int = 0  # the next prompt position to decode, while prefilling
+    # another choice of the same request still loads the prompt this one will copy
+    leader: "_Active | None" = None
+    followers: list = field(default_factory=list)  # the choices waiting on this one
 
 
 class Scheduler:
@@ -177,6 +217,67 @@ class Scheduler:
             self._wake.notify()
         return ticket
 
+    def submit_n(self, prompt: str | Sequence[dict], params: GenerationParams, n: int, *,
+                 on_event: Callable[[int, object], None], proposer: str | None = None,
+                 exact: bool | None = None, reuse: bool = True,
+                 traffic: str = "default") -> Choices:
+        """``n`` choices of one request: ``on_event(i, event)`` for choice i, as ``submit``'s
+        ``on_event`` is called for its request. Refused (an EdgespecError) when n is more
+        than the sequences or the KV pool is not shared (see "Several choices")."""
+        self.check_choices(n)
+        if n == 1:
+            return Choices([self.submit(prompt, params, on_event=lambda ev: on_event(0, ev),
+                                        proposer=proposer, exact=exact, reuse=reuse,
+                                        traffic=traffic)])
+        self._admissible()
+        seed = params.sampling.seed
+        prepared = []
+        try:
+            for i in range(n):
+                p = params if seed is None or i == 0 else replace(
+                    params, sampling=replace(params.sampling, seed=(seed + i) % 2 ** 64))
+                prepared.append(self.engine.prepare(prompt, p, proposer=proposer, exact=exact,
+                                                    reuse=reuse, traffic=traffic))
+            if any(p.exact for p in prepared):
+                raise UnsupportedError(
+                    "n > 1 copies the prompt's KV between sequences of a shared pool, where "
+                    "exact requests cannot run; send n = 1 for an exact request")
+        except BaseException:
+            for p in prepared:
+                p.close()
+            raise
+        tickets = [Ticket(next(self._ids), (lambda i: lambda ev: on_event(i, ev))(i), self, p)
+                   for i, p in enumerate(prepared)]
+        leader = tickets[0]
+        leader.followers = tickets[1:]
+        for t in leader.followers:
+            t.leader = leader
+        with self._lock:
+            try:
+                self._admissible_locked()
+            except EdgespecError:
+                for p in prepared:
+                    p.close()
+                raise
+            self._queue.append(leader)
+            self._wake.notify()
+        return Choices(tickets)
+
+    def check_choices(self, n: int) -> None:
+        """Whether this scheduler can serve n choices of one request."""
+        if n < 1:
+            raise EdgespecError(f"n must be at least 1 (got {n})")
+        if n == 1:
+            return
+        if n > self.parallel:
+            raise EdgespecError(
+                f"n = {n} choices need {n} sequences at once; this server has {self.parallel} "
+                f"(--parallel): send n <= {self.parallel}, or several requests")
+        if not getattr(self.engine.ctx, "unified", False):
+            raise UnsupportedError(
+                "n > 1 shares the prompt's KV between sequences of one pool; this server "
+                "splits its pool per sequence (--exact with --parallel): send n = 1")
+
     def load(self) -> Load:
         with self._lock:
             return Load(len(self._queue), len(self._active), self.parallel, self.max_queue)
@@ -190,7 +291,7 @@ class Scheduler:
                 for a in self._active:
                     a.ticket.cancelled.set()
             self._wake.notify()
-        for t in dropped:
+        for t in [x for t in dropped for x in (t, *t.followers)]:
             t.prepared.close()
             t.on_event(ShuttingDownError("the server shut down before this request ran"))
         self._thread.join(timeout)
@@ -218,9 +319,11 @@ class Scheduler:
             queued = ticket in self._queue
             if queued:
                 self._queue.remove(ticket)
-        if queued:  # never ran: nothing to report but its end
-            ticket.prepared.close()
-            ticket.on_event(DONE)
+        if queued:  # never ran: nothing to report but its end (its choices' neither)
+            for t in (ticket, *ticket.followers):
+                t.cancelled.set()
+                t.prepared.close()
+                t.on_event(DONE)
 
     # --- the scheduler thread ------------------------------------------------------------
     def _run(self) -> None:
@@ -244,11 +347,15 @@ class Scheduler:
         free = [s for s in self._slots if s.seq_id not in busy]
         out = []
         while self._queue and free:
-            t = self._queue.popleft()
+            t = self._queue[0]
+            if len(t.followers) >= len(free):
+                break  # an n-choice request waits for n free sequences (first come first)
+            self._queue.popleft()
             toks = t.prepared.tokens
-            slot = max(free, key=lambda s: (common_prefix(s.kv.held, toks), -s.used))
-            free.remove(slot)
-            out.append((t, slot))
+            for c in (t, *t.followers):  # the leader first: it prefills, the rest copy
+                slot = max(free, key=lambda s: (common_prefix(s.kv.held, toks), -s.used))
+                free.remove(slot)
+                out.append((c, slot))
         return out
 
     def _start(self, ticket: Ticket, slot: _Slot) -> None:
@@ -261,10 +368,15 @@ class Scheduler:
             return
         req.seq_id, req.kv, req.cancel = slot.seq_id, slot.kv, ticket.cancelled
         a = _Active(ticket, req, route, slot)
+        lead = next((x for x in self._active if x.ticket is ticket.leader), None)
         with self._lock:
             self._active.append(a)
         try:
             self._send(a, loop.started(req))
+            if lead is not None and lead.prefill is not None:
+                a.leader = lead  # it starts from the KV the first choice is prefilling
+                lead.followers.append(a)
+                return
             if self.parallel > 1 and not req.exact:
                 # the prompt loads in chunks that share the next passes with the sequences
                 # already decoding, so they keep emitting while it loads
@@ -286,7 +398,11 @@ class Scheduler:
         self._rr += 1
         exact = any(a.req.exact for a in order)
         budget = max(1, eng.exact_max_draft() + 1 if exact else loop.ctx.n_batch)
-        decoding = [a for a in order if a.prefill is None]
+        for a in [a for a in order if a.leader is not None and a.ticket.cancelled.is_set()]:
+            a.req.stop_reason = "cancelled"  # a choice cancelled while its prompt loads
+            self._finish(a)
+            order.remove(a)
+        decoding = [a for a in order if a.prefill is None and a.leader is None]
         chunks = self._prefill_chunks([a for a in order if a.prefill is not None], decoding,
                                       budget, exact)
         passes, rows, tokens = [], sum(c for _, c in chunks), 0.0
@@ -396,6 +512,9 @@ class Scheduler:
         try:
             pre = a.slot.kv.finish(a.prefill, logits, whole=whole)
             a.prefill = None
+            followers, a.followers = a.followers, []
+            for f in followers:  # before the first choice's own first token is decoded
+                self._copy_prompt(a, f, pre)
             for ev in self.loop.prefilled(a.req, pre):
                 self._send(a, ev)
         except BaseException as e:
@@ -403,6 +522,38 @@ class Scheduler:
             return
         if a.req.stop_reason:
             self._finish(a)
+
+    def _copy_prompt(self, lead: _Active, f: _Active, pre) -> None:
+        """Choice ``f`` takes the prompt's KV from ``lead``'s sequence (seq_cp: the same
+        cells, nothing recomputed) and samples its own first token from the same logits."""
+        from ..kvcache import Prefill
+
+        f.leader = None
+        n = len(lead.req.tokens)
+        try:
+            start = f.slot.kv.start(f.req.tokens, reuse=False)  # empties f's sequence
+            self.loop.ctx.seq_cp(lead.req.seq_id, f.req.seq_id, 0, n)
+            f.slot.kv.finish(start, pre.logits, whole=False)
+            f.req.n_past = n
+            # the prompt was reused, not computed, by this choice (its usage says so)
+            for ev in self.loop.prefilled(f.req, Prefill(pre.logits.copy(), n, 0, False)):
+                self._send(f, ev)
+        except BaseException as e:
+            self._finish(f, error=e)
+            return
+        if f.req.stop_reason:
+            self._finish(f)
+
+    def _orphan(self, lead: _Active) -> None:
+        """``lead`` ended before its prompt was in: its waiting choices load it themselves."""
+        followers, lead.followers = lead.followers, []
+        for f in followers:
+            f.leader = None
+            try:
+                f.prefill = f.slot.kv.start(f.req.tokens, reuse=f.req.reuse, exact=False)
+                f.pos = f.req.n_past = f.prefill.reused
+            except BaseException as e:
+                self._finish(f, error=e)
 
     def _load_events(self, a: _Active, ps, rows: int) -> None:
         """A load_yield when the controller declines a draft it has because the pass is
@@ -432,6 +583,11 @@ class Scheduler:
         """End a request: its last events (or its error), its sequence freed and kept
         for prefix reuse."""
         loop = self.loop
+        if a.followers:
+            self._orphan(a)
+        if a.leader is not None and a in a.leader.followers:
+            a.leader.followers.remove(a)  # ended while waiting for the prompt: copy nothing
+            a.leader = None
         try:
             if error is None:
                 for ev in loop.end(a.req):
