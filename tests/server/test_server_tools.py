@@ -138,6 +138,19 @@ def test_a_forced_call_is_generated_under_its_grammar():
         assert params.constraint().kind == "grammar"
 
 
+def test_one_call_only_ends_the_output_at_the_first_calls_closing_tag():
+    # the engine stops at the stop string and removes it; the turn restores the closing tag
+    sched, c = scripted([CALL[:-len("</tool_call>")]], stop_reason="stop")
+    with c:
+        r = chat(c, messages=ASK, tools=[WEATHER], parallel_tool_calls=False, stop=["END"])
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        assert [t["function"]["name"] for t in choice["message"]["tool_calls"]] == ["get_weather"]
+        assert sched.calls[-1][1].stop == ("END", "</tool_call>")
+        chat(c, messages=ASK, tools=[WEATHER], stop=["END"])
+        assert sched.calls[-1][1].stop == ("END",)  # parallel calls: no stop of its own
+
+
 @pytest.mark.parametrize("body,status,param,code,words", [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "strin"}}}}}]},
