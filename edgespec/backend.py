@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 from collections import deque
 from pathlib import Path
@@ -73,6 +74,53 @@ if _ll is not None:
     atexit.register(_close_llama_cpp_devnull)
 
 
+# --- aborts: failures llama.cpp cannot return from ---------------------------------------
+# ggml answers one it cannot return (an RPC server gone mid-pass, a failed internal check)
+# by printing its message, running gdb on the process (gdb's backtrace goes to *stdout*,
+# after the generated text) and abort(). edgespec ends the process itself instead, with one
+# error line; ggml's other backtrace path (an uncaught C++ exception) is switched off unless
+# llama.cpp's log is asked for, when the backtrace is what the user is after.
+ABORT_EXIT = 1  # what the CLI exits with for any EdgespecError
+if not os.environ.get("EDGESPEC_LLAMA_LOG"):
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
+
+
+def abort_line(message: str) -> str:
+    """The error line for the message ggml_abort was given (its source path shortened)."""
+    msg = re.sub(r"^\S*/(?=[^/\s]+:\d+: )", "", message.strip())
+    if "RPC" in msg:  # ggml-rpc.cpp: a server crashed, was stopped, or its machine went away
+        from .rpc import lost_server_message
+        return lost_server_message(tuple(_RPC_REGS), msg)
+    return (f"llama.cpp stopped on a failure it cannot recover from ({msg}); this is a bug in "
+            "llama.cpp or edgespec, not in your input: please report it with this line "
+            "(EDGESPEC_LLAMA_LOG=1 adds llama.cpp's log and backtrace)")
+
+
+if _ll is not None:
+    @ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+    def _on_ggml_abort(message):
+        """ggml_abort's callback, on whichever thread failed. ggml calls abort() as soon as
+        it returns, so it never does: the text generated so far is flushed, the error line
+        written to stderr, and the process exits (os._exit: llama.cpp's state is broken, no
+        destructor may run on it)."""
+        try:
+            line = abort_line((message or b"").decode("utf-8", "replace"))
+        except BaseException:
+            line = "llama.cpp stopped on a failure it cannot recover from"
+        try:
+            import sys
+            sys.stdout.flush()
+        except BaseException:
+            pass
+        try:
+            os.write(2, f"Error: {line}\n".encode("utf-8", "replace"))
+            if os.environ.get("EDGESPEC_LLAMA_LOG"):  # debugging llama.cpp: where it failed
+                from llama_cpp import _ggml
+                _ggml.libggml.ggml_print_backtrace()
+        finally:
+            os._exit(ABORT_EXIT)
+
+
 def _ensure_init() -> None:
     global _initialised
     _require()
@@ -80,6 +128,10 @@ def _ensure_init() -> None:
         if not _initialised:
             _ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
             _ll.llama_backend_init()
+            from llama_cpp import _ggml
+            set_abort = _ggml.libggml.ggml_set_abort_callback
+            set_abort.argtypes, set_abort.restype = [ctypes.c_void_p], ctypes.c_void_p
+            set_abort(ctypes.cast(_on_ggml_abort, ctypes.c_void_p))
             _initialised = True
 
 

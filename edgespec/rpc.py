@@ -154,3 +154,30 @@ def placement_key(endpoints, n_layers: int, split) -> str:
     hosts = ",".join(e.rpartition(":")[0] for e in endpoints)
     shares = "auto" if split is None else ",".join(f"{float(x):g}" for x in split)
     return f"rpc={hosts};layers={n_layers};split={shares}"
+
+
+def unreachable(endpoints, timeout: float = 0.5) -> list[str]:
+    """The endpoints where nothing accepts a TCP connection now. A connection only, no
+    handshake: a live server busy with this process's own connection still accepts one
+    (into its listen backlog), so only a server that is gone shows."""
+    out = []
+    for ep in endpoints:
+        host, _, port = ep.partition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout).close()
+        except OSError:
+            out.append(ep)
+    return out
+
+
+def lost_server_message(endpoints, detail: str) -> str:
+    """What to tell a user whose RPC server died while llama.cpp was using it (llama.cpp's
+    own ``detail``), naming the servers that no longer answer where that can be seen."""
+    eps = list(endpoints)
+    dead = unreachable(eps)
+    which = (", ".join(dead) if dead else
+             f"{eps[0]}" if len(eps) == 1 else f"(one of {', '.join(eps)})")
+    host, _, port = (dead or eps or ["HOST:PORT"])[0].partition(":")
+    return (f"RPC server {which} stopped answering while this run used it ({detail}); the "
+            f"layers it held went with it, so the run cannot continue: restart it "
+            f"(`edgespec rpc-server --host {host} --port {port}`) and run again")

@@ -29,8 +29,8 @@ def handle_errors(fn):
             click.echo("\ncancelled", err=True)
             sys.exit(130)
         except KeyboardInterrupt:
-            # the process is exiting: a second Ctrl-C must not kill it mid-shutdown
-            signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+            if _main_thread():  # the process is exiting: a second Ctrl-C must not kill it
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # mid-shutdown
             click.echo("\ninterrupted", err=True)
             sys.exit(130)
         except EdgespecError as e:
