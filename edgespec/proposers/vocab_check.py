@@ -20,7 +20,7 @@ def vocab_mismatch(target, draft) -> str | None:
     nt, nd = int(target.n_vocab), int(draft.n_vocab)
     if abs(nt - nd) > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
         return (f"the draft has {nd} tokens, the target {nt}: more than "
-                f"{SPEC_VOCAB_MAX_SIZE_DIFFERENCE} apart, so they do not share a tokenizer")
+                f"{SPEC_VOCAB_MAX_SIZE_DIFFERENCE} apart, so their vocabularies differ")
     if bool(target.add_bos) != bool(draft.add_bos):
         return "the draft and the target disagree on adding BOS"
     for what, a, b in (("BOS", target.bos, draft.bos), ("EOS", target.eos, draft.eos)):
