@@ -163,4 +163,17 @@ class Recorder:
 
     def header(self, matrix: dict) -> dict:
         return {"schema": SCHEMA, "kind": "edgespec-bench-traces", "engines": self.engines,
-                "matrix": matrix}
+                "matrix": matrix, "controller_code": controller_code()}
+
+
+def controller_code() -> str:
+    """A digest of the controller's source: a replay through other controller code than
+    the run's cannot reproduce its decisions, and says so."""
+    import hashlib
+    from pathlib import Path
+
+    from .. import control
+    h = hashlib.sha256()
+    for f in sorted(Path(control.__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]

@@ -177,17 +177,22 @@ def _draft(c: Mapping, name: str) -> Draft:
 
 
 def reference(r: Mapping) -> tuple[list[int], int | None]:
-    """The recorded output, with the end-of-generation token appended when the request
-    ended on one (its id from the controller's record, else a placeholder no draft
-    matches), and that token's position (None: the request ended otherwise)."""
+    """What the target chose at each position, and the position of the end-of-generation
+    token (None: the request ended otherwise).
+
+    The recorded output, continued by what the passes appended past it where the
+    controller's record has them: a last pass's verification goes on past an accepted
+    end token or max_tokens (the target's choices there decide its accepted count), and
+    only emission stops. Without them (the plain path records emitted tokens only) an end
+    token is a placeholder no draft matches."""
     out = list(r["output"])
-    if r["stop_reason"] != "eos":
-        return out, None
     stream = list(r.get("first_token") or [])
     for p in r["passes"]:
         stream.extend(p.get("tokens") or ())
-    eog = stream[len(out)] if len(stream) > len(out) else _REJECTED
-    return out + [eog], len(out)
+    eog_at = len(out) if r["stop_reason"] == "eos" else None
+    if len(stream) > len(out) and stream[:len(out)] == out:
+        return stream, eog_at
+    return (out + [_REJECTED] if eog_at is not None else out), eog_at
 
 
 def build_controller(r: Mapping, guard: GoodputGuard | None):

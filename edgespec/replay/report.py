@@ -53,6 +53,10 @@ def format_report(comp: Comparison, over: Mapping[str, Overheads], traces: Trace
                  "controllers the engine built, on the run's own cost curves.")
     lines.append(f"Pass structure reproduced (same drafts, decisions, accepted counts and "
                  f"number of passes) for {comp.reproduced} of {comp.replayed} requests.")
+    from .record import controller_code
+    if traces.header.get("controller_code") not in (None, controller_code()):
+        lines.append("  Note: the controller's code (edgespec/control) differs from the run's, so "
+                     "its decisions need not match the recording; replay with the run's version.")
     for cfg, prompt, at in comp.diverged[:10]:
         lines.append(f"  - {cfg} on {prompt}: left the recording at pass {at}")
     lines.append("")
