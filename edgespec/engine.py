@@ -114,6 +114,11 @@ class Engine:
         #: requests reuse the KV cache's longest common prefix unless they say otherwise;
         #: off by default so benchmarks and parity runs prefill every prompt
         self.reuse = False
+        #: called as hook(req, controller, built) for every request that gets a controller,
+        #: returning the controller the request runs with; ``built`` holds what
+        #: make_controller was given. The bench's recorder (edgespec.replay.record) wraps
+        #: the controller this way to keep every decision for an offline replay.
+        self.controller_hook = None
         self._loop = Loop(target, ctx, target_name=self.target_name, draft_name=self.draft_name,
                           sinks=self.sinks, cancelled=self._cancel, kv=self.kv_cache)
 
@@ -466,10 +471,15 @@ class Engine:
                 cal = self.calibration() if control.adaptive else None
                 token_seconds = {n: getattr(self.proposers[n], "seconds_per_token", 0.0)
                                  for n in req.costly}
+                built = dict(settings=replace(control, proposer=names[0]) if not control.adaptive
+                             else control, proposers={n: n in req.costly for n in names},
+                             calibration=cal, slice=traffic,
+                             token_seconds={n: s for n, s in token_seconds.items() if s} or None)
                 req.controller = make_controller(
-                    replace(control, proposer=names[0]) if not control.adaptive else control,
-                    {n: n in req.costly for n in names}, cal, self.guard, traffic,
-                    {n: s for n, s in token_seconds.items() if s} or None)
+                    built["settings"], built["proposers"], cal, self.guard, traffic,
+                    built["token_seconds"])
+                if self.controller_hook is not None:
+                    req.controller = self.controller_hook(req, req.controller, built)
                 req.max_draft = (control.max_draft if control.adaptive
                                  else control.draft_length)
         except BaseException:
