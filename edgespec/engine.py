@@ -203,7 +203,7 @@ class Engine:
              sinks: Sequence[StatsSink] = (), pull: bool = True,
              budget: str | int | None = None, exact: bool = False,
              kernel: KernelConfig | None = None, parallel: int = 1,
-             kv_cache_ram: int | None = None) -> "Engine":
+             kv_cache_ram: int | None = None, tree_width: int = 0) -> "Engine":
         """Keyword form of :meth:`from_config`.
 
         ``exact=False`` (the default) is lossless: every emitted token is the target's
@@ -217,7 +217,8 @@ class Engine:
                            threads=threads, n_gpu_layers=n_gpu_layers,
                            draft_gpu_layers=draft_gpu_layers, adaptive=adaptive,
                            draft_len=draft_len, control=control_settings,
-                           budget=budget, pull=pull, parallel=parallel, kv_cache_ram=kv_cache_ram)
+                           budget=budget, pull=pull, parallel=parallel, kv_cache_ram=kv_cache_ram,
+                           tree_width=tree_width)
         return cls.from_config(cfg, sinks=sinks)
 
     def close(self) -> None:

@@ -13,6 +13,8 @@ TOML example::
     max_new_tokens = 64
     temperature = 0.0
     threads = 2
+    n_gpu_layers = 0             # layers on the GPU (-1: all); the anchors get the same -ngl
+    tree_width = 0               # scratch sequences for draft trees (engine --tree-width)
     buckets = [256, 1024]        # prompt-length bucket edges in tokens
 
     [prompts]
@@ -157,6 +159,10 @@ class Matrix:
     seed: int = 0
     threads: int | None = None
     n_ctx: int = 4096
+    # where the engine runs: target and draft layers on the GPU (-1 or more than the model
+    # has: all), and scratch KV sequences for draft trees (0: linear drafts only)
+    n_gpu_layers: int = 0
+    tree_width: int = 0
     anchor_n_ctx: int = 2048  # the anchor allocates n_ctx x n_vocab logits (models.md): keep modest
     # protocol
     warmup: int = 1  # requests per configuration run first and discarded
@@ -186,6 +192,9 @@ class Matrix:
                f"per_category must be >= 1 (got {self.per_category})")
         _guard(self.humanevalfix >= 0, f"humanevalfix must be >= 0 (got {self.humanevalfix})")
         _guard(self.warmup >= 0, f"warmup must be >= 0 (got {self.warmup})")
+        _guard(self.n_gpu_layers >= -1, f"n_gpu_layers must be >= -1 (got {self.n_gpu_layers})")
+        _guard(0 <= self.tree_width <= 32,
+               f"tree_width must be between 0 and 32 branches (got {self.tree_width})")
         _guard(0 < self.confidence < 1, f"confidence must be in (0, 1) (got {self.confidence})")
         _guard(all(b > 0 for b in self.buckets), "bucket edges must be positive token counts")
         unknown = [c for c in self.spec_bench if c not in SPEC_BENCH_CATEGORIES]
@@ -246,7 +255,8 @@ def preset(name: str) -> Matrix:
 
 # --- TOML --------------------------------------------------------------------
 _SCALARS = {"target", "draft", "max_new_tokens", "temperature", "seed", "threads", "n_ctx",
-            "anchor_n_ctx", "warmup", "warmup_tokens", "bootstrap_resamples", "confidence"}
+            "n_gpu_layers", "tree_width", "anchor_n_ctx", "warmup", "warmup_tokens",
+            "bootstrap_resamples", "confidence"}
 _PROMPT_KEYS = {"spec_bench", "per_category", "max_turns", "humanevalfix", "long", "jsonl",
                 "prompt_field", "jsonl_n"}
 

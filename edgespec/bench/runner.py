@@ -175,7 +175,9 @@ def load_engine(m: Matrix, plan: EnginePlan) -> tuple[dict, dict[str, str]]:
     from ..engine import Engine
 
     kw = dict(draft=m.draft, proposer=AUTO if plan.auto else BASELINE, n_ctx=m.n_ctx,
-              threads=m.threads, proposer_options=plan.proposer_options)
+              threads=m.threads, proposer_options=plan.proposer_options,
+              n_gpu_layers=m.n_gpu_layers, draft_gpu_layers=m.n_gpu_layers,
+              tree_width=m.tree_width)
     engines = {False: Engine.load(m.target, **kw)}
     names = dict(plan.request_name)
     try:
