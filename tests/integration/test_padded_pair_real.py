@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgespec import parity as P
-from edgespec.cli import main
+from edgespec.cli import cli
 from edgespec.engine import Engine
 from edgespec.params import SamplingParams
 
@@ -84,7 +84,7 @@ def test_a_padded_draft_passes_sampling_parity(engine):
 
 
 def test_a_pair_that_differs_at_one_real_token_is_refused_naming_it(model_path, drafts):
-    r = CliRunner().invoke(main, ["generate", "--target", str(model_path("qwen-1.5b")),
+    r = CliRunner().invoke(cli, ["generate", "--target", str(model_path("qwen-1.5b")),
                                   "--draft", str(drafts[1]), "--proposer", "draft",
                                   "--max-tokens", "4", "hello"])
     assert r.exit_code != 0
