@@ -256,3 +256,9 @@ def test_exact_configurations_run_on_the_exact_engine_against_its_plain_path():
     assert parity == {"none": None, "none[exact=True]": None, "a[exact=True]": True}
     assert sorted(c[0] for c in exact.calls) == ["exact:a", "exact:none"]
     assert [c[0] for c in default.calls] == ["default:none"]
+
+
+def test_a_self_configuration_asks_the_engine_to_build_its_own_draft():
+    # knob-less, as `--proposer self` is: the engine builds self only when its options name it
+    plan = plan_engine([ConfigSpec("none"), ConfigSpec("self"), ConfigSpec("ngram")])
+    assert plan.proposer_options == {"self": {}} and plan.request_name["self"] == "self"
