@@ -47,6 +47,7 @@ from ..calibration import Calibration
 from ..proposers.base import Draft
 from .acceptance import AcceptanceModel, ControlMemory, Feature, expected_tokens, token_features
 from .guard import GoodputGuard
+from .policy import ADAPTIVE, CAPS, PLAIN, PolicyChooser
 from .settings import ControlRecord, ControlSettings, Decision, Outcome, StepView
 
 
@@ -124,6 +125,16 @@ class AdaptiveController:
         self._guarded_told = False
         self.decisions = 0
         self.drafts = 0
+        # policy choice (control/policy.py): needs every proposer's draft as a candidate
+        # (free ones) to score the policies that did not run
+        free = [n for n, st in self._p.items() if not st.costly]
+        self.chooser: PolicyChooser | None = None
+        if s.policy and free and len(free) == len(self._p):
+            pols = [ADAPTIVE, PLAIN] + [(n, k) for n in free for k in CAPS]
+            self.chooser = PolicyChooser(pols, s.policy_window, s.policy_z, s.policy_min)
+        self._measured: dict[int, float] = {}  # pass size -> recent measured seconds
+        self._open: list[tuple] = []  # steps whose policies are not all scored yet
+        self._plan: dict | None = None
 
     # --- time model ------------------------------------------------------------
     def pass_seconds(self, n: int) -> float:
@@ -142,7 +153,10 @@ class AdaptiveController:
         self._step += 1
         self.decisions += 1
         self._view = view
+        n_events = len(self._events)
         d = self._decide(view)
+        if self.chooser is not None:
+            d = self._follow_policy(view, d, n_events)
         self._decision = d
         if not d.plain:
             self.drafts += 1
@@ -222,6 +236,77 @@ class AdaptiveController:
         return Decision(name, dd, note or "best expected goodput", expected_tokens=e,
                         expected_speedup=r * t1 / (bt + 1))
 
+    # --- policy choice -------------------------------------------------------------
+    def _measured_seconds(self, n: int) -> float:
+        m = self._measured.get(n)
+        return m if m is not None else self.pass_seconds(n)
+
+    def _follow_policy(self, view: StepView, adaptive: Decision, n_events: int) -> Decision:
+        """Plan every policy's step for scoring, and return the incumbent's."""
+        cap = len(view.candidates) and (self.settings.max_draft if view.remaining is None
+                                        else min(self.settings.max_draft, view.remaining - 1))
+        plan: dict = {ADAPTIVE: (adaptive.proposer, adaptive.k), PLAIN: (None, 0)}
+        for p in self.chooser.policies:
+            if isinstance(p, tuple):
+                name, k = p
+                cand = view.candidates.get(name)
+                kk = min(k, len(cand), cap) if cand is not None else 0
+                # not gated by the engine's guard: this request's own paired evidence against
+                # the plain policy is what lets a cap run, which is the sharper test
+                plan[p] = (name, kk) if kk >= 1 else (None, 0)
+        self._plan = plan
+        pol = self.chooser.current
+        if pol == ADAPTIVE:
+            return adaptive
+        # the adaptive decision was only scored: undo what choosing it would have started
+        del self._events[n_events:]
+        for st in self._p.values():
+            st.probing = False
+        name, k = plan[pol]
+        if name is None:
+            return Decision(None, 0, f"policy: {'plain path' if pol == PLAIN else f'cap {pol[1]}'}"
+                            " has the best realized goodput")
+        return Decision(name, k, f"policy: {name} capped at {pol[1]} has the best realized goodput")
+
+    def _score_policies(self, o: Outcome) -> None:
+        """File this step's plan, then score every plan whose drafts the emitted tokens
+        have now decided."""
+        if self._plan is not None and o.tokens and self._view is not None:
+            start = len(self._emitted) - len(o.tokens)
+            cands = {n: tuple(c.tokens) for n, c in self._view.candidates.items()}
+            self._open.append((start, len(o.tokens), self._plan, cands))
+        self._plan = None
+        keep = []
+        em = self._emitted
+        for start, w, plan, cands in self._open:
+            taus = {}
+            for pol, (name, k) in plan.items():
+                if name is None or k == 0:
+                    taus[pol] = self._measured_seconds(1)
+                    continue
+                toks = cands.get(name, ())[:k]
+                seen = em[start:start + len(toks)]
+                j = 0
+                while j < len(seen) and seen[j] == toks[j]:
+                    j += 1
+                if j == len(seen) and len(seen) < len(toks):
+                    break  # not decided yet
+                taus[pol] = self._measured_seconds(k + 1) / (j + 1)
+            if len(taus) < len(plan):
+                if len(em) - start < 64:  # a request's end leaves a few undecided: drop them
+                    keep.append((start, w, plan, cands))
+                continue
+            new = self.chooser.add(w, taus)
+            if new is not None:
+                rates = self.chooser.rates()
+                label = new if isinstance(new, str) else f"{new[0]} capped at {new[1]}"
+                self._events.append(ControlRecord(
+                    "policy", f"{label}: {rates[new] * self.pass_seconds(1):.2f}x a plain step's "
+                    f"goodput over the last {len(self.chooser.samples)} steps (paired, "
+                    f"z={self.chooser.z})", new[1] if isinstance(new, tuple) else None,
+                    new[0] if isinstance(new, tuple) else None))
+        self._open = keep
+
     def _gate(self, st: _ProposerState, cand: Draft | None, worth: bool) -> tuple[str | None, str]:
         """May this proposer draft now? (None | "ok" | "probe", why). Side-effect free."""
         s = self.settings
@@ -252,6 +337,10 @@ class AdaptiveController:
                 self._scale_plain += 0.1 * (ratio - self._scale_plain)
             else:  # rarer: learn faster
                 self._scale_verify += 0.25 * (ratio - self._scale_verify)
+            if not outcome.batch_rows:  # a shared pass is not this size's price
+                m = self._measured.get(n_pass)
+                sec = outcome.verify_seconds
+                self._measured[n_pass] = sec if m is None else m + 0.2 * (sec - m)
         for st in self._p.values():  # evidence fades per step, whoever drafted
             st.model.tick()
             if st.shared is not None:
@@ -270,7 +359,13 @@ class AdaptiveController:
                     self._events.append(rec)
             elif outcome.verify_seconds > 0:
                 self.guard.observe_plain(self.slice, outcome.verify_seconds)
+        self._view = view
         self._score_shadows(outcome, view)
+        self._view = None
+        if self.chooser is not None:
+            self._view = view
+            self._score_policies(outcome)
+            self._view = None
 
     def _observe_draft(self, name: str, o: Outcome, view: StepView | None) -> None:
         st = self._p[name]

@@ -58,6 +58,13 @@ class ControlSettings:
     guard_window: int = 128  # speculative steps per slice the guard remembers
     guard_min_steps: int = 64  # speculative steps before the guard judges (per-step goodput is noisy)
     guard_probe_every: int = 8  # while disabled, admit one speculative step per this many asks
+    # adaptive: also score fixed caps of each free proposer and the plain path on every
+    # step (control/policy.py) and follow whichever beats the current one on paired
+    # realized goodput by policy_z standard errors over the last policy_window steps
+    policy: bool = False  # opt-in until tests/unit/test_control.py is revised for it
+    policy_window: int = 32
+    policy_z: float = 1.0
+    policy_min: int = 6  # scored steps before the first switch
 
     def validate(self) -> "ControlSettings":
         _guard(self.draft_length >= 1, f"draft length must be >= 1 (got {self.draft_length})")
@@ -79,6 +86,9 @@ class ControlSettings:
         _guard(self.probe_after >= 1 and self.probe_after_max >= self.probe_after,
                "probe_after must be >= 1 and <= probe_after_max")
         _guard(self.probe_draft >= 1, "probe_draft must be >= 1")
+        _guard(self.policy_window >= self.policy_min >= 2,
+               "policy window must be >= policy_min >= 2")
+        _guard(self.policy_z >= 0.0, f"policy_z must be >= 0 (got {self.policy_z})")
         return self
 
 
