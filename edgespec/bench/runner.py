@@ -46,7 +46,7 @@ from .prompts import (BenchPrompt, bucket_label, load_humanevalfix, load_jsonl_p
 # Knobs of the speculation controller: per request (Engine.stream(control=...)), so fixed
 # draft lengths and adaptive control compare on one loaded model. Besides these three, the
 # controller's tunables (TUNABLE_KNOBS) can be A/B-tested against the default in one run.
-TUNABLE_KNOBS = ("margin", "window", "min_draft", "position_calibration", "ramp")
+TUNABLE_KNOBS = ("margin", "window", "min_draft", "position_calibration", "ramp", "policy")
 CONTROL_KNOBS = ("draft_len", "adaptive", "exact", *TUNABLE_KNOBS)
 
 # Not one of the measured prompts: a proposer that learns across requests (the suffix tree)

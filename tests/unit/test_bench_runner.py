@@ -262,3 +262,10 @@ def test_a_self_configuration_asks_the_engine_to_build_its_own_draft():
     # knob-less, as `--proposer self` is: the engine builds self only when its options name it
     plan = plan_engine([ConfigSpec("none"), ConfigSpec("self"), ConfigSpec("ngram")])
     assert plan.proposer_options == {"self": {}} and plan.request_name["self"] == "self"
+
+
+def test_the_policy_choice_is_a_control_knob_of_auto():
+    from edgespec.control import ControlSettings
+    plan = plan_engine([ConfigSpec("none"), ConfigSpec.make("auto", {"policy": "true"})])
+    knobs = plan.control[ConfigSpec.make("auto", {"policy": "true"}).label]
+    assert control_settings(ControlSettings(), knobs).policy is True
