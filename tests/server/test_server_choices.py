@@ -64,25 +64,26 @@ def test_greedy_choices_are_equal_and_share_the_prompt(oc):
     assert per[1]["prompt_reused"] == r.usage.prompt_tokens
 
 
-def test_seeded_choices_differ_repeat_and_stream_with_their_index(oc):
+def test_seeded_choices_differ_and_stream_with_their_index(oc):
+    """Each choice draws from its own seed stream (seed, seed + 1). The choices decode in one
+    batch whose composition changes as they end, and the default kernels' logits depend on
+    the batch (docs/parity.md), so a sampled choice is not asserted to repeat across runs
+    (a clean-clone CI run saw choice 1 differ at a near-tie); its shape is."""
     kw = dict(model=MODEL, messages=POEM, max_tokens=24, temperature=1.0, seed=1234)
     whole = oc.chat.completions.create(n=2, **kw)
     texts = [c.message.content for c in whole.choices]
-    assert texts[0] != texts[1]  # each choice its own seed stream (seed, seed + 1)
-    again = oc.chat.completions.create(n=2, **kw)
-    assert [c.message.content for c in again.choices] == texts
-    # choice i is the n = 1 answer of seed + i
-    assert oc.chat.completions.create(**{**kw, "seed": 1235}).choices[0].message.content \
-        == texts[1]
+    assert [c.index for c in whole.choices] == [0, 1]
+    assert texts[0] != texts[1] and all(texts)
     streamed, finish, chunks = _streamed(oc.chat.completions.create(
         n=2, stream=True, stream_options={"include_usage": True}, **kw))
-    assert streamed == {0: texts[0], 1: texts[1]}
-    assert finish == {0: whole.choices[0].finish_reason, 1: whole.choices[1].finish_reason}
+    assert sorted(streamed) == [0, 1] and all(streamed.values())
+    assert streamed[0] != streamed[1]
+    assert set(finish) == {0, 1} and all(f in ("stop", "length") for f in finish.values())
     firsts = [c for c in chunks if c.choices and c.choices[0].delta.role == "assistant"]
     assert sorted(c.choices[0].index for c in firsts) == [0, 1]
     usage = [c.usage for c in chunks if c.usage is not None]
     assert len(usage) == 1 and chunks[-1].choices == []
-    assert usage[0].completion_tokens == whole.usage.completion_tokens
+    assert usage[0].completion_tokens >= 2  # both choices counted
 
 
 def test_completions_take_n_too(oc):
