@@ -444,14 +444,7 @@ def resolve_ref(name: str, progress: Progress | None = None) -> Path:
     not exist, a file that is missing, not GGUF or truncated, and a file whose sha256 does
     not match the digest its store names it by. That digest is hashed once and stamped."""
     say = progress or _say
-    ref = refs.parse(name)
-    c = _find(ref)
-    if c.problem:
-        raise ModelError(f"{name}: {c.problem}")
-    try:
-        read_gguf_header(c.path, fix=c.hint)
-    except ModelError as e:
-        raise ModelError(f"{name}: {e}") from None
+    c = _checked(name)
     if c.sha256 and not stamp_matches(c.path, c.sha256):
         say(f"checking the sha256 of {name} ({_human(c.size)}) against its name, once")
         actual = sha256_file(c.path)
@@ -461,6 +454,19 @@ def resolve_ref(name: str, progress: Progress | None = None) -> Path:
                              f"{c.hint}")
         _write_stamp(c.path, actual)
     return c.path
+
+
+def _checked(name: str):
+    """The store's entry for reference ``name``, its GGUF header checked (ModelError naming
+    the reference otherwise)."""
+    c = _find(refs.parse(name))
+    if c.problem:
+        raise ModelError(f"{name}: {c.problem}")
+    try:
+        read_gguf_header(c.path, fix=c.hint)
+    except ModelError as e:
+        raise ModelError(f"{name}: {e}") from None
+    return c
 
 
 def _drop_stamp(path: Path) -> None:
@@ -475,13 +481,7 @@ def verify_ref(name: str, progress: Progress | None = None) -> Verification:
     it with the digest its store names it by; a mismatch is returned (ok=False) and its
     stamp dropped. A file the store names by no digest is ok when its header checks out."""
     say = progress or _say
-    c = _find(refs.parse(name))
-    if c.problem:
-        raise ModelError(f"{name}: {c.problem}")
-    try:
-        read_gguf_header(c.path, fix=c.hint)
-    except ModelError as e:
-        raise ModelError(f"{name}: {e}") from None
+    c = _checked(name)
     say(f"hashing {name} ({_human(c.size)})")
     sha = sha256_file(c.path)
     match = next((m.name for m in load_registry().models.values() if m.sha256 == sha), None)
