@@ -245,15 +245,7 @@ def measure(model, *, n_threads: int | None = None, ks: Sequence[int] = DEFAULT_
         toks = _probe_tokens(model, prefix_tokens + kmax)
         ctx.decode(toks[:prefix_tokens], 0, logits="last")
         pos = prefix_tokens
-        samples: dict[int, list[float]] = {k: [] for k in ks}
-        for r in range(repeats + 1):  # round 0 warms caches and is discarded
-            for k in ks:
-                t0 = clock()
-                ctx.decode(toks[pos:pos + k], pos, logits="all")
-                dt = clock() - t0
-                ctx.trim(0, pos)
-                if r:
-                    samples[k].append(dt)
+        samples = time_passes(ctx, toks, pos, ks, repeats, clock)
     finally:
         _close(ctx)
     busy = watch.share() if watch is not None else 0.0
@@ -552,6 +544,21 @@ class CpuWatch:
             return 0.0
         others = (self._busy_all() - self._all0) - (self._busy_me() - self._me0)
         return max(0.0, others / (wall * (os.cpu_count() or 1)))
+
+
+def time_passes(ctx, toks, pos: int, ks, repeats: int, clock) -> dict[int, list[float]]:
+    """Seconds of a k-token pass after ``pos`` cached tokens, ``repeats`` times per k in
+    round-robin, each pass trimmed away again; round 0 warms caches and is discarded."""
+    samples: dict[int, list[float]] = {k: [] for k in ks}
+    for r in range(repeats + 1):
+        for k in ks:
+            t0 = clock()
+            ctx.decode(toks[pos:pos + k], pos, logits="all")
+            dt = clock() - t0
+            ctx.trim(0, pos)
+            if r:
+                samples[k].append(dt)
+    return samples
 
 
 def machine_busy(seconds: float = 0.3) -> float:

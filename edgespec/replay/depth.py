@@ -12,7 +12,7 @@ import statistics
 import time
 from typing import Callable, Sequence
 
-from ..calibration import DEFAULT_KS, Calibration, CpuWatch, _probe_tokens, context_options
+from ..calibration import DEFAULT_KS, Calibration, CpuWatch, _probe_tokens, context_options, time_passes
 from ..config import KernelConfig
 from .cost import DepthCurve
 
@@ -52,15 +52,7 @@ def measure_depths(model, depths: Sequence[int], *, n_threads: int | None = None
         for depth in depths:
             ctx.decode(toks[pos:depth], pos, logits="none")  # extend the cached prefix
             pos = depth
-            samples: dict[int, list[float]] = {k: [] for k in ks}
-            for r in range(repeats + 1):  # round 0 warms caches and is discarded
-                for k in ks:
-                    t0 = clock()
-                    ctx.decode(toks[depth:depth + k], depth, logits="all")
-                    dt = clock() - t0
-                    ctx.trim(0, depth)
-                    if r:
-                        samples[k].append(dt)
+            samples = time_passes(ctx, toks, depth, ks, repeats, clock)
             med = {k: statistics.median(v) for k, v in samples.items()}
             base = med[1]
             curves.append((depth, Calibration(
