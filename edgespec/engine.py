@@ -617,7 +617,7 @@ def _build_proposers(config: EngineConfig, options: Mapping[str, dict], stack: E
     for name, spec in registry_of_proposers.REGISTRY.items():
         if "draft_model" in spec.needs and ctx.draft_model is None:
             continue
-        if spec.costly and not spec.needs and name not in wanted \
+        if spec.own_model and name not in wanted \
                 and name not in config.proposer_options:
             continue  # it derives a model of its own (self): built only when asked for
         try:

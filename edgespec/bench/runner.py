@@ -133,11 +133,11 @@ def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
     if options.get("draft"):
         raise InvalidInputError(f"the draft proposer takes only control knobs ({', '.join(CONTROL_KNOBS)}); "
                                 f"got {', '.join(options['draft'])}")
-    from ..proposers import REGISTRY, needs_model
+    from ..proposers import REGISTRY
 
-    def own_model(name):  # self: the engine builds it only when its options name it
-        return name in REGISTRY and REGISTRY[name].costly and not needs_model(name)
-    return EnginePlan(proposer_options={k: v for k, v in options.items() if v or own_model(k)},
+    # self: the engine builds a proposer deriving its own model only when its options name it
+    return EnginePlan(proposer_options={k: v for k, v in options.items()
+                                        if v or (k in REGISTRY and REGISTRY[k].own_model)},
                       extra=extra, request_name=names, control=control,
                       auto=any(c.proposer == AUTO for c in configs if c.kind == "engine"),
                       exact=any(c.exact for c in configs))

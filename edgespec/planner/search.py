@@ -214,7 +214,7 @@ def _kinds(proposer: str, has_draft: bool) -> list[tuple[str, bool]]:
         # speed model do not describe: it runs when asked for (--proposer self), see
         # docs/benchmarks.md for where it was measured
         names = [PLAIN] + [n for n in proposers.names()
-                           if not (proposers.REGISTRY[n].costly and not proposers.needs_model(n))]
+                           if not proposers.REGISTRY[n].own_model]
     elif proposer == PLAIN:
         names = [PLAIN]
     else:

@@ -77,6 +77,12 @@ class ProposerSpec:
     #: same-vocabulary check (:func:`check_draft`)
     same_vocab: bool = True
 
+    @property
+    def own_model(self) -> bool:
+        """It costs a model it derives itself (self), not one the user loads: built only
+        when asked for, and never weighed by auto."""
+        return self.costly and not self.needs
+
     def check_options(self, raw: Mapping[str, Any]) -> dict:
         """Typed options, or an error naming the unknown key and the known ones."""
         out = {}
