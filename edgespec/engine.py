@@ -12,6 +12,7 @@ already loaded, in reverse order, before the error reaches the caller.
 from __future__ import annotations
 
 import itertools
+import warnings
 import threading
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -636,12 +637,30 @@ def _calibration(model: backend.Model, threads: int | None, kernel: KernelConfig
     not trustworthy (timed on an oversubscribed machine)."""
     from . import calibration
     from .calibration import Calibration, prior_step_seconds
-    from .planner import calibration_trust
+    from .planner import calibration_trust, usable_shape
 
     cal = calibration.load_or_measure(model.path, n_threads=threads, model=model,
                                       n_gpu_layers=model.n_gpu_layers, kernel=kernel)
     expected = prior_step_seconds(model.size_bytes)
-    if not calibration_trust(cal, expected)[0]:
+    ok, why = calibration_trust(cal, expected)
+    if not ok and not usable_shape(cal, expected) \
+            and calibration.machine_busy() <= calibration.BUSY_LIMIT / 2:
+        # A cached curve that is noise stays wrong for every later load unless it is
+        # measured again; the prior it would otherwise fall back to is another CPU's
+        # curve, far flatter than a compute-bound one (a 16-token pass priced at 3.4
+        # steps where this CPU takes 8), which sends the controller into long drafts.
+        # A merely jittery one (a VM's) keeps the device's shape and is used as it is.
+        warnings.warn(f"the calibration of {model.path} is not trusted ({why}); the machine "
+                      "is quiet now, measuring it again", calibration.CalibrationWarning,
+                      stacklevel=2)
+        cal = calibration.load_or_measure(model.path, n_threads=threads, model=model,
+                                          n_gpu_layers=model.n_gpu_layers, kernel=kernel,
+                                          force=True)
+        ok, why = calibration_trust(cal, expected)
+    if not ok and not usable_shape(cal, expected):
+        warnings.warn(f"the calibration of {model.path} is not usable ({why}); pricing drafts "
+                      "with the CPU prior until `edgespec plan --recalibrate` on a quiet "
+                      "machine", calibration.CalibrationWarning, stacklevel=2)
         cal = Calibration.prior_cpu(step_seconds=expected)
     return cal
 

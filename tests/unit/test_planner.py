@@ -493,3 +493,15 @@ def test_arm64_without_cpuinfo_gets_neon_dotprod(monkeypatch):
     monkeypatch.setattr(devmod.platform, "machine", lambda: "arm64")
     d = devmod.probe(with_accelerators=False)
     assert {"asimd", "asimddp"} <= set(d.isa) and repack.repacks("Q4_0", 4096, d.isa)
+
+
+def test_a_jittery_quiet_calibration_keeps_its_shape_but_noise_and_load_do_not():
+    from dataclasses import replace
+    steep = {1: 1.0, 2: 1.7, 4: 2.9, 8: 6.6, 16: 8.0}
+    jittery = _cal(0.040, steep, spread=0.22)  # MAD 11%: a VM's jitter, measured quietly
+    assert not planner.calibration_trust(jittery, 0.086)[0]
+    assert planner.usable_shape(jittery, 0.086)
+    assert not planner.usable_shape(_cal(0.040, steep, spread=0.8), 0.086)  # MAD 40%: noise
+    assert not planner.usable_shape(replace(jittery, busy=0.5), 0.086)  # timed under load
+    assert not planner.usable_shape(_cal(2.0, steep, spread=0.22), 0.086)  # 23x the size's step
+    assert not planner.usable_shape(Calibration.prior_cpu(), 0.086)  # nothing measured

@@ -1,0 +1,61 @@
+"""Which cost curve an adaptive engine prices drafts with when its cached calibration is
+not trusted: the device's own (re-measured, or jittery but quiet) before a prior that was
+measured on another CPU."""
+from types import SimpleNamespace
+
+import pytest
+
+import edgespec.calibration as calmod
+from edgespec import engine as engmod
+from edgespec.calibration import Calibration, CalibrationWarning
+from edgespec.config import KernelConfig
+
+STEEP = {1: 1.0, 2: 1.7, 4: 2.9, 8: 6.6, 16: 8.0}
+MODEL = SimpleNamespace(path="/models/m.gguf", n_gpu_layers=0, size_bytes=1_111_370_240)
+
+
+def _cal(spread, busy=0.0, step=0.040):
+    samples = {n: tuple(step * c * (1 + spread * d) for d in (-1, -0.5, 0, 0.5, 1))
+               for n, c in STEEP.items()}
+    return Calibration(step_seconds=step, points=tuple(STEEP.items()), source="measured",
+                       samples=samples, busy=busy)
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """load_or_measure returns the queued calibrations in turn; records force= per call."""
+    calls, queue = [], []
+
+    def fake(path, *, force=False, **kw):
+        calls.append(force)
+        return queue.pop(0)
+    monkeypatch.setattr(calmod, "load_or_measure", fake)
+    return calls, queue
+
+
+def test_a_jittery_cached_curve_is_used_as_it_is(measured, monkeypatch):
+    calls, queue = measured
+    queue.append(_cal(0.22))
+    monkeypatch.setattr(calmod, "machine_busy", lambda *a: 0.0)
+    cal = engmod._calibration(MODEL, 2, KernelConfig())
+    assert cal.source == "measured" and cal.cost(16) == pytest.approx(8.0)
+    assert calls == [False]  # not measured again at every load
+
+
+def test_a_noise_curve_is_measured_again_when_the_machine_is_quiet(measured, monkeypatch):
+    calls, queue = measured
+    queue += [_cal(0.8), _cal(0.02)]
+    monkeypatch.setattr(calmod, "machine_busy", lambda *a: 0.0)
+    with pytest.warns(CalibrationWarning, match="measuring it again"):
+        cal = engmod._calibration(MODEL, 2, KernelConfig())
+    assert calls == [False, True]
+    assert cal.source == "measured" and cal.cost(8) == pytest.approx(6.6)
+
+
+def test_a_noise_curve_on_a_busy_machine_falls_back_to_the_prior_and_says_so(measured, monkeypatch):
+    calls, queue = measured
+    queue.append(_cal(0.8))
+    monkeypatch.setattr(calmod, "machine_busy", lambda *a: 0.9)
+    with pytest.warns(CalibrationWarning, match="CPU prior"):
+        cal = engmod._calibration(MODEL, 2, KernelConfig())
+    assert calls == [False] and cal.source == "prior"
