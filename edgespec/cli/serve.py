@@ -118,6 +118,15 @@ def _with_envvars(command: click.Command) -> click.Command:
 @click.option("--model-id", default=None,
               help="The model id clients send (default: the target's registry name or file "
                    "stem).")
+@click.option("--model", "extra_models", multiple=True, metavar="[ID=]MODEL",
+              help="Another model to serve beside the target (a registry name, a .gguf path, "
+                   "a Hub or ollama reference), loaded on its first request with the target's "
+                   "--proposer (auto where that needs --draft); ID= sets the id clients "
+                   "send. Repeatable. Idle models are unloaded after --keep-alive, or sooner "
+                   "when another needs their memory.")
+@click.option("--keep-alive", type=click.FloatRange(-1), default=300.0, show_default=True,
+              help="With several models: seconds a model stays loaded after its last request "
+                   "(-1: until another model needs its memory).")
 @click.option("--cache-ram", "cache_ram_mib", type=click.IntRange(0), default=None,
               help="MiB of RAM for earlier conversations' KV states (prefix reuse across "
                    "clients; least recently used evicted first; 0 keeps none). Default: the "
@@ -153,7 +162,7 @@ def _with_envvars(command: click.Command) -> click.Command:
 @handle_errors
 def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget, host,
           port, api_key, allow_remote, parallel, max_queue, max_tokens_limit, model_id,
-          cache_ram_mib, canary, drain_seconds, strict, cors_origins, timeout_read,
+          extra_models, keep_alive, cache_ram_mib, canary, drain_seconds, strict, cors_origins, timeout_read,
           timeout_keep_alive, reasoning_format, log_level, print_config):
     """Serve the target over an OpenAI-compatible HTTP API (chat, completions, models,
     health, metrics).
@@ -165,9 +174,9 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
         return
     require("server", "serve")
     from ..engine import Engine
-    from ..server import ServerSettings, create_app
+    from ..server import ServerSettings, create_pool_app
     from ..server.run import check_bind, is_loopback, serve as run_server
-    from ..serving import Scheduler
+    from ..serving import ModelPool, PoolModel, Scheduler
 
     check_bind(host, allow_remote)
     if not is_loopback(host) and api_key is None:
@@ -182,13 +191,27 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
                               cors_origins=tuple(cors_origins), read_timeout=timeout_read,
                               keep_alive_timeout=timeout_keep_alive,
                               reasoning_format=reasoning_format).validate()
-    engine = Engine.from_config(config)
+    # every model is resolved and sized before anything loads: a bad name fails now
+    models, budget = _pool_models(config, served, aliases, extra_models)
+
+    def build(m: PoolModel):
+        engine = Engine.from_config(m.config)
+        try:
+            if canary is not None:
+                from ..control.guard import CanarySettings
+                engine.guard.configure_canary(CanarySettings(fraction=canary).validate())
+            return engine, Scheduler(engine, parallel=parallel, max_queue=max_queue)
+        except BaseException:
+            engine.close()
+            raise
+
+    pool = ModelPool(models, budget=budget,
+                     keep_alive=None if len(models) == 1 or keep_alive < 0 else keep_alive,
+                     load=build)
+    pool.acquire(served).release()  # the target loads now; the others on their first request
+    engine = models[0].engine
     try:
-        if canary is not None:
-            from ..control.guard import CanarySettings
-            engine.guard.configure_canary(CanarySettings(fraction=canary).validate())
-        scheduler = Scheduler(engine, parallel=parallel, max_queue=max_queue)
-        app = create_app(scheduler, engine, settings)
+        app = create_pool_app(pool, settings)
 
         def started(bound_port):
             # one parseable line: scripts and tests wait for it (and learn --port 0's port)
@@ -199,10 +222,37 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
         run_server(app, host, port, drain_seconds=drain_seconds, log_level=log_level,
                    on_started=started, read_seconds=settings.read_timeout,
                    keep_alive_seconds=settings.keep_alive_timeout)
-        scheduler.close(drain=True)  # idempotent; the app's lifespan already drained it
+        pool.close()  # idempotent; the app's lifespan already drained and released them
         click.echo("edgespec serve: stopped (open requests finished)", err=True)
     finally:
-        engine.close()
+        pool.close()
+
+
+def _pool_models(config, served: str, aliases: tuple[str, ...], extra: tuple[str, ...]):
+    """The served models (the target first) with the planner's memory estimate of each, and
+    the host memory budget they share (the target's plan: --budget, else what the machine
+    has). Extra models run the target's --proposer, or auto where the target has a draft."""
+    from ..config import AUTO
+    from ..planner import plan_engine
+    from ..serving import PoolModel
+
+    first_plan = plan_engine(config)
+    models = [PoolModel(served, config=config, memory=first_plan.memory.host, aliases=aliases)]
+    for spec in extra:
+        ident, _, ref = spec.partition("=") if "=" in spec and "://" not in spec.split("=")[0] \
+            else ("", "", spec)
+        if not ref:
+            raise click.BadParameter(f"{spec!r} names no model", param_hint="--model")
+        # the target's proposer, unless it needs the target's own draft model
+        cfg = replace(config, target=ref, draft=None,
+                      proposer=AUTO if config.draft is not None else config.proposer).validate()
+        name, more = _model_ids(ref, ident or None)
+        taken = {n for m in models for n in (m.name, *m.aliases)}
+        # another id for a model already served (smol=PATH): its other names stay with the
+        # first; the id itself must be new (ModelPool refuses a repeated one)
+        models.append(PoolModel(name, config=cfg, memory=plan_engine(cfg).memory.host,
+                                aliases=tuple(n for n in more if n not in taken)))
+    return models, first_plan.budget_host
 
 
 _SOURCES = {ParameterSource.COMMANDLINE: "flag", ParameterSource.ENVIRONMENT: "env",

@@ -1,6 +1,11 @@
-"""The FastAPI app: OpenAI-compatible routes over a :class:`~edgespec.serving.Scheduler`.
+"""The FastAPI app: OpenAI-compatible routes over a :class:`~edgespec.serving.Scheduler`
+per model, the models held in a :class:`~edgespec.serving.ModelPool`.
 
-    app = create_app(scheduler, engine, ServerSettings(served_model="qwen-1.5b"))
+    app = create_app(scheduler, engine, ServerSettings(served_model="qwen-1.5b"))  # one model
+    app = create_pool_app(pool, ServerSettings(served_model="qwen-1.5b"))          # several
+
+A request names its model; the pool loads it on its first request (unloading idle ones to
+make room) and keeps it loaded while its scheduler holds the request.
 
 A request is parsed strictly (schemas), mapped to GenerationParams (mapping), submitted to
 the scheduler (validation and tokenization on a worker thread: a bad request is a 4xx
@@ -28,10 +33,10 @@ from sse_starlette import EventSourceResponse
 from .. import __version__
 from ..errors import ContextOverflowError, EdgespecError
 from ..events import Finished, Step
-from ..serving import DONE
+from ..serving import DONE, ModelDoesNotFitError, ModelNotServedError, ModelPool
 from . import auth, choices
 from .errors import APIError, from_edgespec, install_handlers
-from .mapping import chat_request, chat_turn, check_model, completion_request
+from .mapping import chat_request, chat_turn, completion_request
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .responses import Shape
 from .schemas import ChatCompletionRequest, CompletionRequest, parse_request
@@ -52,17 +57,36 @@ _DISCARD_BYTES = 16 * 1024 * 1024
 
 
 def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
+    """One preloaded model; the caller releases the engine after the app has stopped."""
+    return create_pool_app(ModelPool.single(settings.served_model, settings.aliases, engine,
+                                            scheduler), settings)
+
+
+def create_pool_app(pool: ModelPool, settings: ServerSettings) -> FastAPI:
     settings = settings.validate()
-    identity = engine.identity  # computed once, before the first request needs it
-    metrics = ServerMetrics(scheduler, engine, settings.served_model)
+    first = next(pool.entries())
+    if first.engine is None:
+        raise EdgespecError(f"the server's first model {first.name!r} must be loaded before "
+                            "the app is made (its identity names the build)")
+    metrics = ServerMetrics(pool, first.engine, settings.served_model)
     started = int(time.time())
+    identities: dict[int, tuple[object, object]] = {}  # id -> (engine kept alive, identity)
+
+    def identity_of(engine):
+        """An engine's release identity, computed once per loaded engine."""
+        key = id(engine)
+        if key not in identities:
+            identities[key] = (engine, engine.identity)
+        return identities[key][1]
+
+    identity_of(first.engine)  # computed before the first request needs it
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
         # uvicorn has stopped accepting and waited for open requests; whatever is still
-        # admitted finishes before the engine is released by the caller
-        await run_in_threadpool(scheduler.close, True)
+        # admitted finishes before the engines are released
+        await run_in_threadpool(pool.close)
 
     app = FastAPI(title="edgespec", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
@@ -78,23 +102,43 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = _parse(ChatCompletionRequest, await _body(request, settings), settings, request)
-        check_model(req.model, settings)
-        prompt, params = chat_request(req, settings, engine.target.n_vocab)
-        # tools, tool_choice, the reasoning split, chat_template_kwargs (edgespec.agents)
-        prompt, params, turn = chat_turn(req, prompt, params, engine.target.chat_template(),
-                                         settings)
-        return await _generate(request, "chat", req, prompt, params, turn)
+        async with _held(req.model) as held:
+            engine = held.engine
+            prompt, params = chat_request(req, settings, engine.target.n_vocab)
+            # tools, tool_choice, the reasoning split, chat_template_kwargs (edgespec.agents)
+            prompt, params, turn = chat_turn(req, prompt, params, engine.target.chat_template(),
+                                             settings)
+            return await _generate(request, held, "chat", req, prompt, params, turn)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = _parse(CompletionRequest, await _body(request, settings), settings, request)
-        check_model(req.model, settings)
-        prompt, params = completion_request(req, settings, engine.target.n_vocab)
-        return await _generate(request, "completion", req, prompt, params)
+        async with _held(req.model) as held:
+            prompt, params = completion_request(req, settings, held.engine.target.n_vocab)
+            return await _generate(request, held, "completion", req, prompt, params)
+
+    @asynccontextmanager
+    async def _held(model: str):
+        """The request's model, loaded and held until its request is in its scheduler
+        (which then keeps the model busy until the request ends)."""
+        try:
+            held = await run_in_threadpool(pool.acquire, model)
+        except ModelNotServedError as e:
+            raise APIError(404, str(e), type="invalid_request_error", param="model",
+                           code="model_not_found") from None
+        except ModelDoesNotFitError as e:
+            raise APIError(503, str(e), type="server_error", param="model",
+                           code="insufficient_memory", headers={"Retry-After": "5"}) from None
+        try:
+            yield held
+        finally:
+            held.release()
 
     slices = _Slices(settings.max_slices)
 
-    async def _generate(request: Request, kind: str, req, prompt, params, turn=None):
+    async def _generate(request: Request, held, kind: str, req, prompt, params, turn=None):
+        engine, scheduler = held.engine, held.scheduler
+        identity = identity_of(engine)
         traffic = slices.of(request.headers.get(SLICE_HEADER), kind, params)
         if (req.n or 1) > 1:  # parallel sequences sharing the prompt's KV (server/choices.py)
             return await choices.generate(
@@ -112,8 +156,8 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
         shape = Shape(kind, req.model, identity.short, engine.target.token_piece)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return EventSourceResponse(_stream(ticket, bridge, shape, include_usage, turn),
-                                       sep="\n", ping=15)
+            return EventSourceResponse(_stream(ticket, bridge, shape, include_usage, turn,
+                                               identity), sep="\n", ping=15)
         fin = await _collect(request, ticket, bridge)
         if turn is None:
             return JSONResponse(shape.whole(fin, identity.hash))
@@ -147,7 +191,8 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
                            type="server_error", code="dropped")
         return fin
 
-    async def _stream(ticket, bridge: "_Bridge", shape: Shape, include_usage: bool, turn=None):
+    async def _stream(ticket, bridge: "_Bridge", shape: Shape, include_usage: bool, turn=None,
+                      identity=None):
         complete = False
         sent = ""
         out = turn.output() if turn is not None else None
@@ -190,11 +235,11 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
     # --- information ----------------------------------------------------------------------
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": _model_list(engine, settings, identity, started)}
+        return {"object": "list", "data": _model_list(pool, identity_of, started)}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
-        for entry in _model_list(engine, settings, identity, started):
+        for entry in _model_list(pool, identity_of, started):
             if entry["id"] == model_id:
                 return entry
         raise APIError(404, f"no model {model_id!r} (GET /v1/models lists them)",
@@ -202,9 +247,10 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        load = scheduler.load()
+        load = pool.load()
         return {"status": "ok", "model": settings.served_model, "queued": load.queued,
-                "running": load.running, "slots": load.slots, "max_queue": load.max_queue}
+                "running": load.running, "slots": load.slots, "max_queue": load.max_queue,
+                "models": {m.name: m.state for m in pool.entries()}}
 
     @app.get("/metrics")
     async def prometheus():
@@ -346,31 +392,28 @@ async def _read_body(request: Request, settings: ServerSettings) -> str:
                        code="invalid_encoding") from None
 
 
-def _model_list(engine, settings: ServerSettings, identity, started: int) -> list[dict]:
-    cfg = engine.config
-    loaded = {
-        "id": settings.served_model, "object": "model", "created": started,
-        "owned_by": "edgespec", "loaded": True, "identity": identity.hash,
-        "edgespec": {"target": engine.target_name, "draft": engine.draft_name,
-                     "proposer": engine.default_proposer, "exact": bool(engine.exact),
-                     "parallel": cfg.parallel, "n_ctx": cfg.n_ctx,
-                     "identity_record": identity.to_dict()},
-    }
-    entries = [loaded]
-    try:
-        from ..registry import load_registry
-        registry = load_registry()
-    except EdgespecError:  # no models.toml: the loaded model is still listed
-        return entries
-    for name, spec in registry.models.items():
-        if name == settings.served_model:
-            loaded["edgespec"].update(role=spec.role, description=spec.description)
-            continue
-        entries.append({"id": name, "object": "model", "created": started,
-                        "owned_by": "edgespec", "loaded": False, "identity": None,
-                        "edgespec": {"role": spec.role, "description": spec.description,
-                                     "context": spec.context}})
-    return entries
+def _model_list(pool: ModelPool, identity_of, started: int) -> list[dict]:
+    """Exactly the models this server answers for, each with its state (loaded, loading,
+    unloaded: loaded on its first request)."""
+    out = []
+    for m in pool.entries():
+        engine = m.engine
+        entry = {"id": m.name, "object": "model", "created": started, "owned_by": "edgespec",
+                 "loaded": engine is not None, "state": m.state, "aliases": list(m.aliases),
+                 "identity": None}
+        if engine is not None:
+            identity = identity_of(engine)
+            cfg = engine.config
+            entry["identity"] = identity.hash
+            entry["edgespec"] = {"target": engine.target_name, "draft": engine.draft_name,
+                                 "proposer": engine.default_proposer,
+                                 "exact": bool(engine.exact), "parallel": cfg.parallel,
+                                 "n_ctx": cfg.n_ctx, "identity_record": identity.to_dict()}
+        else:
+            entry["edgespec"] = {"memory_bytes": m.memory or None, "loads": m.loads,
+                                 "last_error": m.error}
+        out.append(entry)
+    return out
 
 
 class _Auth:

@@ -8,13 +8,6 @@ from .schemas import ChatCompletionRequest, CompletionRequest, Message
 from .settings import ServerSettings
 
 
-def check_model(model: str, settings: ServerSettings) -> None:
-    if not settings.serves(model):
-        raise APIError(404, f"the model {model!r} is not served here; this server serves "
-                            f"{settings.served_model!r} (GET /v1/models)",
-                       type="invalid_request_error", param="model", code="model_not_found")
-
-
 def chat_request(req: ChatCompletionRequest, settings: ServerSettings, n_vocab: int
                  ) -> tuple[list[dict], GenerationParams]:
     _refuse_common(req)

@@ -6,6 +6,7 @@ import re
 import threading
 
 import jsonschema
+import openai
 import pytest
 
 from server_env import COUNTING, MODEL
@@ -150,14 +151,16 @@ def test_concurrent_clients_equal_their_requests_alone(client, server):
     assert together == alone, f"together: {together}\nalone: {alone}"
 
 
-def test_models_lists_the_loaded_model_with_its_identity(client, server):
+def test_models_lists_exactly_the_served_model_with_its_identity(client, server):
     models = client.models.list().data
+    assert [m.id for m in models] == [MODEL]  # nothing it could not serve
     loaded = [m for m in models if m.model_extra.get("loaded")]
-    assert [m.id for m in loaded] == [MODEL]
+    assert [m.id for m in loaded] == [MODEL] and loaded[0].model_extra["state"] == "loaded"
     ident = loaded[0].model_extra["identity"]
     record = loaded[0].model_extra["edgespec"]["identity_record"]
     assert record["hash"] == ident and record["components"]
-    assert any(m.id == "qwen-1.5b" and not m.model_extra["loaded"] for m in models)
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("qwen-1.5b")  # registered, but not served by this server
     assert client.models.retrieve(MODEL).id == MODEL
     r = chat(client, "Hi", max_tokens=2, **GREEDY)
     assert r.model_extra["edgespec"]["identity"] == ident
