@@ -476,6 +476,10 @@ def load_or_measure(model_path: str | os.PathLike, *, n_threads: int | None = No
         cal = load_cached(key, home, device["build"])
         if cal is not None and not (cal.busy > BUSY_LIMIT and machine_busy() <= BUSY_LIMIT / 2):
             return cal
+        if cal is not None:
+            warnings.warn(f"the cached calibration {key} was timed while other processes used "
+                          f"{cal.busy:.0%} of the CPUs; the machine is quiet now, measuring it "
+                          "again", CalibrationWarning, stacklevel=2)
     owned = model is None
     if owned:
         if loader is None:
