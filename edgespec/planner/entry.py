@@ -43,6 +43,14 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
         dpath, dname, dsha = resolve_model(draft_arg, pull=cfg.pull)
         dfacts = read_facts(dpath)
         dname = dname or str(draft_arg)
+    if dfacts is None and "self" in cfg.proposer.split("+"):
+        # self-speculation loads a model made of some of the target's blocks: counted as
+        # its draft (memory, speed), never loaded as one
+        from ..proposers.selfspec import layers_for
+        from .selfdraft import self_draft_facts
+        layers = layers_for(tsha, tfacts.n_layers,
+                            str(cfg.proposer_options.get("self", {}).get("layers", "") or ""))
+        dfacts = self_draft_facts(tfacts, layers.layers)
     dev = device or devmod.probe()
 
     def calib(path, sha, kernel: KernelConfig, measure: bool):

@@ -505,3 +505,34 @@ def test_a_jittery_quiet_calibration_keeps_its_shape_but_noise_and_load_do_not()
     assert not planner.usable_shape(replace(jittery, busy=0.5), 0.086)  # timed under load
     assert not planner.usable_shape(_cal(2.0, steep, spread=0.22), 0.086)  # 23x the size's step
     assert not planner.usable_shape(Calibration.prior_cpu(), 0.086)  # nothing measured
+
+
+def test_self_speculation_counts_the_derived_model_without_loading_it_as_a_draft():
+    from edgespec.planner.selfdraft import self_draft_facts
+    half = self_draft_facts(QWEN_15, range(0, 28, 2))
+    assert half.n_layers == 14 and len(half.layer_bytes) == 14
+    assert half.weight_bytes == (sum(QWEN_15.layer_bytes) // 2 + QWEN_15.token_embd_bytes
+                                 + QWEN_15.output_bytes + QWEN_15.other_bytes)
+    plain = planner.plan(QWEN_15, device=cpu(), proposer="none")
+    selfp = planner.plan(QWEN_15, half, device=cpu(), proposer="self")
+    assert selfp.proposer == "self"
+    names = [i.name for i in selfp.memory.items]
+    assert "draft weights" in names and "draft KV cache" in names
+    grown = selfp.memory.host - plain.memory.host
+    assert grown >= half.weight_bytes * 0.9  # its own file and context, not the target's
+    assert selfp.draft is None and selfp.config.draft is None  # built from the target
+    # a budget that holds the target alone does not hold both
+    assert planner.plan(QWEN_15, device=cpu(), proposer="none", budget="1900MiB").proposer == "none"
+    with pytest.raises(BudgetError):
+        planner.plan(QWEN_15, half, device=cpu(), proposer="self", budget="1900MiB")
+
+
+def test_a_self_draft_file_is_laid_out_back_to_back():
+    from edgespec.planner.selfdraft import self_draft_facts
+    tensors = tuple(TensorInfo(f"blk.{i}.ffn.weight", (64, 64), 12, i * 1000, 1000)
+                    for i in range(4)) + (TensorInfo("output.weight", (64, 64), 12, 4000, 1000),)
+    f = _replace(QWEN_15, tensors=tensors, n_layers=4, layer_bytes=(1000,) * 4,
+                 n_head_kv_per_layer=(2,) * 4, swa_layers=(False,) * 4)
+    d = self_draft_facts(f, [0, 3])
+    assert [t.name for t in d.tensors] == ["blk.0.ffn.weight", "blk.3.ffn.weight", "output.weight"]
+    assert [t.offset for t in d.tensors] == [0, 1024, 2048]  # 32-byte aligned, no holes
