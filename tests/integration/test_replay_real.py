@@ -71,3 +71,22 @@ def test_recorded_run_replays_pass_for_pass(model_path, tmp_path):
     assert "| ngram |" in res.output and "%" in res.output
     saved = json.loads((out / "replay.json").read_text())
     assert saved["reproduced"] == 4 and set(saved["variants"]) == set(comp.variants)
+
+    # tools/replay_whatif.py: the recording's own controller first, then the variants asked
+    import contextlib
+    import io
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import replay_whatif
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert replay_whatif.main([str(out), "--config", "ngram", "--variant", "cal=curve",
+                                   "--variant", "cal=curve,max_draft=1"]) == 0
+    lines = buf.getvalue().splitlines()
+    assert [ln.split()[0] for ln in lines] == ["cal=recorded", "cal=curve",
+                                               "cal=curve,max_draft=1"]
+    assert all("geomean" in ln and "copy:" in ln and "chat:" in ln for ln in lines)
+    # the recording's controller on the model: its own passes, so the main comparison's figure
+    assert float(lines[0].split("geomean")[1].split()[0]) > 0
+    assert replay_whatif.main([str(out), "--config", "nothing"]) == 2
