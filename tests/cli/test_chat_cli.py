@@ -71,8 +71,12 @@ def test_bad_commands_and_sessions_do_not_end_the_chat(home, model_path):
 
 
 def test_plain_text_mode_streams_the_answer(home, model_path):
+    # the same greedy turn in --json mode says what the answer is; plain mode prints it
+    recs, _ = chat(model_path("smollm2-135m"), "Name a colour.\n", "--json")
+    (turn,) = [x for x in recs if "turn" in x]
     _, r = chat(model_path("smollm2-135m"), "Name a colour.\n")
-    assert r.stdout.strip()
+    assert turn["text"].strip() and turn["text"].strip() in r.stdout
+    assert not r.stdout.lstrip().startswith("{")  # text, not a JSON record
 
 
 def test_json_mode_constrains_every_turn(home, model_path):

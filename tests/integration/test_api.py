@@ -111,4 +111,9 @@ def test_multi_turn_messages(engine_factory):
             {"role": "assistant", "content": "Nice to meet you, Ada."},
             {"role": "user", "content": "What is my name?"}]
     r = eng.generate(msgs, GenerationParams(max_tokens=12), proposer="none")
-    assert r.tokens
+    last = eng.generate(msgs[-1:], GenerationParams(max_tokens=12), proposer="none")
+    assert r.tokens and r.text
+    # the whole history went through the template: the earlier turns' tokens are in the prompt
+    earlier = sum(len(eng.target.tokenize(m["content"], add_special=False, parse_special=False))
+                  for m in msgs[:2])
+    assert r.stats.prompt_tokens >= last.stats.prompt_tokens + earlier
