@@ -19,7 +19,7 @@ controller scores the unused candidates against.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple, Protocol
 
 from ..errors import InvalidInputError
@@ -125,11 +125,7 @@ class StepView:
 
 def truncate(draft: Draft, k: int) -> Draft:
     """The first ``k`` tokens of a draft, with their distributions and confidences."""
-    if len(draft) <= k:
-        return draft
-    return replace(draft, tokens=draft.tokens[:k],
-                   probs=draft.probs[:k] if draft.probs is not None else None,
-                   confidence=draft.confidence[:k] if draft.confidence is not None else None)
+    return draft.head(k)
 
 
 @dataclass(frozen=True)

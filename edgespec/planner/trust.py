@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import statistics
+from ..calibration.calibration import BUSY_LIMIT
 
 #: Repeats of one pass on a quiet machine agree within a few percent; far more spread means
 #: other work held the cores while it was measured, and the curve's shape is noise.
@@ -17,7 +18,6 @@ def calibration_trust(cal, expected_step: float) -> tuple[bool, str]:
     """
     if cal is None:
         return False, ""
-    from ..calibration import BUSY_LIMIT
     busy = float(getattr(cal, "busy", 0.0) or 0.0)
     if busy > BUSY_LIMIT:
         # Other work on the cores while timing: llama.cpp's threads wait for each other,

@@ -106,27 +106,3 @@ class SelfDraftProposer(DraftModelProposer):
             super().close()
         finally:
             self.model.close()
-
-
-def build_self(ctx, layers_text: str, n_batch: int = 0) -> SelfDraftProposer:
-    """The factory behind ``--proposer self`` (``ctx`` is the registry's BuildContext)."""
-    if ctx.target is None or ctx.load_model is None:
-        raise InvalidInputError("the self proposer drafts with the loaded target's layers; "
-                                "it cannot be built without one")
-    from .layers import spread
-    from .selfchoice import chosen_layers
-    n_layer = int(ctx.target.n_layer)
-    if layers_text:
-        layers = LayerSet.parse(layers_text, n_layer)
-    else:
-        layers = chosen_layers(ctx.target_digest, n_layer) \
-            or LayerSet.of(spread(n_layer, n_layer // 2), n_layer)
-    path = ensure_self_draft(Path(ctx.target.path), ctx.target_digest or "nodigest", layers)
-    model = ctx.load_model(path)
-    try:
-        return SelfDraftProposer(model, layers, n_ctx=ctx.n_ctx, n_threads=ctx.threads,
-                                 n_batch=n_batch, kernel=ctx.kernel,
-                                 target_vocab=ctx.target.n_vocab)
-    except BaseException:
-        model.close()
-        raise

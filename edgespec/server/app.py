@@ -25,17 +25,19 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from .. import __version__
+from .._version import __version__
 from ..errors import ContextOverflowError, EdgespecError
-from ..events import Finished, Step
+from ..api.events import Finished, Step
 from ..serving import DONE
 from . import auth, choices
+from .choices import _chunks
 from .errors import APIError, from_edgespec, install_handlers
 from .mapping import chat_request, chat_turn, check_model, completion_request
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .responses import Shape
 from .schemas import ChatCompletionRequest, CompletionRequest, parse_request
 from .settings import ServerSettings
+from ..registry import load_registry
 
 log = logging.getLogger("edgespec.server")
 
@@ -213,18 +215,6 @@ def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
     return app
 
 
-def _chunks(shape: Shape, out, text: str, lps, include_usage: bool) -> list[dict]:
-    """Stream chunks for one step's text: as content, or through the turn's parsers (which
-    may hold it back: a step's logprobs then travel in a chunk with an empty delta)."""
-    if out is None:
-        return [shape.chunk(text, lps, include_usage=include_usage)]
-    deltas = out.feed(text)
-    if not deltas:
-        return [shape.chunk("", lps, delta={}, include_usage=include_usage)] if lps else []
-    return [shape.chunk("", lps if i == 0 else (), delta=d, include_usage=include_usage)
-            for i, d in enumerate(deltas)]
-
-
 async def _watch_disconnect(request: Request, ticket, gone: asyncio.Event) -> None:
     """Cancel ``ticket`` once the client of a non-streaming request has gone away (a
     streaming one learns it from sse-starlette, which cancels its generator)."""
@@ -358,7 +348,6 @@ def _model_list(engine, settings: ServerSettings, identity, started: int) -> lis
     }
     entries = [loaded]
     try:
-        from ..registry import load_registry
         registry = load_registry()
     except EdgespecError:  # no models.toml: the loaded model is still listed
         return entries

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 
-from edgespec import backend, rpc
+from edgespec.runtime import backend, rpc
 
 
 def _listening() -> tuple[socket.socket, str]:

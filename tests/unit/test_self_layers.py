@@ -46,7 +46,7 @@ def small(model_path):
 
 
 def test_a_subset_file_loads_with_the_kept_layers_and_the_targets_vocabulary(small, tmp_path):
-    from edgespec import backend
+    from edgespec.runtime import backend
     n = block_count(small)
     layers = LayerSet.parse(f"0-3,{n - 4}-{n - 1}", n)
     out = write_subset(small, tmp_path / "d.gguf", layers)
