@@ -4,3 +4,6 @@
     conversation.py   Engine.chat / Conversation: multi-turn history over prefix reuse
     sessions.py       conversations saved on disk (KV state + messages), checked on load
 """
+from .conversation import Conversation
+
+__all__ = ["Conversation"]
