@@ -34,7 +34,6 @@ TOML example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..api.labels import PLAIN

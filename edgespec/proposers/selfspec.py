@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from ..errors import EdgespecError, InvalidInputError
+from ..errors import EdgespecError
 from ..paths import edgespec_home
 from .draft import DraftModelProposer
 from .layers import LayerSet, subset_layers, write_subset

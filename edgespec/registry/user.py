@@ -11,16 +11,13 @@ contents validated, so a failed add or remove leaves it as it was.
 """
 from __future__ import annotations
 
-import dataclasses
-import tomllib
 from pathlib import Path
-from typing import Mapping
 
 from ..errors import ModelError
 from ..runtime.gguf_header import GGUFInfo
 from ..paths import user_registry_path
-from .spec import (ROLES, SCHEMA, ModelSpec, Registry, _Check, _parse_model, _parse_pair,
-                   check_name, layer, layer_dict, read_user, registry_path)
+from .spec import (ROLES, SCHEMA, ModelSpec, Registry, check_name, layer, layer_dict, read_user,
+                   registry_path)
 from .store import (Progress, _atomic_write_text, _human, _model_lock, _say, _stamp_path,
                     _write_stamp, check_gguf, sha256_file)
 from .toml_write import dumps
