@@ -470,7 +470,7 @@ class Check:
     def _verify_llama(self, d: dict, what: str) -> str:
         # the devices ggml registered, as edgespec's doctor reads them (llama.cpp's own
         # "supports GPU offload" is also true for a CPU build with the RPC backend)
-        p = self.python("build", "import json, llama_cpp as l\nfrom edgespec import backend\n"
+        p = self.python("build", "import json, llama_cpp as l\nfrom edgespec.runtime import backend\n"
                                  "f = backend.build_facts()\n"
                                  "print('LLAMA', json.dumps({'version': f.llama_cpp_python, "
                                  "'devices': list(f.devices), 'rpc': f.rpc, "
