@@ -111,7 +111,9 @@ class ProposerSpec:
 
 
 def _ngram(ctx: BuildContext, opts: dict) -> Proposer:
-    from .ngram import NgramProposer  # deferred: the registry is read without building any proposer
+    # deferred, as in each factory: reading the registry builds nothing, and without the
+    # native library only the proposers that need it are refused (build() says so)
+    from .ngram import NgramProposer
     # Statistics of past generations only mean something under the same vocabulary:
     # they persist keyed by the target's digest.
     opts = {**opts, "stats_path": opts.get("stats_path") or None}
@@ -121,13 +123,13 @@ def _ngram(ctx: BuildContext, opts: dict) -> Proposer:
 
 
 def _suffix(ctx: BuildContext, opts: dict) -> Proposer:
-    from .suffix import SuffixProposer  # deferred: the registry is read without building any proposer
+    from .suffix import SuffixProposer  # deferred: see _ngram
     return SuffixProposer(**opts)
 
 
 def _draft(ctx: BuildContext, opts: dict) -> Proposer:
-    from .draft import DraftModelProposer  # deferred: the registry is read without building any proposer
-    from .vocab_check import vocab_mismatch  # deferred: the registry is read without building any proposer
+    from .draft import DraftModelProposer  # deferred: see _ngram
+    from .vocab_check import vocab_mismatch  # deferred: see _ngram
     if ctx.target is not None and vocab_mismatch(ctx.target, ctx.draft_model) is not None:
         # loaded for the bridge: this draft's token ids mean nothing to the target
         raise InvalidInputError(f"draft {ctx.draft_model.path.name} does not share the target's "
@@ -138,12 +140,12 @@ def _draft(ctx: BuildContext, opts: dict) -> Proposer:
 
 
 def _self(ctx: BuildContext, opts: dict) -> Proposer:
-    from .selfchoice import build_self  # deferred: the registry is read without building any proposer
+    from .selfchoice import build_self  # deferred: see _ngram
     return build_self(ctx, opts.get("layers", ""), n_batch=opts.get("n_batch", 0))
 
 
 def _bridge(ctx: BuildContext, opts: dict) -> Proposer:
-    from .bridged import BridgedDraftProposer  # deferred: the registry is read without building any proposer
+    from .bridged import BridgedDraftProposer  # deferred: see _ngram
     return BridgedDraftProposer(ctx.draft_model, ctx.target, n_ctx=ctx.n_ctx,
                                 n_threads=ctx.threads, kernel=ctx.kernel,
                                 pin_check=ctx.check_bridge_pair, **opts)
@@ -226,7 +228,7 @@ def check_draft(target, draft, label: str) -> None:
     drafting = [REGISTRY[n] for n in label.split("+") if needs_model(n)]
     if drafting and not any(s.same_vocab for s in drafting):
         return
-    from .draft import check_compatible  # deferred: the registry is read without building any proposer
+    from .draft import check_compatible  # deferred: see _ngram
     check_compatible(target, draft)
 
 
