@@ -1,9 +1,8 @@
 """edgespec: exact speculative decoding for GGUF models on llama.cpp."""
 from .errors import (Cancelled, ContextOverflowError, EdgespecError, IncompatibleDraftError,
                      InvalidInputError, ModelError, UnsupportedError)
-from .params import GenerationParams, SamplingParams
-
-__version__ = "0.1.0"
+from ._version import __version__
+from .api.params import GenerationParams, SamplingParams
 
 __all__ = [
     "Cancelled", "ContextOverflowError", "EdgespecError", "IncompatibleDraftError",
@@ -15,7 +14,7 @@ __all__ = [
 def __getattr__(name):
     # Lazy so that `import edgespec` (CLI start-up, TUI, pure unit tests) does not load llama.cpp.
     if name in ("Engine", "Result"):
-        from . import engine
+        from .engine import engine
         return getattr(engine, name)
     if name in ("Llama", "AsyncEngine"):  # llama-cpp-python-shaped and asyncio (edgespec.apps)
         from . import apps

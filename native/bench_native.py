@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from edgespec import _native
-from edgespec.params import SamplingParams
+from edgespec.api.params import SamplingParams
 from edgespec.proposers.ngram import NgramProposer
 from edgespec.proposers.suffix import SuffixProposer
 

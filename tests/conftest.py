@@ -50,7 +50,7 @@ _ENGINES: dict = {}
 @pytest.fixture(scope="session")
 def engine_factory(model_path):
     """engine_factory(target, draft=None, **kw) -> a cached Engine (closed at session end)."""
-    from edgespec.engine import Engine
+    from edgespec.engine.engine import Engine
 
     def get(target: str, draft: str | None = None, **kw):
         key = (target, draft, tuple(sorted(kw.items())))

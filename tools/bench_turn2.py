@@ -32,8 +32,9 @@ import statistics
 import time
 from pathlib import Path
 
-from edgespec import Engine, GenerationParams, backend, registry
-from edgespec.events import Finished, Step
+from edgespec import Engine, GenerationParams, registry
+from edgespec.runtime import backend
+from edgespec.api.events import Finished, Step
 
 ROOT = Path(__file__).resolve().parent.parent
 OURS = ("none", "default", "exact", "exact+refresh")

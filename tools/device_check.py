@@ -470,7 +470,7 @@ class Check:
     def _verify_llama(self, d: dict, what: str) -> str:
         # the devices ggml registered, as edgespec's doctor reads them (llama.cpp's own
         # "supports GPU offload" is also true for a CPU build with the RPC backend)
-        p = self.python("build", "import json, llama_cpp as l\nfrom edgespec import backend\n"
+        p = self.python("build", "import json, llama_cpp as l\nfrom edgespec.runtime import backend\n"
                                  "f = backend.build_facts()\n"
                                  "print('LLAMA', json.dumps({'version': f.llama_cpp_python, "
                                  "'devices': list(f.devices), 'rpc': f.rpc, "
@@ -914,8 +914,8 @@ def pack(args: argparse.Namespace) -> int:
 
 def _calibrate_main(args: argparse.Namespace) -> int:
     """The calibrate stage's child: one fresh measurement, printed as one JSON line."""
-    from edgespec import calibration
-    from edgespec.config import KernelConfig
+    from edgespec.calibration import calibration
+    from edgespec.runtime.kernel import KernelConfig
 
     cal = calibration.load_or_measure(args.model, n_gpu_layers=args.gpu_layers, force=True,
                                       repeats=args.repeats, kernel=KernelConfig())

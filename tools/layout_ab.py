@@ -16,10 +16,10 @@ import argparse
 import statistics
 
 from edgespec.bench.prompts import load_humanevalfix, load_spec_bench
-from edgespec.config import KernelConfig
-from edgespec.engine import Engine
-from edgespec.params import GenerationParams
-from edgespec.simulate import geomean
+from edgespec.runtime.kernel import KernelConfig
+from edgespec.engine.engine import Engine
+from edgespec.api.params import GenerationParams
+from edgespec.analysis.simulate import geomean
 
 ARMS = (("repacked", "none"), ("repacked", "auto"), ("plain", "none"), ("plain", "auto"))
 

@@ -29,8 +29,8 @@ import numpy as np
 
 from edgespec.bench.anchor_paths import anchors_bin_dir
 from edgespec.bench.tools import AnchorsNotBuiltError, check_built, run_tool, setup_from_engine
-from edgespec.engine import Engine
-from edgespec.params import GenerationParams
+from edgespec.engine.engine import Engine
+from edgespec.api.params import GenerationParams
 
 # raw text (no chat template) that a model continues for a long time, so every arm
 # generates the full count and the tool reads exactly the same tokens

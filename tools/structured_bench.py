@@ -18,7 +18,7 @@ from pathlib import Path
 import jsonschema
 
 from edgespec import Engine, GenerationParams
-from edgespec import grammar as grammar_mod
+from edgespec.grammar import state as grammar_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "edgespec" / "bench" / "data"

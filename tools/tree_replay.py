@@ -4,7 +4,7 @@
     python tools/tree_replay.py --breakeven     # what a second branch must carry, per curve
 
 Under greedy decoding the target's output does not depend on how it was speculated
-(edgespec.simulate), so a recorded generation says which tokens each pass would keep.
+(edgespec.analysis.simulate), so a recorded generation says which tokens each pass would keep.
 At every step the proposer session proposes a tree (``propose_tree``); the sizing
 (edgespec.control.tree.size_tree) chooses, on each cost curve, either a tree or the
 best linear cut of its first branch. Two policies are replayed on the same proposals:
@@ -22,12 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edgespec.calibration import Calibration  # noqa: E402
+from edgespec.calibration.calibration import Calibration  # noqa: E402
 from edgespec.control.tree import size_tree  # noqa: E402
-from edgespec.params import SamplingParams  # noqa: E402
+from edgespec.api.params import SamplingParams  # noqa: E402
 from edgespec.proposers.ngram import NgramProposer  # noqa: E402
 from edgespec.proposers.suffix import SuffixProposer  # noqa: E402
-from edgespec.simulate import load_traces  # noqa: E402
+from edgespec.analysis.simulate import load_traces  # noqa: E402
 
 CAL_DIR = Path.home() / ".cache" / "edgespec" / "calibration"
 
@@ -117,7 +117,7 @@ def breakeven() -> None:
     """The smallest probability of a second first-token branch for which size_tree takes
     the tree: the first token at 0.55, each next token 0.9 of the one before, both branches
     k tokens long, against the linear draft of k."""
-    from edgespec.tree import DraftTree
+    from edgespec.decoding.tree import DraftTree
 
     print("| curve | k = 1 | k = 2 | k = 4 | k = 8 |")
     print("|---|---|---|---|---|")

@@ -1,6 +1,6 @@
 """The Textual app: prompt, pickers, the origin-coloured answer and live speculation panels.
 
-It consumes only ``edgespec.events`` from an :class:`~tui.source.EventSource`.
+It consumes only ``edgespec.api.events`` from an :class:`~tui.source.EventSource`.
 The source runs on a worker thread; each event is posted to the UI as a
 message, and the panels are redrawn on a short timer rather than per token, so
 a fast stream cannot starve input handling.
@@ -24,7 +24,7 @@ from textual.message import Message
 from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, Select, Static
 
 from edgespec.errors import Cancelled, EdgespecError, InvalidInputError
-from edgespec.events import Event, Finished, PrefillDone, RequestStarted, Step
+from edgespec.api.events import Event, Finished, PrefillDone, RequestStarted, Step
 from edgespec.proposers import needs_model
 
 from .conversation import Transcript

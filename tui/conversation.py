@@ -1,8 +1,8 @@
 """The conversation the TUI keeps: what each turn sends and how much of it was reused.
 
 The app sends the whole history every turn, as any chat client does; the engine reuses the
-KV of the longest prefix it already holds (edgespec.kvcache), and each turn's stats say how
-many prompt tokens that was. The bookkeeping follows edgespec.conversation.Conversation: a
+KV of the longest prefix it already holds (edgespec.decoding.kvcache), and each turn's stats say how
+many prompt tokens that was. The bookkeeping follows edgespec.chat.conversation.Conversation: a
 cancelled answer stays in the history when something of it was shown, and a turn that showed
 nothing leaves no message.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgespec.events import Finished
+from edgespec.api.events import Finished
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import re
 
-from edgespec.events import Control, Event, Finished, PrefillDone, RequestStarted, Step
+from edgespec.api.events import Control, Event, Finished, PrefillDone, RequestStarted, Step
 from edgespec.proposers import needs_model
 
 from .metrics import fold_stats

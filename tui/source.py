@@ -1,6 +1,6 @@
 """Where the TUI's events come from: the real engine, or a script.
 
-The app only ever sees ``edgespec.events`` objects coming out of
+The app only ever sees ``edgespec.api.events`` objects coming out of
 :meth:`EventSource.start`; everything model-related (loading, llama.cpp,
 the proposer registry) stays behind this protocol. ``start`` is called from a
 worker thread, so an implementation may block (load a model, decode) while the
@@ -12,10 +12,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence, Union
 
-from edgespec.config import AUTO, PLAIN
+from edgespec.api.labels import AUTO, PLAIN
 from edgespec.errors import InvalidInputError
-from edgespec.events import Event, Finished, PrefillDone, RequestStarted, Step
-from edgespec.params import GenerationParams, SamplingParams
+from edgespec.api.events import Event, Finished, PrefillDone, RequestStarted, Step
+from edgespec.api.params import GenerationParams, SamplingParams
 from edgespec.proposers import free_names, names, needs_model
 
 from .metrics import fold_stats
@@ -322,7 +322,7 @@ class EngineSource:
         self.close()
         load = self.loader
         if load is None:
-            from edgespec.engine import Engine  # deferred: importing it loads llama.cpp
+            from edgespec.engine.engine import Engine  # deferred: importing it loads llama.cpp
             load = Engine.load
         key = self._load_key(settings)
         fixed = {} if settings.draft_len is None else {"draft_len": settings.draft_len,

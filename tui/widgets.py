@@ -7,7 +7,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Static, TextArea
 
-from edgespec.events import Step
+from edgespec.api.events import Step
 
 DRAFT = "draft"
 TARGET = "target"

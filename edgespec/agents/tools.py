@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..errors import InvalidInputError, UnsupportedError
+from ..grammar.constraint import GrammarError, check_schema_supported
 
 #: OpenAI's rule for function names
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -164,8 +165,7 @@ def call_grammar(tools: Sequence[Tool], choice: Choice, fmt: str, parallel: bool
     grammar admits validates); the markup around it is literal. ``parallel`` admits one or
     more calls, else exactly one.
     """
-    from ..grammar import GrammarError, check_schema_supported
-    from .. import backend
+    from ..runtime import backend  # deferred: it loads llama.cpp
 
     chosen = [t for t in tools if choice.mode == "required" or t.name == choice.name]
     arguments_key = "parameters" if fmt == "llama3" else "arguments"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-from .. import chat
+from ..chat import chat
 from .calls import CallParser, ToolCall, detect_format, new_call_id
 from .reasoning import ReasoningSplitter, prompt_opens_reasoning, splits
 from .tools import Choice, Tool, ToolError, ToolSupportError, call_grammar, parse_choice, \

@@ -21,9 +21,10 @@ import contextlib
 import threading
 from typing import AsyncIterator, Callable, Iterator, Mapping, Sequence
 
-from ..events import Event, Finished
-from ..params import GenerationParams
+from ..api.events import Event, Finished
+from ..api.params import GenerationParams
 from . import completions
+from .llama_compat import Llama
 
 # what the worker thread sends to the loop, as (kind, value)
 _READY, _ITEM, _ERROR, _DONE = "ready", "item", "error", "done"
@@ -34,7 +35,6 @@ class AsyncEngine:
     :class:`~edgespec.apps.Llama`, whose instance defaults its completions keep)."""
 
     def __init__(self, engine) -> None:
-        from .llama_compat import Llama
         llama = engine if isinstance(engine, Llama) else None
         self.engine = llama.engine if llama is not None else engine
         self._defaults = llama._defaults if llama is not None else completions.Defaults()
@@ -54,7 +54,7 @@ class AsyncEngine:
     async def generate(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
                        **options):
         """:meth:`Engine.generate`, awaited: the request's ``Result``."""
-        from ..engine import Result
+        from ..engine.engine import Result  # deferred: it loads llama.cpp
         fin = None
         async for ev in self.stream(prompt, params, **options):
             if isinstance(ev, Finished):

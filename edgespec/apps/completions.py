@@ -33,12 +33,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 from ..errors import Cancelled, InvalidInputError, UnsupportedError
-from ..events import Event, Finished, Step, TokenLogprob
-from ..params import GenerationParams, SamplingParams
+from ..api.events import Event, Finished, Step, TokenLogprob
+from ..api.params import GenerationParams, SamplingParams
 from . import shapes
+from ..agents import prepare_turn
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..engine.engine import Engine
 
 #: llama.cpp's LLAMA_DEFAULT_SEED: "pick a random seed", as is -1
 RANDOM_SEEDS = (-1, 0xFFFFFFFF)
@@ -457,7 +458,6 @@ def _turn(engine: "Engine", model: str, messages: list[dict], tools, tool_choice
     """The chat turn (edgespec.agents): tool declarations for the template, a forced call's
     grammar, the call parser; reasoning is left in the content (reasoning_format "none"),
     as llama-cpp-python leaves it."""
-    from ..agents import prepare_turn
     return prepare_turn(engine.target.chat_template(), model, messages, tools=tools,
                         tool_choice=tool_choice, reasoning_format="none")
 

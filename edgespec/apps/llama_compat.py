@@ -44,10 +44,13 @@ import logging
 import sys
 from typing import Mapping, Sequence
 
-from ..config import AUTO, KV_GGML_TYPE, KernelConfig
+from ..api.labels import AUTO
+from ..runtime.kernel import KV_GGML_TYPE, KernelConfig
 from ..errors import InvalidInputError, UnsupportedError
 from . import completions
 from .completions import RANDOM_SEEDS, Defaults
+from .. import registry
+from ..runtime.gguf_facts import read_facts
 
 log = logging.getLogger("edgespec.apps")
 
@@ -116,7 +119,7 @@ class Llama:
                  # edgespec's own
                  proposer: str = AUTO, draft: str | None = None, exact: bool = False,
                  adaptive: bool = True, **llama_kwargs) -> None:
-        from ..engine import Engine
+        from ..engine.engine import Engine  # deferred: it loads llama.cpp
 
         _check_llama_kwargs(llama_kwargs)
         if chat_format not in _OWN_TEMPLATE:
@@ -227,8 +230,6 @@ def _kernel(flash_attn, type_k, type_v, use_mmap) -> KernelConfig | None:
 
 def _trained_context(model: str) -> int:
     """``n_ctx=0``: the context the model was trained for, as llama-cpp-python reads it."""
-    from .. import registry
-    from ..gguf_facts import read_facts
     return read_facts(registry.resolve(model, pull=True)).n_ctx_train
 
 

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..events import TokenLogprob
+from ..api.events import TokenLogprob
 
 #: the engine's stop reasons, as llama-cpp-python's two finish reasons (a grammar that
 #: admits nothing more ended the text like an end-of-generation token; a full context

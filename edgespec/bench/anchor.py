@@ -9,23 +9,10 @@ emitted what is left.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..api.stats import RequestStats
+from ..runtime.backend import AnchorTrace  # what the backend returns
 
-from ..stats import RequestStats
-
-
-@dataclass(frozen=True)
-class AnchorTrace:
-    """What one anchor generation observed (built by the backend)."""
-
-    prompt_tokens: int
-    tokens: tuple[int, ...]  # emitted tokens, end-of-generation token excluded
-    token_times: tuple[float, ...]  # seconds since start at which each yielded token came out
-    passes: tuple[tuple[int, int], ...]  # per decode pass: (sequence length before it, drafted)
-    first_token_seconds: float  # prompt evaluation + first sample
-    total_seconds: float
-    stop_reason: str  # "eos" | "length"
-    eog_time: float | None = None  # when the end-of-generation token came out, if it did
+__all__ = ["AnchorTrace", "trace_to_stats"]
 
 
 def trace_to_stats(trace: AnchorTrace, proposer: str) -> RequestStats:

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from ..errors import InvalidInputError
 from . import matrix as mx
+from . import presets
 from .prompts import HUMANEVALFIX, SPEC_BENCH_CATEGORIES
 
 
@@ -37,8 +38,8 @@ def ints(text: str, what: str) -> tuple[int, ...]:
 
 
 def compose(f: Flags) -> mx.Matrix:
-    base = mx.preset(f.preset)
-    m = mx.load_toml(f.matrix_file, base=base) if f.matrix_file else base
+    base = presets.preset(f.preset)
+    m = presets.load_toml(f.matrix_file, base=base) if f.matrix_file else base
     changes = {k: v for k, v in f.scalars if v is not None}
     if f.categories is not None:
         changes["spec_bench"] = mx.spec_bench_selection(f.categories)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .matrix import Matrix
+from .tools import ToolAnchor
 
 
 def cpu_model() -> str:
@@ -43,8 +44,6 @@ def machine() -> dict:
 
 
 def anchor_identity(a) -> dict:
-    from .tools import ToolAnchor
-
     if isinstance(a, ToolAnchor):
         st = a.setup
         stamp = st.bin_dir / "BUILD.json"

@@ -33,12 +33,10 @@ TOML example::
 """
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..config import PLAIN
+from ..api.labels import PLAIN
 from ..errors import InvalidInputError
 from . import anchors as anchor_specs
 from .anchors import ANCHOR_KIND, ANCHORS
@@ -247,29 +245,12 @@ def _guard(ok: bool, message: str) -> None:
         raise InvalidInputError(message)
 
 
-# --- presets -----------------------------------------------------------------------
-def preset(name: str) -> Matrix:
-    from .presets import preset as _preset
-    return _preset(name)
-
-
 # --- TOML --------------------------------------------------------------------
 _SCALARS = {"target", "draft", "max_new_tokens", "temperature", "seed", "threads", "n_ctx",
             "n_gpu_layers", "tree_width", "anchor_n_ctx", "warmup", "warmup_tokens",
             "bootstrap_resamples", "confidence"}
 _PROMPT_KEYS = {"spec_bench", "per_category", "max_turns", "humanevalfix", "long", "jsonl",
                 "prompt_field", "jsonl_n"}
-
-
-def load_toml(path: str | Path, base: Matrix | None = None) -> Matrix:
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidInputError(f"matrix file {path} not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise InvalidInputError(f"{path}: not valid TOML ({e})") from None
-    return apply_overrides(base or preset(data.get("preset", "quick")), data, source=str(path))
 
 
 def apply_overrides(m: Matrix, data: Mapping[str, Any], source: str = "matrix") -> Matrix:

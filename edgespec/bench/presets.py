@@ -14,9 +14,12 @@
 """
 from __future__ import annotations
 
-from ..config import AUTO
+import tomllib
+from pathlib import Path
+
+from ..api.labels import AUTO
 from ..errors import InvalidInputError
-from .matrix import BASELINE, ConfigSpec, Matrix
+from .matrix import BASELINE, ConfigSpec, Matrix, apply_overrides, parse_config
 from .prompts import SPEC_BENCH_CATEGORIES
 
 PRESETS = ("quick", "standard", "long", "full")
@@ -24,7 +27,6 @@ LONG_TOKENS = (2048, 4096, 8192)
 
 
 def _engine(*names: str) -> tuple[ConfigSpec, ...]:
-    from .matrix import parse_config
     return tuple(parse_config(n) for n in names)
 
 
@@ -54,3 +56,14 @@ def preset(name: str) -> Matrix:
     else:
         raise InvalidInputError(f"unknown preset '{name}'; choose {', '.join(PRESETS)}")
     return m.with_baseline()
+
+
+def load_toml(path: str | Path, base: Matrix | None = None) -> Matrix:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidInputError(f"matrix file {path} not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise InvalidInputError(f"{path}: not valid TOML ({e})") from None
+    return apply_overrides(base or preset(data.get("preset", "quick")), data, source=str(path))

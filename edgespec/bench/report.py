@@ -20,6 +20,7 @@ from typing import Iterable, Mapping, Sequence
 from .matrix import BASELINE
 from .prompts import bucket_labels
 from .stats import Interval, geometric_mean, histogram_mean, histogram_sum, median, percentile, speedup
+from ..errors import InvalidInputError
 
 OVERALL = "all"
 #: what a user would otherwise run: every configuration is also reported against it
@@ -46,8 +47,6 @@ def _jsonable(x):
 
 
 def load_run(path: str | os.PathLike) -> dict:
-    from ..errors import InvalidInputError
-
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:

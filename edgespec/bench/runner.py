@@ -30,17 +30,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from ..config import AUTO
+from ..api.labels import AUTO
 from ..errors import EdgespecError, InvalidInputError
-from ..events import Finished, Step
-from ..params import GenerationParams, SamplingParams
-from ..stats import RequestStats
+from ..api.events import Finished, Step
+from ..api.params import GenerationParams, SamplingParams
+from ..api.stats import RequestStats
 from . import tools
 from .anchor import trace_to_stats
 from .anchors import ANCHORS
 from .matrix import ANCHOR_KIND, BASELINE, ConfigSpec, Matrix
 from .prompts import (BenchPrompt, bucket_label, load_humanevalfix, load_jsonl_prompts,
                       load_long, load_spec_bench)
+from ..analysis.parity import TOP_N, attribute_divergence
+from .identity import collect_identity
+from ..proposers import REGISTRY, free_proposer
+from ..replay.depth import depths_for, measure_depths
+from ..replay.record import Recorder
 
 # Knobs that configure the engine as a whole (Engine.load arguments), not one proposer.
 # Knobs of the speculation controller: per request (Engine.stream(control=...)), so fixed
@@ -133,7 +138,6 @@ def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
     if options.get("draft"):
         raise InvalidInputError(f"the draft proposer takes only control knobs ({', '.join(CONTROL_KNOBS)}); "
                                 f"got {', '.join(options['draft'])}")
-    from ..proposers import REGISTRY
 
     # self: the engine builds a proposer deriving its own model only when its options name it
     return EnginePlan(proposer_options={k: v for k, v in options.items()
@@ -176,7 +180,7 @@ def load_engine(m: Matrix, plan: EnginePlan) -> tuple[dict, dict[str, str]]:
     configuration's answer to the same prompt, nor the statistics an earlier run saved on
     disk. Returns the engines by exactness and, per configuration, the proposer label its
     requests use."""
-    from ..engine import Engine
+    from ..engine.engine import Engine  # deferred: it loads llama.cpp
 
     kw = dict(draft=m.draft, proposer=AUTO if plan.auto else BASELINE, n_ctx=m.n_ctx,
               threads=m.threads, proposer_options=plan.proposer_options,
@@ -202,12 +206,11 @@ def load_engine(m: Matrix, plan: EnginePlan) -> tuple[dict, dict[str, str]]:
 
 
 def _free(name: str, options: dict):
-    from ..proposers import free_proposer
     return free_proposer(name, **options)
 
 
 def _own_instances(engine, c: ConfigSpec, asked: str | None) -> str:
-    from ..engine import split_proposers
+    from ..engine.engine import split_proposers  # deferred: it loads llama.cpp
     label = asked or engine.default_proposer
     missing = [n for n in split_proposers(label) if n not in engine.proposers]
     if missing:
@@ -358,8 +361,6 @@ class Runner:
 
     def _attribute_against(self, cfg: ConfigSpec, diverged: list[dict], recs: list[dict],
                            messages: list[dict]) -> None:
-        from ..parity import TOP_N, attribute_divergence
-
         base = next((r for r in recs if r["config"] == cfg.parity_baseline and "tokens" in r), None)
         if base is None:
             return
@@ -581,8 +582,6 @@ def anchor_context(m: Matrix, engine, prompts: Sequence[BenchPrompt]) -> int:
 def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[BenchRun], None] | None = None,
               prompts: Sequence[BenchPrompt] | None = None) -> BenchRun:
     """The whole benchmark: load once (timed), run every unit, return the run (partial on Ctrl-C)."""
-    from .identity import collect_identity
-
     m = m.validate()
     prompts = list(prompts) if prompts is not None else collect_prompts(m)
     plan = plan_engine(m.configs)
@@ -597,7 +596,7 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
     try:
         pld = [c for c in m.anchor_configs if not ANCHORS[c.proposer].tool]
         if pld:
-            from .. import backend
+            from ..runtime import backend  # deferred: it loads llama.cpp
             n_ctx = anchor_context(m, engine, prompts)
             for cfg in pld:
                 t0 = time.perf_counter()
@@ -643,9 +642,6 @@ def deepest_pass(m: Matrix, engine, prompts: Sequence[BenchPrompt]) -> int:
 def _recorder(m: Matrix, engines: dict, prompts: Sequence[BenchPrompt]):
     """--record: the pass-time curve at the depths this run's passes have, measured on each
     engine's kernel configuration before any request, and the hooks that keep each pass."""
-    from ..replay.depth import depths_for, measure_depths
-    from ..replay.record import Recorder
-
     rec = Recorder()
     for exact, eng in engines.items():
         depths = depths_for(deepest_pass(m, eng, prompts), eng.ctx.n_ctx)

@@ -6,6 +6,7 @@ import json
 import click
 
 from .common import handle_errors
+from ..errors import InvalidInputError
 
 
 @click.command("attribute")
@@ -21,8 +22,7 @@ def attribute_command(before, after, configs, as_json):
     `edgespec generate --json` or stats records) and say whether proposer quality,
     verification cost, scheduling, numerical drift or feature incompatibility explains
     the goodput change, with the numbers."""
-    from ..attribute import attribute, compared_configs, load
-    from ..errors import InvalidInputError
+    from ..analysis.attribute import attribute, compared_configs, load  # deferred: `edgespec` starts without what other commands need
 
     b, a = load(before), load(after)
     names = list(configs) or compared_configs(b, a)

@@ -55,8 +55,8 @@ class _Progress:
 
 def run_and_write(m, out_dir: Path, label: str):
     """Run the matrix with a progress bar; always write JSON + report (also after Ctrl-C)."""
-    from ..bench.report import write_json, write_report
-    from ..bench.runner import collect_prompts, run_bench, total_requests
+    from ..bench.report import write_json, write_report  # deferred: `edgespec` starts without what other commands need
+    from ..bench.runner import collect_prompts, run_bench, total_requests  # deferred: `edgespec` starts without what other commands need
 
     m = m.validate()
     prompts = collect_prompts(m)
@@ -75,7 +75,7 @@ def run_and_write(m, out_dir: Path, label: str):
     report_path = write_report(data, out_dir)
     lines = run.trace_lines()
     if lines:
-        import json
+        import json  # deferred: `edgespec` starts without what other commands need
         with open(out_dir / "traces.jsonl", "w", encoding="utf-8") as f:
             for line in lines:
                 f.write(json.dumps(line) + "\n")
@@ -85,7 +85,7 @@ def run_and_write(m, out_dir: Path, label: str):
 
 
 def _echo_overall(data) -> None:
-    from ..bench.report import OVERALL, PLAIN_LLAMA, speedup_table, vs_llama_table
+    from ..bench.report import OVERALL, PLAIN_LLAMA, speedup_table, vs_llama_table  # deferred: `edgespec` starts without what other commands need
 
     table = speedup_table(data)
     for config, cell in table.get(OVERALL, {}).items():
@@ -163,10 +163,10 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
         return
     if not dry_run:  # the report's plots need matplotlib; a dry run draws none
         require("bench", "bench")
-    from ..bench.compose import Flags, compose
+    from ..bench.compose import Flags, compose  # deferred: `edgespec` starts without what other commands need
 
     if report_from:
-        from ..bench.report import load_run, write_report
+        from ..bench.report import load_run, write_report  # deferred: `edgespec` starts without what other commands need
 
         data = load_run(report_from)
         path = write_report(data, Path(out) if out else Path(report_from).parent)
@@ -183,7 +183,7 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
     if record:  # what the run keeps, not what it measures: the preset stays unmodified
         m = replace(m, record=True)
     if dry_run:
-        from ..bench.runner import collect_prompts, total_requests
+        from ..bench.runner import collect_prompts, total_requests  # deferred: `edgespec` starts without what other commands need
 
         prompts = collect_prompts(m)
         click.echo(f"target {m.target}, draft {m.draft or '-'}; configurations: {', '.join(m.labels)}")
@@ -203,10 +203,10 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
 def _replay(run_dir: Path, out: str | None) -> None:
     """`edgespec bench --replay RUN_DIR`: the comparison on stdout, replay.md and
     replay.json beside the traces (or in --out)."""
-    import json
+    import json  # deferred: `edgespec` starts without what other commands need
 
-    from ..replay import compare, load_traces
-    from ..replay.report import comparison_json, format_report
+    from ..replay import compare, load_traces  # deferred: `edgespec` starts without what other commands need
+    from ..replay.report import comparison_json, format_report  # deferred: `edgespec` starts without what other commands need
 
     run_dir = run_dir if run_dir.is_dir() else run_dir.parent
     traces = load_traces(run_dir)
@@ -242,9 +242,9 @@ def qualify(target, proposer, slices, per_slice, max_turns, max_tokens, threads,
     PROPOSER: ngram, suffix, draft, or draft:NAME / a draft model's name.
     """
     require("bench", "qualify")  # its evidence report draws plots
-    from .. import registry
-    from ..bench.compose import qualification_matrix
-    from ..bench.qualify import qualification_records
+    from .. import registry  # deferred: `edgespec` starts without what other commands need
+    from ..bench.compose import qualification_matrix  # deferred: `edgespec` starts without what other commands need
+    from ..bench.qualify import qualification_records  # deferred: `edgespec` starts without what other commands need
 
     pair = registry.load_registry().pair(target, proposer)
     m, names = qualification_matrix(pair, slices, per_slice=per_slice, max_turns=max_turns,

@@ -1,4 +1,4 @@
-"""`edgespec chat`: a multi-turn conversation in the terminal over edgespec.conversation.
+"""`edgespec chat`: a multi-turn conversation in the terminal over edgespec.chat.conversation.
 
 Each turn reuses the KV cache of the conversation so far and prefills only the new
 message. Commands: /stats, /reset, /save NAME, /load NAME, /system TEXT, /quit.
@@ -23,7 +23,8 @@ import click
 from .common import handle_errors
 from .options import engine_config, engine_options, structured_options, structured_params
 from ..errors import EdgespecError
-from ..params import GenerationParams, SamplingParams
+from ..api.params import GenerationParams, SamplingParams
+from ..api.events import Step
 
 HELP = "commands: /stats  /reset  /save NAME  /load NAME  /system TEXT  /quit"
 
@@ -46,8 +47,8 @@ def chat(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, bu
          temperature, seed, system, resume, kv_cache_mib, grammar_file, schema_file, json_mode,
          as_json):
     """Chat with a model; the conversation's KV cache is reused from turn to turn."""
-    from ..conversation import Conversation
-    from ..engine import Engine
+    from ..chat.conversation import Conversation  # deferred: `edgespec` starts without what other commands need
+    from ..engine.engine import Engine  # deferred: it loads llama.cpp
 
     params = GenerationParams(max_tokens=max_tokens, sampling=SamplingParams(
         temperature=temperature, seed=seed),
@@ -142,7 +143,6 @@ def _ctrl_c_cancels(engine):
 
 
 def _turn(conv, text: str, engine, ui: "_Ui") -> None:
-    from ..events import Step
 
     with _ctrl_c_cancels(engine):
         for ev in conv.send(text):
@@ -166,7 +166,7 @@ def _turn(conv, text: str, engine, ui: "_Ui") -> None:
 
 
 def _command(line: str, conv, engine, ui: "_Ui"):
-    from .. import sessions
+    from ..chat import sessions  # deferred: `edgespec` starts without what other commands need
 
     cmd, _, arg = line.partition(" ")
     arg = arg.strip()
@@ -199,7 +199,7 @@ def _command(line: str, conv, engine, ui: "_Ui"):
 
 
 def _load(engine, conv, name: str, ui: "_Ui"):
-    from .. import sessions
+    from ..chat import sessions  # deferred: `edgespec` starts without what other commands need
 
     new, got = _with_warnings(ui, sessions.load_conversation, engine, name, params=conv.params,
                               proposer=conv.proposer)
@@ -213,7 +213,7 @@ def _with_warnings(ui, fn, *args, **kw):
     for SessionWarning only: CPython (3.11) keeps the filter list a warning was last
     checked against for interpreter shutdown, so an "always" for every category here made
     the exit report llama-cpp-python's two lifelong /dev/null files as ResourceWarnings."""
-    from ..sessions import SessionWarning
+    from ..chat.sessions import SessionWarning  # deferred: `edgespec` starts without what other commands need
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SessionWarning)

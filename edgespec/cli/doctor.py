@@ -17,8 +17,8 @@ def doctor_command(as_json: bool) -> None:
     """Compare what the installed llama.cpp was built with (x86 extensions, AMX, GPU
     backends, RPC) with what this machine offers, and print the command that rebuilds
     llama-cpp-python for it where they disagree. Exits 1 when the build would crash here."""
-    from .. import backend
-    from ..runtime.build import Host, diagnose
+    from ..runtime import backend  # deferred: it loads llama.cpp
+    from ..runtime.build import Host, diagnose  # deferred: `edgespec` starts without what other commands need
 
     build, host = backend.build_facts(), Host.local()
     d = diagnose(build, host)

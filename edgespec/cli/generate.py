@@ -10,7 +10,8 @@ from .common import handle_errors
 from .interrupts import in_thread, interrupts
 from .options import engine_config, engine_options, structured_options, structured_params
 from ..errors import Cancelled, InvalidInputError
-from ..params import GenerationParams, SamplingParams
+from ..api.params import GenerationParams, SamplingParams
+from ..api.events import Control, Finished, Step
 
 
 
@@ -57,7 +58,7 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_to
              show_stats, as_json):
     """Generate a completion for PROMPT (or stdin)."""
     with interrupts() as intr:  # Ctrl-C: the first cancels, a second exits at once
-        from ..engine import Engine  # a second or more of imports: inside, too
+        from ..engine.engine import Engine  # a second or more of imports: inside, too
 
         text = read_prompt(prompt)
         params = GenerationParams(
@@ -80,10 +81,9 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_to
 
 def _run(engine, text, params, intr, target, show_stats, as_json, logprobs) -> None:
     """One request, printed as it streams (or as one JSON record)."""
-    from ..events import Control, Finished, Step
 
     if engine.plan is not None and show_stats and not as_json:
-        from ..planner import check_memory
+        from ..planner import check_memory  # deferred: `edgespec` starts without what other commands need
         click.echo(f"[plan] {_plan_line(engine.plan)}", err=True)
         click.echo(f"[plan] {check_memory(engine.plan, 'load').report()}", err=True)
     fin = None

@@ -18,7 +18,7 @@ def identity_command(target, draft, proposer, draft_len, adaptive, exact, n_ctx,
     """Load the engine generate would run and print its release identity: every component
     its speed and output depend on (models, tokenizers, code, llama.cpp build, kernels,
     threads, policy, features, hardware) and their hash."""
-    from ..engine import Engine
+    from ..engine.engine import Engine  # deferred: it loads llama.cpp
 
     engine = Engine.from_config(engine_config(target, draft, proposer, draft_len, adaptive, exact,
                                               n_ctx, threads, budget))

@@ -9,10 +9,10 @@ from ..errors import InvalidInputError
 
 def proposer_option(fn):
     """--proposer, validated against the proposer registry (several may be joined by '+')."""
-    from ..proposers import names
+    from ..proposers import names  # deferred: `edgespec` starts without what other commands need
 
     def check(ctx, param, value):
-        from ..proposers import check_label
+        from ..proposers import check_label  # deferred: `edgespec` starts without what other commands need
         try:
             return check_label(value)
         except InvalidInputError as e:
@@ -81,7 +81,7 @@ def _remember(name: str):
 
 
 def _endpoints(ctx: click.Context, _param, value):
-    from ..rpc import parse_endpoints
+    from ..runtime.rpc import parse_endpoints  # deferred: `edgespec` starts without what other commands need
     try:
         ctx.meta["edgespec.rpc"] = parse_endpoints(value)
     except InvalidInputError as e:
@@ -90,7 +90,7 @@ def _endpoints(ctx: click.Context, _param, value):
 
 
 def _proposer_options(ctx: click.Context, _param, values):
-    from ..proposers import spec
+    from ..proposers import spec  # deferred: `edgespec` starts without what other commands need
     out: dict[str, dict] = {}
     for item in values:
         head, eq, value = item.partition("=")
@@ -117,7 +117,7 @@ def _shares(ctx: click.Context, _param, value):
 
 
 def engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget):
-    from ..config import EngineConfig
+    from ..engine.config import EngineConfig  # deferred: `edgespec` starts without what other commands need
     ctx = click.get_current_context(silent=True)
     meta = ctx.meta if ctx is not None else {}
     return EngineConfig(target=target, draft=draft, proposer=proposer, draft_len=draft_len,

@@ -7,6 +7,7 @@ import click
 
 from .common import handle_errors
 from ..errors import InvalidInputError
+from ..api.params import SamplingParams
 
 CONFIGS = ("draft", "ngram", "suffix")
 
@@ -57,15 +58,14 @@ def parity(target, draft, proposers, prompts_file, per_category, limit, mode, ma
            draft_len, tolerance, temperature, top_k, top_p, min_p, seeds, positions, alpha, self_check, n_ctx,
            threads, json_path):
     """Run prompts through the plain path and each speculative configuration; report divergences."""
-    from .. import parity as P
-    from ..params import SamplingParams
+    from ..analysis import parity as P  # deferred: `edgespec` starts without what other commands need
 
     configs = _configs(proposers, draft)
     prompts = P.load_prompts(prompts_file, per_category=per_category, limit=limit)
     if tolerance is None:
         tolerance = 0.0 if exact else P.DEFAULT_TOLERANCE
     tol = tolerance
-    from ..engine import Engine
+    from ..engine.engine import Engine  # deferred: it loads llama.cpp
 
     if draft_len is None and not exact:
         draft_len = 4

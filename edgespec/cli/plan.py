@@ -15,7 +15,7 @@ from .options import engine_config, engine_options
 _DEVICE_HELP = ("JSON file describing another machine instead of probing this one: "
                 '{"ram_available": "16GiB", "gpus": [{"name": "RTX 4060", "free": "7.5GiB", '
                 '"total": "8GiB"}], "speed": {"verify_costs": {"2": 1.02, "8": 1.1}, '
-                '"draft_step_ratio": 0.15}} (every key optional; see edgespec/device.py).')
+                '"draft_step_ratio": 0.15}} (every key optional; see edgespec/runtime/device.py).')
 
 
 @click.command("plan")
@@ -39,8 +39,8 @@ def plan_command(target, draft, proposer, draft_len, adaptive, exact, n_ctx, thr
                  kv_type, device_json, calibrate, recalibrate, verify_rss, as_json):
     """Plan proposer, draft length, GPU offload, context and kernel configuration (KV cache,
     repacked weights, mmap) for a target on this device, and what --exact would verify."""
-    from .. import device as devmod
-    from .. import planner
+    from ..runtime import device as devmod  # deferred: `edgespec` starts without what other commands need
+    from .. import planner  # deferred: `edgespec` starts without what other commands need
 
     cfg = engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget)
     if kv_type is not None:

@@ -15,6 +15,7 @@ import threading
 import click
 
 from .common import handle_errors
+from ..errors import EdgespecError
 
 
 @click.command("rpc-server")
@@ -32,10 +33,9 @@ from .common import handle_errors
 @handle_errors
 def rpc_server(host, port, threads, cache_dir, allow_remote):
     """Serve this machine's CPU to `--rpc` clients (llama.cpp's RPC protocol)."""
-    from .. import backend
-    from ..errors import EdgespecError
-    from ..netaddr import is_loopback
-    from ..rpc import PROTO_MAJOR, PROTO_MINOR
+    from ..runtime import backend  # deferred: it loads llama.cpp
+    from ..runtime.netaddr import is_loopback  # deferred: `edgespec` starts without what other commands need
+    from ..runtime.rpc import PROTO_MAJOR, PROTO_MINOR  # deferred: `edgespec` starts without what other commands need
 
     if not is_loopback(host) and not allow_remote:
         raise EdgespecError(f"refusing to listen on {host}: llama.cpp's RPC protocol has no "

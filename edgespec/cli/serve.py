@@ -36,7 +36,7 @@ def config_path() -> Path:
     named = os.environ.get("EDGESPEC_CONFIG")
     if named:
         return Path(named).expanduser()
-    import platformdirs
+    import platformdirs  # deferred: `edgespec` starts without what other commands need
     return Path(platformdirs.user_config_dir("edgespec")) / "serve.toml"
 
 
@@ -49,9 +49,9 @@ def config_defaults(command: click.Command) -> dict:
             raise ConfigFileError(f"{path}: no such config file (named by $EDGESPEC_CONFIG)")
         return {}
     try:
-        import tomllib
+        import tomllib  # deferred: `edgespec` starts without what other commands need
     except ImportError:  # Python 3.10
-        import tomli as tomllib
+        import tomli as tomllib  # deferred: `edgespec` starts without what other commands need
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -173,10 +173,10 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
         click.echo(resolved_config(click.get_current_context()), nl=False)
         return
     require("server", "serve")
-    from ..engine import Engine
-    from ..server import ServerSettings, create_pool_app
-    from ..server.run import check_bind, is_loopback, serve as run_server
-    from ..serving import ModelPool, PoolModel, Scheduler
+    from ..engine.engine import Engine  # deferred: it loads llama.cpp
+    from ..server import ServerSettings, create_pool_app  # deferred: `edgespec` starts without what other commands need
+    from ..server.run import check_bind, is_loopback, serve as run_server  # deferred: `edgespec` starts without what other commands need
+    from ..serving import ModelPool, PoolModel, Scheduler  # deferred: `edgespec` starts without what other commands need
 
     check_bind(host, allow_remote)
     if not is_loopback(host) and api_key is None:
@@ -198,7 +198,7 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
         engine = Engine.from_config(m.config)
         try:
             if canary is not None:
-                from ..control.guard import CanarySettings
+                from ..control.guard import CanarySettings  # deferred: `edgespec` starts without what other commands need
                 engine.guard.configure_canary(CanarySettings(fraction=canary).validate())
             return engine, Scheduler(engine, parallel=parallel, max_queue=max_queue)
         except BaseException:
@@ -232,9 +232,9 @@ def _pool_models(config, served: str, aliases: tuple[str, ...], extra: tuple[str
     """The served models (the target first) with the planner's memory estimate of each, and
     the host memory budget they share (the target's plan: --budget, else what the machine
     has). Extra models run the target's --proposer, or auto where the target has a draft."""
-    from ..config import AUTO
-    from ..planner import plan_engine
-    from ..serving import PoolModel
+    from ..api.labels import AUTO
+    from ..planner import plan_engine  # deferred: `edgespec` starts without what other commands need
+    from ..serving import PoolModel  # deferred: `edgespec` starts without what other commands need
 
     first_plan = plan_engine(config)
     models = [PoolModel(served, config=config, memory=first_plan.memory.host, aliases=aliases)]
@@ -276,7 +276,7 @@ def resolved_config(ctx: click.Context) -> str:
 
 
 def _toml(value) -> str:
-    import json
+    import json  # deferred: `edgespec` starts without what other commands need
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (tuple, list)):

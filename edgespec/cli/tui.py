@@ -25,11 +25,11 @@ def tui_command(target, proposer, draft, draft_len, n_ctx, threads, prompt, demo
     """
     require("tui", "tui")
     # Imported here so other commands never pay for Textual.
-    from tui import create_app
-    from tui.demo import DEMO_PROMPT, demo_events
-    from tui.source import (Choices, EngineSource, ScriptedSource, Settings, default_proposer,
+    from tui import create_app  # deferred: `edgespec` starts without what other commands need
+    from tui.demo import DEMO_PROMPT, demo_events  # deferred: `edgespec` starts without what other commands need
+    from tui.source import (Choices, EngineSource, ScriptedSource, Settings, default_proposer,  # deferred: `edgespec` starts without what other commands need
                             proposer_names)
-    from ..proposers import needs_model
+    from ..proposers import needs_model  # deferred: `edgespec` starts without what other commands need
 
     if demo:
         source = ScriptedSource(demo_events, realtime=True, choices=Choices(

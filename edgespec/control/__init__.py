@@ -6,7 +6,7 @@
     adaptive.py    AdaptiveController: best expected goodput on the measured cost curve
     fixed.py       FixedController: the configured length, every step
 
-The engine (and :func:`edgespec.simulate.replay`, the same protocol offline) calls:
+The engine (and :func:`edgespec.analysis.simulate.replay`, the same protocol offline) calls:
 
     ctl = make_controller(settings, {"ngram": False, "suffix": False, "draft": True},
                           calibration=cal, guard=engine_guard)
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..calibration import Calibration
+from ..calibration.calibration import Calibration
 from .acceptance import AcceptanceModel, ControlMemory, Feature, expected_tokens, token_features
 from .adaptive import AdaptiveController
 from .fixed import FixedController

@@ -35,7 +35,7 @@ Two safety nets on top of the estimates:
 
 Every change of mode (fallback, probe, recover, guard_off, guard_on, guarded) is
 recorded as a :class:`~edgespec.control.settings.ControlRecord` for the engine to emit
-as :class:`edgespec.events.Control`.
+as :class:`edgespec.api.events.Control`.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..calibration import Calibration
+from ..calibration.calibration import Calibration
 from ..proposers.base import Draft
 from .acceptance import AcceptanceModel, ControlMemory, Feature, expected_tokens, token_features
 from .guard import GoodputGuard

@@ -26,7 +26,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from ..config import PLAIN
+from ..api.labels import PLAIN
 from ..errors import InvalidInputError
 from .settings import ControlRecord, ControlSettings
 

@@ -1,7 +1,7 @@
 """The controller protocol's vocabulary: what a user sets, what the engine shows before a
 step, what the controller decides, and what the engine reports after it.
 
-One protocol, driven the same way by the engine and by :func:`edgespec.simulate.replay`:
+One protocol, driven the same way by the engine and by :func:`edgespec.analysis.simulate.replay`:
 
     view = StepView(generated=n, remaining=max_tokens - n,
                     candidates={name: session.propose(settings.max_draft)   # every FREE
@@ -19,7 +19,7 @@ controller scores the unused candidates against.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple, Protocol
 
 from ..errors import InvalidInputError
@@ -125,11 +125,7 @@ class StepView:
 
 def truncate(draft: Draft, k: int) -> Draft:
     """The first ``k`` tokens of a draft, with their distributions and confidences."""
-    if len(draft) <= k:
-        return draft
-    return replace(draft, tokens=draft.tokens[:k],
-                   probs=draft.probs[:k] if draft.probs is not None else None,
-                   confidence=draft.confidence[:k] if draft.confidence is not None else None)
+    return draft.head(k)
 
 
 @dataclass(frozen=True)
@@ -170,7 +166,7 @@ class Outcome:
 
     @classmethod
     def of(cls, step, draft: Draft | None = None) -> "Outcome":
-        """From an :class:`edgespec.events.Step` and the draft that was verified."""
+        """From an :class:`edgespec.api.events.Step` and the draft that was verified."""
         return cls(proposer=step.proposer, drafted=step.drafted, accepted=step.accepted,
                    draft_seconds=step.draft_seconds, verify_seconds=step.verify_seconds,
                    tokens=tuple(step.tokens),

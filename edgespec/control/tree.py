@@ -29,8 +29,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from ..calibration import Calibration
-from ..tree import DraftTree
+from ..calibration.calibration import Calibration
+from ..decoding.tree import DraftTree
 
 __all__ = ["TreePlan", "size_tree", "node_probabilities"]
 

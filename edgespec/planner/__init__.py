@@ -3,8 +3,8 @@ which kernel configuration.
 
 A plan answers, for one target (and optionally a draft model) on one device: does it
 fit, and which way of speculating is predicted to be fastest? It never loads weights
-to decide: model sizes come from GGUF headers (:mod:`edgespec.gguf_facts`), the device
-from :mod:`edgespec.device`, costs and exactness caps from the calibration cache
+to decide: model sizes come from GGUF headers (:mod:`edgespec.runtime.gguf_facts`), the device
+from :mod:`edgespec.runtime.device`, costs and exactness caps from the calibration cache
 (:mod:`edgespec.calibration`), expected acceptance from the registry's qualification
 results when they exist.
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ModelError
+from .. import proposers, registry
+from ..proposers import needs_model
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,6 @@ UNKNOWN_MODEL = Acceptance(0.60, 1.0)
 
 
 def default_acceptance(kind: str) -> Acceptance:
-    from ..proposers import needs_model
     return DEFAULT_ACCEPTANCE.get(kind) or (UNKNOWN_MODEL if needs_model(kind) else UNKNOWN_FREE)
 
 
@@ -41,11 +42,9 @@ def acceptance_for(kind: str, target_name: str | None, draft_name: str | None = 
     target that is not a registry model, gets the defaults; an unreadable results
     file too (the planner still plans; `edgespec qualify` says what is wrong with it).
     """
-    from .. import proposers
     default = default_acceptance(kind)
     if not target_name:
         return default
-    from .. import registry
     key = f"{kind}:{draft_name}" if proposers.needs_model(kind) and draft_name else kind
     try:
         slices = registry.qualification(target_name, key)

@@ -9,13 +9,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .. import device as devmod
-from ..config import AUTO, EngineConfig, KernelConfig
-from ..device import Device
-from ..gguf_facts import read_facts
+from ..runtime import device as devmod
+from ..api.labels import AUTO
+from ..engine.config import EngineConfig
+from ..runtime.kernel import KernelConfig
+from ..runtime.device import Device
+from ..runtime.gguf_facts import read_facts
 from .lookup import cached_calibration, registered_draft, resolve_model
 from .result import Exactness, KernelOption, Plan
 from .search import plan
+from . import kernels
+from .memory import K_MAX, estimate_memory
+from .remote import place
+from .search import DEFAULT_CTX
+from ..runtime.rpc import probe_all
 
 #: exact mode's cap before a probe has run (the engine's fallback: 3-token passes with
 #: repacked CPU weights, docs/parity.md)
@@ -46,7 +53,7 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
     if dfacts is None and "self" in cfg.proposer.split("+"):
         # self-speculation loads a model made of some of the target's blocks: counted as
         # its draft (memory, speed), never loaded as one
-        from ..proposers.selfspec import layers_for
+        from ..proposers.selfchoice import layers_for
         from .selfdraft import self_draft_facts
         layers = layers_for(tsha, tfacts.n_layers,
                             str(cfg.proposer_options.get("self", {}).get("layers", "") or ""))
@@ -104,11 +111,10 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
 def _kernel_choice(path, sha, cfg: EngineConfig, measure: bool, force: bool):
     """The default mode's kernel choice for this target: cached, or measured when asked
     (``edgespec plan --calibrate``), else llama.cpp's CPU default until it is."""
-    from . import kernels
     repack = cfg.layout().repack
     if not measure:
         return kernels.cached(path, n_threads=cfg.threads, repack=repack, sha256=sha)
-    from .. import backend
+    from ..runtime import backend  # deferred: it loads llama.cpp
     model = backend.load_model(path, use_extra_bufts=repack)
     try:
         return kernels.load_or_measure(model, n_threads=cfg.threads, sha256=sha, force=force)
@@ -121,11 +127,8 @@ def resolve_rpc(config: EngineConfig, facts=None):
     after probing every server), and the placement; ``(config, None)`` without ``--rpc``."""
     if not config.rpc:
         return config, None
-    from ..rpc import probe_all
-    from .remote import place
     if facts is None:
         facts = read_facts(resolve_model(config.target, pull=config.pull)[0])
-    from .search import DEFAULT_CTX
     n_ctx = config.n_ctx or min(DEFAULT_CTX, facts.n_ctx_train)
     placement = place(facts, probe_all(config.rpc), n_ctx=n_ctx * config.parallel,
                       kernel=config.layout(), n_gpu_layers=config.n_gpu_layers or None,
@@ -136,7 +139,6 @@ def resolve_rpc(config: EngineConfig, facts=None):
 def _with_rpc(p: Plan, tfacts, dfacts) -> Plan:
     """The plan with the target's last layers on the RPC servers: what each holds, and the
     host memory without them (the draft, if any, stays here)."""
-    from .memory import K_MAX, estimate_memory
     cfg, placement = resolve_rpc(p.config, tfacts)
     rows = 1 if p.proposer == "none" else K_MAX + 1
     mem = estimate_memory(tfacts, n_ctx=p.n_ctx * cfg.parallel, kernel=p.kernel,

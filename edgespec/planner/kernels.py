@@ -32,8 +32,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from .. import calibration as cal
-from ..config import KernelConfig
+from ..calibration import calibration as cal
+from ..runtime.kernel import KernelConfig
 from ..errors import EdgespecError
 
 #: what the default mode may run: llama.cpp's CPU default (F16 KV, flash attention on) and
@@ -264,5 +264,5 @@ def load_or_measure(model, *, n_threads: int | None = None, sha256: str | None =
 
 
 def _threads() -> int:
-    from ..backend import default_threads
+    from ..runtime.backend import default_threads  # deferred: it loads llama.cpp
     return default_threads()

@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..config import KernelConfig
+from ..runtime.kernel import KernelConfig
 from ..errors import ModelError
+from .. import proposers, registry
+from ..calibration import calibration as cal
 
 
 def resolve_model(name_or_path: str | os.PathLike, pull: bool = True) -> tuple[Path, str | None, str | None]:
@@ -17,7 +19,6 @@ def resolve_model(name_or_path: str | os.PathLike, pull: bool = True) -> tuple[P
 
     A registry name is pulled when missing (``pull``); an unknown name is a ModelError
     that lists the known ones (:func:`edgespec.registry.resolve`)."""
-    from .. import registry
     path = registry.resolve(name_or_path, pull=pull)
     key = str(name_or_path)
     if not registry.is_path_like(name_or_path):
@@ -32,7 +33,6 @@ def cached_calibration(path: Path, sha256: str | None, n_threads: int | None = N
                        kernel: KernelConfig | None = None):
     """The calibration cached for this device, kernel configuration and model (CPU layout),
     or None. ``measure`` measures a missing one (``force``: re-measures a cached one too)."""
-    from .. import calibration as cal
     if measure or force:
         return cal.load_or_measure(path, n_threads=n_threads, sha256=sha256, force=force,
                                    kernel=kernel)
@@ -42,7 +42,6 @@ def cached_calibration(path: Path, sha256: str | None, n_threads: int | None = N
 def registered_draft(target_name: str) -> str | None:
     """The target's registered draft model, if it is already on disk (planning never pulls
     a draft). None for a target the registry does not know."""
-    from .. import proposers, registry
     try:
         pairs = registry.load_registry().pairs_for(target_name)
     except ModelError:  # no registry: a path-only setup has no registered drafts

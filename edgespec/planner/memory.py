@@ -1,6 +1,6 @@
 """The memory model: what a loaded engine holds, per component, in host RAM and on a GPU.
 
-It describes the kernel configuration that runs (:class:`edgespec.config.KernelConfig`):
+It describes the kernel configuration that runs (:class:`edgespec.engine.config.KernelConfig`):
 
     runtime       the Python process with llama.cpp loaded (measured: 48 MiB), plus
                   the engine and its native proposers (measured: ~12 MiB)
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..config import KV_GGML_TYPE, KV_TYPES, KernelConfig  # noqa: F401 (re-exported)
-from ..device import Device, fmt_size, parse_size
-from ..gguf_facts import ModelFacts
+from ..runtime.kernel import KV_GGML_TYPE, KV_TYPES, KernelConfig  # noqa: F401 (re-exported)
+from ..runtime.device import Device, fmt_size, parse_size
+from ..runtime.gguf_facts import ModelFacts
 from . import repack as repackmod
 
 # --- measured constants (llama-cpp-python 0.3.36, CPython 3.11; docs/planner.md) ------------

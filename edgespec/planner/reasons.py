@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..config import PLAIN, KernelConfig
-from ..device import Device, fmt_size
-from ..gguf_facts import ModelFacts
+from ..api.labels import PLAIN
+from ..runtime.kernel import KernelConfig
+from ..runtime.device import Device, fmt_size
+from ..runtime.gguf_facts import ModelFacts
 from .memory import DEFAULT_BATCH
 from .speed import SpeedModel, break_even_alpha
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from ..config import KernelConfig
-from ..device import fmt_size
+from ..runtime.kernel import KernelConfig
+from ..runtime.device import fmt_size
 from ..errors import EdgespecError
-from ..gguf_facts import ModelFacts
-from ..rpc import RemoteDevice, RemoteServer
+from ..runtime.gguf_facts import ModelFacts
+from ..runtime.rpc import RemoteDevice, RemoteServer
 from .memory import layer_kv_bytes, output_matrix_bytes, pad_ctx
 
 

@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 
 import gguf
 
-from ..gguf_facts import ModelFacts
+from ..runtime.gguf_facts import ModelFacts
 
 #: type -> ((ISA flags all required, rows must divide by), ...), first match wins.
 #: "asimd" is /proc/cpuinfo's name for NEON, "asimddp" for dotprod, "i8mm" for int8 matmul.

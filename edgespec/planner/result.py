@@ -5,8 +5,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from ..config import PLAIN, EngineConfig, KernelConfig
-from ..device import Device
+from ..api.labels import PLAIN
+from ..engine.config import EngineConfig
+from ..runtime.kernel import KernelConfig
+from ..runtime.device import Device
 from .acceptance import Acceptance
 from .memory import MemoryEstimate, kernel_note
 from .speed import SpeedModel

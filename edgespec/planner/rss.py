@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from ..config import KernelConfig
-from ..device import fmt_size
+from ..runtime.kernel import KernelConfig
+from ..runtime.device import fmt_size
 from ..errors import EdgespecError
 from .memory import K_MAX, MemoryEstimate
 from .result import Plan
@@ -103,7 +103,7 @@ def measure_memory(job: Mapping) -> dict:
     one verify pass of K_MAX + 1 all-logits rows in the target's ("rss_peak"); with
     ``gpu``, the accelerator memory used at both points.
     """
-    from .. import backend
+    from ..runtime import backend  # deferred: it loads llama.cpp
 
     kernel = KernelConfig(**job.get("kernel", {})).validate()
 

@@ -12,17 +12,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from .. import device as devmod
-from ..config import AUTO, PLAIN, EngineConfig, KernelConfig
-from ..device import Device, fmt_size
+from ..runtime import device as devmod
+from ..api.labels import AUTO, PLAIN
+from ..engine.config import EngineConfig
+from ..runtime.kernel import KernelConfig
+from ..runtime.device import Device, fmt_size
 from ..errors import EdgespecError, InvalidInputError
-from ..gguf_facts import ModelFacts
+from ..runtime.gguf_facts import ModelFacts
 from .acceptance import Acceptance, acceptance_for
 from .memory import (KV_TYPES, SUFFIX_CACHE_CAP, MemoryEstimate, default_budgets,
                      estimate_memory)
 from .reasons import explain_choice
 from .result import Candidate, Plan
 from .speed import K_MAX, SpeedModel, best_draft_len, bridged, speed_model
+from .. import proposers
+from ..proposers.vocab_check import SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 
 MIN_CTX = 512
 DEFAULT_CTX = 4096
@@ -182,14 +186,12 @@ class _Search:
 
 def _bridged(kind: str) -> bool:
     """A proposer that drafts with another tokenizer through the vocabulary bridge."""
-    from .. import proposers
     return kind in proposers.REGISTRY and not proposers.REGISTRY[kind].same_vocab
 
 
 def _sizes_pair(target: ModelFacts, draft: ModelFacts) -> bool:
     """Whether the headers' vocabulary sizes allow a shared tokenizer (llama.cpp's rule: a
     padded vocabulary differs by up to 128 ids); the load checks every token."""
-    from ..proposers.vocab_check import SPEC_VOCAB_MAX_SIZE_DIFFERENCE
     return abs(target.n_vocab - draft.n_vocab) <= SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 
 
@@ -208,7 +210,6 @@ def _draft_incompatibility(target: ModelFacts, draft: ModelFacts, kind: str = "d
 
 def _kinds(proposer: str, has_draft: bool) -> list[tuple[str, bool]]:
     """(proposer, costs a model) to evaluate: every registered one for "auto", else those asked."""
-    from .. import proposers
     if proposer == AUTO:
         # self-speculation derives a model of its own, which the planner's draft memory and
         # speed model do not describe: it runs when asked for (--proposer self), see
@@ -221,10 +222,13 @@ def _kinds(proposer: str, has_draft: bool) -> list[tuple[str, bool]]:
         names = proposer.split("+")
     out = []
     for n in names:
-        # a proposer deriving its own model (self) costs one too: the caller describes it
-        # as the draft (planner.selfdraft)
-        costly = n != PLAIN and (proposers.needs_model(n) or
-                                 (n in proposers.REGISTRY and proposers.REGISTRY[n].own_model))
+        # a proposer deriving its own model (self) costs one too when the caller describes
+        # it as the draft (plan_engine does: planner.selfdraft); undescribed, it is weighed
+        # without one rather than dropped
+        if n in proposers.REGISTRY and proposers.REGISTRY[n].own_model:
+            out.append((n, has_draft))
+            continue
+        costly = n != PLAIN and proposers.needs_model(n)
         if costly and not has_draft:
             continue
         out.append((n, costly))
@@ -245,7 +249,7 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
     ``kv_type`` forces the KV cache type. With ``exact`` verify passes hold at most
     ``exact_cap`` drafts (the calibration's probe). ``proposer`` is "auto" (weigh every
     registered proposer) or the label asked for. ``calibrations`` may hold measured
-    :class:`edgespec.calibration.Calibration` objects under "target" and "draft" (valid for
+    :class:`edgespec.calibration.calibration.Calibration` objects under "target" and "draft" (valid for
     this device, CPU-only layout). ``base`` is the EngineConfig the plan resolves
     (``Plan.config``). Raises :class:`BudgetError` when even the target alone cannot fit.
     """
@@ -330,7 +334,6 @@ def _own_model_names() -> set[str]:
 
 
 def _costly(name: str) -> bool:
-    from .. import proposers
     return name != PLAIN and proposers.needs_model(name)
 
 

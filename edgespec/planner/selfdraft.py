@@ -6,7 +6,7 @@ import re
 from dataclasses import replace
 from typing import Sequence
 
-from ..gguf_facts import ModelFacts
+from ..runtime.gguf_facts import ModelFacts
 
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 _ALIGN = 32

@@ -16,12 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
-from ..config import PLAIN
-from ..device import Device
-from ..gguf_facts import ModelFacts
+from ..api.labels import PLAIN
+from ..runtime.device import Device
+from ..runtime.gguf_facts import ModelFacts
 from .acceptance import Acceptance
 from .memory import weight_bytes
 from .trust import calibration_trust
+from ..calibration.calibration import Calibration, prior_step_seconds
+from ..proposers import needs_model
 
 K_MAX = 16
 #: A bridged draft (another tokenizer, docs/bridge.md) decodes about this many of its tokens
@@ -45,7 +47,6 @@ def expected_tokens(alpha: float, k: int) -> float:
 def predicted_speedup(kind: str, k: int, acc: Acceptance, cost: Callable[[float], float],
                       draft_ratio: float = 0.0) -> float:
     """Goodput relative to plain decoding (see the module docstring)."""
-    from ..proposers import needs_model
     if kind == PLAIN or k <= 0:
         return 1.0
     e = expected_tokens(acc.alpha, k)
@@ -113,7 +114,6 @@ def bridged(sm: SpeedModel) -> SpeedModel:
 
 
 def curve_from_points(points: Mapping) -> Callable[[float], float]:
-    from ..calibration import Calibration
     cal = Calibration.from_costs({int(k): float(v) for k, v in points.items()}, step_seconds=1.0)
     return cal.cost
 
@@ -136,8 +136,6 @@ def speed_model(dev: Device, target: ModelFacts, draft: ModelFacts | None, *,
                 n_gpu_layers: int, draft_gpu_layers: int,
                 target_cal=None, draft_cal=None) -> SpeedModel:
     """Pick the best available source for the cost curve and the draft's per-token cost."""
-    from ..calibration import Calibration, prior_step_seconds
-
     speed = dict(dev.speed or {})
     gpu_curve = Calibration.linear(0.02).cost
     cpu_prior = Calibration.prior_cpu()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import statistics
+from ..calibration.calibration import BUSY_LIMIT
 
 #: Repeats of one pass on a quiet machine agree within a few percent; far more spread means
 #: other work held the cores while it was measured, and the curve's shape is noise.
@@ -17,7 +18,6 @@ def calibration_trust(cal, expected_step: float) -> tuple[bool, str]:
     """
     if cal is None:
         return False, ""
-    from ..calibration import BUSY_LIMIT
     busy = float(getattr(cal, "busy", 0.0) or 0.0)
     if busy > BUSY_LIMIT:
         # Other work on the cores while timing: llama.cpp's threads wait for each other,
@@ -60,8 +60,6 @@ def usable_shape(cal, expected_step: float) -> bool:
     measured curve, not timed under load, whose repeats vary by at most
     :data:`MAX_USABLE_SPREAD` and whose step is within 10x of what the model's size
     suggests. A noisy-but-quiet measurement (a VM's jitter) keeps the device's shape."""
-    from ..calibration import BUSY_LIMIT
-
     if cal is None or getattr(cal, "source", "") != "measured":
         return False
     if float(getattr(cal, "busy", 0.0) or 0.0) > BUSY_LIMIT:

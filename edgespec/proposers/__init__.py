@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from ..config import AUTO, PLAIN
+from ..api.labels import AUTO, PLAIN
 from ..errors import InvalidInputError
+from ..runtime.kernel import KernelConfig
 from .base import EMPTY_DRAFT, Draft, Proposer, ProposerSession
 
 __all__ = ["AUTO", "BuildContext", "check_draft", "check_label", "Draft", "EMPTY_DRAFT", "Option", "PLAIN", "Proposer",
@@ -57,9 +58,13 @@ class BuildContext:
     n_ctx: int = 4096
     threads: int | None = None
     target_digest: str | None = None  # sha256 of the target file, keys persisted statistics
-    kernel: Any = None  # the engine's KernelConfig (a draft model's context follows it)
+    kernel: KernelConfig | None = None  # the engine's (a draft model's context follows it)
     #: loads a GGUF file as the engine loads a draft (for a proposer deriving its own model)
     load_model: Callable[[Any], Any] | None = None
+    #: the registry's pin check of a cross-tokenizer pair (target, draft, bridge version) ->
+    #: its PairSpec or UnqualifiedBridgeError (edgespec.registry.bridges.check_pair); handed
+    #: in by the engine so that the proposers need not import the model registry
+    check_bridge_pair: Callable[[Any, Any, str], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,8 @@ class ProposerSpec:
 
 
 def _ngram(ctx: BuildContext, opts: dict) -> Proposer:
+    # deferred, as in each factory: reading the registry builds nothing, and without the
+    # native library only the proposers that need it are refused (build() says so)
     from .ngram import NgramProposer
     # Statistics of past generations only mean something under the same vocabulary:
     # they persist keyed by the target's digest.
@@ -116,13 +123,13 @@ def _ngram(ctx: BuildContext, opts: dict) -> Proposer:
 
 
 def _suffix(ctx: BuildContext, opts: dict) -> Proposer:
-    from .suffix import SuffixProposer
+    from .suffix import SuffixProposer  # deferred: see _ngram
     return SuffixProposer(**opts)
 
 
 def _draft(ctx: BuildContext, opts: dict) -> Proposer:
-    from .draft import DraftModelProposer
-    from .vocab_check import vocab_mismatch
+    from .draft import DraftModelProposer  # deferred: see _ngram
+    from .vocab_check import vocab_mismatch  # deferred: see _ngram
     if ctx.target is not None and vocab_mismatch(ctx.target, ctx.draft_model) is not None:
         # loaded for the bridge: this draft's token ids mean nothing to the target
         raise InvalidInputError(f"draft {ctx.draft_model.path.name} does not share the target's "
@@ -133,14 +140,15 @@ def _draft(ctx: BuildContext, opts: dict) -> Proposer:
 
 
 def _self(ctx: BuildContext, opts: dict) -> Proposer:
-    from .selfspec import build_self
+    from .selfchoice import build_self  # deferred: see _ngram
     return build_self(ctx, opts.get("layers", ""), n_batch=opts.get("n_batch", 0))
 
 
 def _bridge(ctx: BuildContext, opts: dict) -> Proposer:
-    from .bridged import BridgedDraftProposer
+    from .bridged import BridgedDraftProposer  # deferred: see _ngram
     return BridgedDraftProposer(ctx.draft_model, ctx.target, n_ctx=ctx.n_ctx,
-                                n_threads=ctx.threads, kernel=ctx.kernel, **opts)
+                                n_threads=ctx.threads, kernel=ctx.kernel,
+                                pin_check=ctx.check_bridge_pair, **opts)
 
 
 REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
@@ -220,7 +228,7 @@ def check_draft(target, draft, label: str) -> None:
     drafting = [REGISTRY[n] for n in label.split("+") if needs_model(n)]
     if drafting and not any(s.same_vocab for s in drafting):
         return
-    from .draft import check_compatible
+    from .draft import check_compatible  # deferred: see _ngram
     check_compatible(target, draft)
 
 

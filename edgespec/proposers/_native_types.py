@@ -23,9 +23,11 @@ import numpy as np
 
 from .. import _native
 from ..errors import InvalidInputError
-from ..native import (MAX_DEPTH, MAX_DRAFT, MAX_NGRAM, NGSTAT_MAX_N, NGSTAT_RECORD, CapacityError,
-                      Tokens, call_with_tokens, load_sequences, save_sequences)
+from ..runtime.native import (MAX_DEPTH, MAX_DRAFT, MAX_NGRAM, NGSTAT_MAX_N, NGSTAT_RECORD,
+                              CapacityError, Tokens, call_with_tokens, load_sequences,
+                              save_sequences)
 from .base import EMPTY_DRAFT, Draft
+from ..decoding.tree import DraftTree
 
 __all__ = ["NgramIndex", "NgramStats", "SuffixTree", "SuffixCursor", "DraftBar", "ngram_draft",
            "speculate", "speculate_tree", "ngram_alternatives", "check_int", "check_fraction", "check_spec_params", "draft_from_native",
@@ -382,11 +384,10 @@ def speculate_tree(request: SuffixTree | None, cursor: SuffixCursor | None, max_
                    factor: float = 1.0, offset: float = 0.0, min_prob: float = 0.1,
                    max_children: int = 4):
     """The ``max_tokens`` most probable continuations of the match :func:`speculate` would
-    draft from, as a :class:`~edgespec.tree.DraftTree` (grown best first over at most
+    draft from, as a :class:`~edgespec.decoding.tree.DraftTree` (grown best first over at most
     ``max_children`` children per branching node, depth-first order, the most probable
     sibling first, so its first branch starts as the linear draft does).
     ``confidence`` holds path probabilities; an empty tree when nothing matched."""
-    from ..tree import DraftTree
 
     check_spec_params(max_tokens, factor, offset, min_prob)
     check_int("max_children", max_children, 1, _native.MAX_TREE_CHILDREN)

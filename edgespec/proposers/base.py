@@ -21,12 +21,12 @@ or for sampling: sample from the target and compare).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ..params import SamplingParams
+from ..api.params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,14 @@ class Draft:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def head(self, k: int) -> "Draft":
+        """The first ``k`` tokens, with their distributions and confidences."""
+        if len(self) <= k:
+            return self
+        return replace(self, tokens=self.tokens[:k],
+                       probs=self.probs[:k] if self.probs is not None else None,
+                       confidence=self.confidence[:k] if self.confidence is not None else None)
 
 
 EMPTY_DRAFT = Draft(tokens=())

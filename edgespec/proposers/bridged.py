@@ -1,5 +1,5 @@
 """A GGUF draft model with its own tokenizer, proposing for the target through the
-vocabulary bridge (:mod:`edgespec.bridge`).
+vocabulary bridge (:mod:`edgespec.proposers.bridge`).
 
 The draft continues the *text* with its argmax tokens; the bridge turns its new text into
 the target's tokens. The draft has no distribution over target tokens, so every proposal is
@@ -19,10 +19,13 @@ from typing import Sequence
 
 import numpy as np
 
-from ..bridge import BRIDGE_VERSION, Bridge
+from .bridge import BRIDGE_VERSION, Bridge
 from ..errors import InvalidInputError
-from ..params import SamplingParams
+from ..api.params import SamplingParams
 from .base import EMPTY_DRAFT, Draft
+from ..decoding.kvcache import common_prefix
+from ..runtime.kernel import KernelConfig
+from .vocab_check import vocab_mismatch
 
 
 @dataclass
@@ -58,13 +61,15 @@ class BridgedDraftProposer:
 
     def __init__(self, model, target, n_ctx: int, n_threads: int | None = None,
                  n_batch: int = 0, kernel=None, max_ratio: float = 2.0,
-                 check_pin: bool = True) -> None:
-        from ..config import KernelConfig
+                 check_pin: bool = True, pin_check=None) -> None:
         _refuse_shared_vocabulary(target, model)
         self.pair = None
         if check_pin:
-            from ..registry.bridges import check_pair
-            self.pair = check_pair(target, model, BRIDGE_VERSION)
+            # the registry's check (edgespec.registry.bridges.check_pair), through BuildContext
+            if pin_check is None:
+                raise InvalidInputError("the bridge runs only for a pair pinned in models.toml, "
+                                        "and no pin check was given to check this one")
+            self.pair = pin_check(target, model, BRIDGE_VERSION)
         if max_ratio < 1.0:
             raise InvalidInputError(f"bridge option max_ratio={max_ratio} must be >= 1 (draft "
                                     "tokens allowed per proposed target token)")
@@ -121,7 +126,6 @@ class BridgedSession:
         self.disabled = len(toks) + 8 >= ctx.n_ctx
         # a conversation's next turn starts with the draft tokens of the last one (the last
         # prompt token is fed with the first proposal, so it is never reused)
-        from ..kvcache import common_prefix
         n = min(common_prefix(owner._held, toks), max(len(toks) - 1, 0)) \
             if owner.reuse_prefix and not self.disabled else 0
         owner._held = []
@@ -224,7 +228,6 @@ class BridgedSession:
 def _refuse_shared_vocabulary(target, draft) -> None:
     """A draft sharing the target's vocabulary needs no bridge: the 'draft' proposer is exact
     and cheaper."""
-    from .vocab_check import vocab_mismatch
     if vocab_mismatch(target, draft) is not None:
         return
     raise InvalidInputError(f"draft {draft.path.name} shares the vocabulary of {target.path.name}: "

@@ -13,8 +13,13 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import IncompatibleDraftError
-from ..params import SamplingParams
+from ..api.params import SamplingParams
 from .base import EMPTY_DRAFT, Draft
+from ..decoding.kvcache import common_prefix
+from ..decoding.sampling import distribution, make_rng, sample
+from ..decoding.tree import DraftTree
+from ..runtime.kernel import KernelConfig
+from .vocab_check import vocab_mismatch
 
 
 class DraftModelProposer:
@@ -23,7 +28,6 @@ class DraftModelProposer:
 
     def __init__(self, model, n_ctx: int, n_threads: int | None = None, n_batch: int = 0,
                  kernel=None, target_vocab: int | None = None) -> None:
-        from ..config import KernelConfig
         k = kernel or KernelConfig()
         self.model = model
         #: the target's vocabulary size: a padded pair differs by up to 128 ids
@@ -42,7 +46,6 @@ class DraftModelProposer:
         if self._busy:
             raise RuntimeError("the draft model serves one request at a time")
         self._busy = True
-        from ..kvcache import common_prefix
         session = DraftSession(self, list(prompt_tokens), sampling)
         # the last prompt token is fed with the first proposal, so it is never reused
         n = min(common_prefix(self._held, session.seq), len(session.seq) - 1) \
@@ -81,7 +84,6 @@ class DraftSession:
         self._last = None  # (that Draft, its per-position (logits, distribution) rows)
         self._rng = None
         if not sampling.greedy:
-            from ..sampling import make_rng
             self._rng = make_rng(sampling.seed, "draft")
 
     def propose(self, k: int) -> Draft:
@@ -92,7 +94,6 @@ class DraftSession:
         most probable tokens (up to ``max_children - 1``) as leaves beside it: where the
         draft hesitates, a second guess rides in the same target pass. Node confidences are
         path probabilities under the draft. The leaves cost no draft decode."""
-        from ..tree import DraftTree
         n_alts = max(0, max_children - 1)
         if self.pending and self._last is not None:
             # the linear draft of this step is already decoded (the tree is no deeper than
@@ -171,7 +172,6 @@ class DraftSession:
             m = float(logits[tok])
             conf = 1.0 / float(np.sum(np.exp(logits.astype(np.float64) - m)))
             return tok, None, conf
-        from ..sampling import distribution, sample
         p = distribution(logits, history, self.sampling)
         tok = sample(p, self._rng)
         return tok, p, float(p[tok])
@@ -219,7 +219,6 @@ def check_compatible(target, draft) -> None:
     the same BOS/EOS/EOG, every token's text and attributes equal from id 5 on over the
     shorter vocabulary; the message names the first difference.
     """
-    from .vocab_check import vocab_mismatch
     why = vocab_mismatch(target, draft)
     if why is not None:
         raise IncompatibleDraftError(

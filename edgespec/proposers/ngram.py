@@ -29,11 +29,12 @@ import os
 from typing import Sequence
 
 from ..errors import InvalidInputError
-from ..native import MAX_DRAFT, MAX_NGRAM, NGSTAT_MAX_N, as_tokens
-from ..params import SamplingParams
+from ..runtime.native import MAX_DRAFT, MAX_NGRAM, NGSTAT_MAX_N, as_tokens
+from ..api.params import SamplingParams
 from ._native_types import (DraftBar, NgramIndex, NgramStats, check_fraction, check_int,
                             extend_or_drop, ngram_alternatives, ngram_draft)
 from .base import EMPTY_DRAFT, Draft
+from ..decoding.tree import DraftTree
 from .ngram_stats import DynamicStats, stats_file
 
 _POSITIONS = 8  # draft positions with a bar of their own (native NGSTAT_POSITIONS)
@@ -138,8 +139,7 @@ class NgramSession:
     def propose_tree(self, k: int, max_children: int = 4):
         """The linear draft as the first branch, the statistics' other continuations of the
         next position as the rest (see ``ngram_alternatives``): an
-        :class:`edgespec.tree.DraftTree` with path probabilities as confidence."""
-        from ..tree import DraftTree
+        :class:`edgespec.decoding.tree.DraftTree` with path probabilities as confidence."""
         lin = self.propose(k)
         if self._closed or self._context is None or k <= 0:
             return DraftTree((), ())

@@ -8,7 +8,7 @@ table persists only when keyed: by the target model's digest (a file under
 :func:`edgespec.paths.ngram_dir`) or by an explicit path.
 
 The file is the native records in the cache-file frame of
-:mod:`edgespec.native` (magic, version, sizes, CRC-32), written atomically on
+:mod:`edgespec.runtime.native` (magic, version, sizes, CRC-32), written atomically on
 ``save()``. A file that cannot be used (corrupt, truncated, another version,
 unreadable) is never fatal: :class:`StatsFileWarning` says so, the table starts
 empty, and the unusable file is set aside as ``<name>.bad`` when the first save
@@ -24,7 +24,7 @@ from typing import Sequence
 
 from .. import paths
 from ..errors import InvalidInputError
-from ..native import CacheFileError, load_records, save_records
+from ..runtime.native import CacheFileError, load_records, save_records
 from ._native_types import NgramStats
 
 __all__ = ["DynamicStats", "StatsFileWarning", "stats_file"]

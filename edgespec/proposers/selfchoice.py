@@ -20,6 +20,9 @@ from typing import Callable, Sequence
 from ..errors import InvalidInputError
 from ..paths import calibration_dir
 from .layers import LayerSet, spread
+from .selfspec import SelfDraftProposer, ensure_self_draft
+from ..api.params import GenerationParams
+from ..calibration.calibration import model_identity
 
 _FORMAT = 1
 #: calibration prompts: an explanation, a code task, a rewrite (what drafts see most)
@@ -76,17 +79,39 @@ def chosen_layers(target_sha: str | None, n_layer: int) -> LayerSet | None:
         return None  # nothing measured (or unreadable): the caller's default applies
 
 
+def layers_for(target_sha: str | None, n_layer: int, layers_text: str = "") -> LayerSet:
+    """The layers a self-draft keeps: ``layers_text`` when given, else the measured choice
+    (`edgespec self-draft`), else half the blocks, the first and last kept."""
+    if layers_text:
+        return LayerSet.parse(layers_text, n_layer)
+    return chosen_layers(target_sha, n_layer) or LayerSet.of(spread(n_layer, n_layer // 2), n_layer)
+
+
+def build_self(ctx, layers_text: str, n_batch: int = 0) -> SelfDraftProposer:
+    """The factory behind ``--proposer self`` (``ctx`` is the registry's BuildContext)."""
+    if ctx.target is None or ctx.load_model is None:
+        raise InvalidInputError("the self proposer drafts with the loaded target's layers; "
+                                "it cannot be built without one")
+    layers = layers_for(ctx.target_digest, int(ctx.target.n_layer), layers_text)
+    path = ensure_self_draft(Path(ctx.target.path), ctx.target_digest or "nodigest", layers)
+    model = ctx.load_model(path)
+    try:
+        return SelfDraftProposer(model, layers, n_ctx=ctx.n_ctx, n_threads=ctx.threads,
+                                 n_batch=n_batch, kernel=ctx.kernel,
+                                 target_vocab=ctx.target.n_vocab)
+    except BaseException:
+        model.close()
+        raise
+
+
 def measure(engine, layer_sets: Sequence[LayerSet], prompts: Sequence[str] = PROMPTS,
             max_tokens: int = 64, say: Callable[[str], None] | None = None,
             timed: bool = True) -> list[Trial]:
     """Each layer set as a self-draft, every prompt run plain then with it (interleaved),
     plus the draft's agreement with the plain output; ``timed=False`` measures agreement
     only (one plain run per prompt, shared by every candidate)."""
-    from ..params import GenerationParams
-    from .selfspec import SelfDraftProposer, ensure_self_draft
-    from .. import backend
+    from ..runtime import backend  # deferred: it loads llama.cpp
     say = say or (lambda _m: None)
-    from ..calibration import model_identity
     target = engine.target
     sha = model_identity(Path(target.path))["sha256"]
     params = GenerationParams(max_tokens=max_tokens)

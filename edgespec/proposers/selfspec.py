@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from ..errors import EdgespecError, InvalidInputError
+from ..errors import EdgespecError
 from ..paths import edgespec_home
 from .draft import DraftModelProposer
 from .layers import LayerSet, subset_layers, write_subset
@@ -106,30 +106,3 @@ class SelfDraftProposer(DraftModelProposer):
             super().close()
         finally:
             self.model.close()
-
-
-def layers_for(target_sha: str | None, n_layer: int, layers_text: str = "") -> LayerSet:
-    """The layers a self-draft keeps: ``layers_text`` when given, else the measured choice
-    (`edgespec self-draft`), else half the blocks, the first and last kept."""
-    from .layers import spread
-    from .selfchoice import chosen_layers
-    if layers_text:
-        return LayerSet.parse(layers_text, n_layer)
-    return chosen_layers(target_sha, n_layer) or LayerSet.of(spread(n_layer, n_layer // 2), n_layer)
-
-
-def build_self(ctx, layers_text: str, n_batch: int = 0) -> SelfDraftProposer:
-    """The factory behind ``--proposer self`` (``ctx`` is the registry's BuildContext)."""
-    if ctx.target is None or ctx.load_model is None:
-        raise InvalidInputError("the self proposer drafts with the loaded target's layers; "
-                                "it cannot be built without one")
-    layers = layers_for(ctx.target_digest, int(ctx.target.n_layer), layers_text)
-    path = ensure_self_draft(Path(ctx.target.path), ctx.target_digest or "nodigest", layers)
-    model = ctx.load_model(path)
-    try:
-        return SelfDraftProposer(model, layers, n_ctx=ctx.n_ctx, n_threads=ctx.threads,
-                                 n_batch=n_batch, kernel=ctx.kernel,
-                                 target_vocab=ctx.target.n_vocab)
-    except BaseException:
-        model.close()
-        raise

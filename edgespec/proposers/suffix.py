@@ -30,11 +30,12 @@ from typing import Sequence
 
 from .. import _native
 from ..errors import InvalidInputError
-from ..native import MAX_DEPTH, MAX_DRAFT, CapacityError, as_tokens
-from ..params import SamplingParams
+from ..runtime.native import MAX_DEPTH, MAX_DRAFT, CapacityError, as_tokens
+from ..api.params import SamplingParams
 from ._native_types import (SuffixCursor, SuffixTree, check_int, check_spec_params,
                             draft_from_native, extend_or_drop, speculate_tree)
 from .base import EMPTY_DRAFT, Draft
+from ..decoding.tree import DraftTree
 
 
 class SuffixProposer:
@@ -143,9 +144,8 @@ class SuffixSession:
             k, p.factor, p.offset, p.min_token_prob))
 
     def propose_tree(self, k: int, max_children: int = 4):
-        """The ``k`` most probable continuations as an :class:`edgespec.tree.DraftTree`
+        """The ``k`` most probable continuations as an :class:`edgespec.decoding.tree.DraftTree`
         (the first branch starts as :meth:`propose`'s draft; see ``speculate_tree``)."""
-        from ..tree import DraftTree
         p = self._p
         k = min(k, p.max_draft)
         if k <= 0 or self._closed:

@@ -7,8 +7,8 @@ and sha256. Anywhere a model name is accepted, a path to a local ``.gguf`` file 
     spec.py           models.toml -> ModelSpec / PairSpec / Registry, validated
     user.py           your own models ($EDGESPEC_HOME/models.toml), layered over the shipped
     toml_write.py     writes the user registry back (tomllib only reads)
-    store.py          pulled files, digest stamps, verify, model_status, locks
-    pull.py           resolve a name or path; pull, assemble and check a model
+    store.py          pulled files, digest stamps, model_status, locks
+    pull.py           resolve a name or path; pull, assemble and check a model; verify it
     refs.py           references into other tools' stores: ollama:NAME:TAG, hfcache:, ...
     scan.py           those stores on disk (ollama, LM Studio, llama.cpp, the Hugging Face
                       cache): `edgespec models scan`, and resolving a reference to its file
@@ -23,12 +23,12 @@ know them as registry functions.
 from __future__ import annotations
 
 from ..paths import edgespec_home, models_dir
-from .pull import pull, resolve
+from .pull import pull, resolve, verify
 from .qualification import qualification, qualification_paths, record_qualification
 from .spec import (PROPOSER_KINDS, ROLES, SCHEMA, SOURCE_KINDS, ModelSpec, PairSpec, Registry,
                    Source, load_registry, registry_path, shipped_registry_path)
 from .store import (Verification, check_gguf, is_path_like, model_path, model_status, sha256_file,
-                    spec_file, verify)
+                    spec_file)
 
 __all__ = [
     "PROPOSER_KINDS", "ROLES", "SCHEMA", "SOURCE_KINDS",

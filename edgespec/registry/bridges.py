@@ -1,7 +1,7 @@
 """Cross-tokenizer pairs as release artifacts: a bridged draft runs only for a pair that
 models.toml pins to this bridge's version and to both vocabularies' digests.
 
-A vocabulary digest (:func:`edgespec.identity.vocabulary_digest`) covers every token's text
+A vocabulary digest (:func:`edgespec.identity.identity.vocabulary_digest`) covers every token's text
 and attributes, so a re-converted GGUF whose tokenizer changed in any token is refused
 until the pair is qualified again (the bridge's tests pass on it) and the pin updated:
 
@@ -12,7 +12,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..calibration import calibration
 from ..errors import IncompatibleDraftError, InvalidInputError
+from ..identity.identity import vocabulary_digest
+from ..proposers.bridge import BRIDGE_VERSION
+from .pull import resolve
 from .spec import PairSpec, load_registry
 
 
@@ -26,9 +30,7 @@ class UnqualifiedBridgeError(IncompatibleDraftError, InvalidInputError):
 
 def vocab_digest(model) -> str:
     """The digest a pin holds (cached by the model file's sha256)."""
-    from ..calibration import model_identity
-    from ..identity import vocabulary_digest
-    return vocabulary_digest(model, model_identity(model.path)["sha256"])
+    return vocabulary_digest(model, calibration.model_identity(model.path)["sha256"])
 
 
 def check_pair(target, draft, version: str) -> PairSpec:
@@ -67,9 +69,7 @@ def check_pair(target, draft, version: str) -> PairSpec:
 
 def pin_entry(target: str, draft: str, version: str | None = None) -> str:
     """The TOML [[pairs]] entry pinning registry models ``target`` and ``draft``."""
-    from .. import backend
-    from ..bridge import BRIDGE_VERSION
-    from .pull import resolve
+    from ..runtime import backend  # deferred: it loads llama.cpp (a maintainer's tool)
     digests = []
     for name in (target, draft):
         model = backend.load_model(resolve(name))

@@ -41,6 +41,7 @@ from ..errors import ModelError
 from ..paths import edgespec_home
 from .store import (Progress, _atomic_write_text, _human, _model_lock, _say, _write_stamp,
                     check_gguf, sha256_file, stamp_matches)
+from .store import Verification
 
 SCHEME = "hf://"
 DEFAULT_QUANT = "Q4_K_M"
@@ -519,7 +520,6 @@ def verify(ref: str | HubRef, progress: Progress | None = None):
     cache alone. A mismatch is returned (ok=False), not raised; a reference that is not
     pulled raises ModelError. Returns a :class:`edgespec.registry.store.Verification` of
     the file it loads."""
-    from .store import Verification
     r = ref if isinstance(ref, HubRef) else parse(ref)
     say = progress or _say
     env = _env()

@@ -19,7 +19,7 @@ call, so the environment variables apply as set then):
               builds of 2026 and later write the Hugging Face layout instead (in
               $LLAMA_CACHE when set, else in the Hugging Face cache), read like hfcache
 
-Listing reads headers only (edgespec.gguf_header, no hashing): a file that is not GGUF,
+Listing reads headers only (edgespec.runtime.gguf_header, no hashing): a file that is not GGUF,
 is truncated or that a manifest names but is missing is listed as unusable with the
 reason, and never stops the scan. Where the store names a file by its sha256 (ollama
 blobs, Hugging Face LFS blobs), resolving it checks that digest once and records it in
@@ -40,9 +40,10 @@ from pathlib import Path
 from typing import Iterable
 
 from ..errors import ModelError
-from ..gguf_header import read_gguf_header
+from ..runtime.gguf_header import read_gguf_header
 from . import refs
 from .spec import load_registry
+from .user import _quant
 from .store import (Progress, Verification, _human, _say, _stamp_path, _write_stamp,
                     sha256_file, stamp_matches)
 
@@ -424,7 +425,6 @@ def _facts(c: _Candidate) -> ScannedModel:
         info = read_gguf_header(c.path, fix=c.hint)
     except ModelError as e:
         return ScannedModel(usable=False, problem=str(e), **base)
-    from .user import _quant
     meta = info.metadata
     desc = meta.get("general.name")
     return ScannedModel(

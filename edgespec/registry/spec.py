@@ -8,6 +8,7 @@ layered over it and may pin local files with ``path`` instead of a ``source``.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -22,6 +23,7 @@ else:  # pragma: no cover - Python 3.10 reads TOML through tomli
 from typing import Mapping
 
 from ..errors import ModelError
+from ..paths import user_registry_path
 
 ROLES = ("target", "draft", "test")
 SOURCE_KINDS = ("whole-file", "concat-parts", "package-assemble")
@@ -378,12 +380,56 @@ def _stat_key(p: Path) -> tuple | None:
     return (str(p.resolve()), st.st_mtime_ns, st.st_size)
 
 
+# --- the user registry ($EDGESPEC_HOME/models.toml, edgespec.registry.user writes it) ------
+def read_user(path: Path) -> dict | None:
+    """The user registry's raw TOML, or None when there is none."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        return None
+    except tomllib.TOMLDecodeError as e:
+        raise ModelError(f"{path}: not valid TOML ({e}); fix the syntax or move the file away "
+                         "(it holds the models you added)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelError(f"cannot read the user registry {path}: {e}") from None
+
+
+def layer(shipped: Registry, path: Path) -> Registry:
+    """`shipped` with the user registry at `path` layered over it (unchanged when absent)."""
+    raw = read_user(path)
+    return shipped if raw is None else layer_dict(shipped, raw, path)
+
+
+def layer_dict(shipped: Registry, raw: Mapping, path: Path) -> Registry:
+    c = _Check(path)
+    top = c.table(dict(raw), "top level", {"schema"}, {"models", "pairs"})
+    if top["schema"] != SCHEMA:
+        raise c.fail("schema", f"this edgespec reads schema {SCHEMA}, the file says "
+                               f"{top['schema']!r}")
+    models_raw = c.typed(top, "models", "top level", dict, {})
+    for name in models_raw:
+        if name in shipped.models:
+            raise ModelError(f"{path}: model {name!r} is also defined in the shipped registry "
+                             f"{shipped.path}; rename it in {path} (or `edgespec models remove "
+                             f"{name}` and add it again under another name)")
+    own = {name: _parse_model(c, name, spec, local_ok=True) for name, spec in models_raw.items()}
+    models = {**shipped.models, **own}
+    pairs_raw = c.typed(top, "pairs", "top level", list, [])
+    pairs = tuple(_parse_pair(c, i, p, models) for i, p in enumerate(pairs_raw))
+    seen = {(p.target, p.key) for p in shipped.pairs}
+    for p in pairs:
+        if (p.target, p.key) in seen:
+            raise c.fail("pairs", f"pair {p.target} + {p.key} is already registered; "
+                                  "list it once")
+        seen.add((p.target, p.key))
+    return dataclasses.replace(shipped, models=models, pairs=shipped.pairs + pairs,
+                               origins={name: "user" for name in own}, user_path=path)
+
+
 def load_registry(path: str | os.PathLike | None = None) -> Registry:
     """The registry at `path`, or by default registry_path() with the user registry layered
     over it; cached until either file changes."""
-    from ..paths import user_registry_path
-    from .user import layer
-
     p = Path(path) if path is not None else registry_path()
     user = user_registry_path() if path is None else None
     parts = (_stat_key(p), _stat_key(user) if user is not None else "no user registry")

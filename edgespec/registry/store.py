@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ..errors import ModelError
-from ..gguf_header import GGUFInfo, read_gguf_header
+from ..runtime.gguf_header import GGUFInfo, read_gguf_header
 from ..paths import models_dir
 from .spec import ModelSpec, load_registry
 
@@ -76,7 +76,7 @@ def is_path_like(name_or_path: str | os.PathLike) -> bool:
 def check_gguf(path: str | os.PathLike) -> GGUFInfo:
     """Fast header validation (no hashing): raises ModelError saying what is wrong and what to do.
 
-    See edgespec.gguf_header.read_gguf_header for what is checked.
+    See edgespec.runtime.gguf_header.read_gguf_header for what is checked.
     """
     return read_gguf_header(path)
 
@@ -134,53 +134,6 @@ def _digest_mismatch(spec: ModelSpec, path: Path, sha: str, size: int) -> str:
         return (f"{spec.name}: {path} has {size} bytes, expected {spec.size} "
                 f"(sha256 {sha}, expected {spec.sha256})")
     return f"{spec.name}: {path} has sha256 {sha}, expected {spec.sha256}"
-
-
-def verify(name_or_path: str | os.PathLike, progress: Progress | None = None) -> Verification:
-    """Re-hash a pulled registry model (or a local .gguf) and compare with the pinned digest.
-
-    A registry model that is not pulled raises ModelError; a mismatch is returned
-    (ok=False), not raised, so a caller can report every model. A local path is
-    ok when its header checks out; `name` is set if its digest is a registry model's.
-    A store reference (``ollama:NAME:TAG``; edgespec.registry.refs) is re-hashed against
-    the digest its store names it by, where it has one; a Hugging Face reference against
-    the digests recorded at its first pull (edgespec.registry.hub).
-    """
-    from . import hub, refs, scan  # scan and hub build on this module
-    if not isinstance(name_or_path, os.PathLike) and refs.is_store_ref(str(name_or_path)):
-        return scan.verify_ref(str(name_or_path), progress)
-    if hub.is_hub_ref(name_or_path):
-        return hub.verify(str(name_or_path), progress)
-    reg = load_registry()
-    say = progress or _say
-    if not is_path_like(name_or_path) and str(name_or_path) in reg.models:
-        spec = reg.get(str(name_or_path))
-        path = spec_file(spec)
-        if not path.is_file():
-            if spec.local:
-                raise ModelError(f"{spec.name}: {path} is missing; {refetch_hint(spec)}")
-            raise ModelError(f"{spec.name} is not pulled; run `edgespec models pull {spec.name}`")
-        say(f"hashing {spec.name} ({_human(path.stat().st_size)})")
-        sha, size = sha256_file(path), path.stat().st_size
-        ok = sha == spec.sha256 and size == spec.size
-        if ok:
-            _write_stamp(path, sha)
-            msg = "ok"
-        else:
-            with contextlib.suppress(OSError):
-                _stamp_path(path).unlink()
-            msg = _digest_mismatch(spec, path, sha, size) + f"; {refetch_hint(spec)}"
-        return Verification(path=path, ok=ok, actual_sha256=sha, actual_size=size, name=spec.name,
-                            expected_sha256=spec.sha256, expected_size=spec.size, message=msg)
-    if not is_path_like(name_or_path) and not Path(name_or_path).exists():
-        reg.get(str(name_or_path))  # raises the unknown-name error
-    path = Path(name_or_path).expanduser()
-    check_gguf(path)
-    sha, size = sha256_file(path), path.stat().st_size
-    match = next((m.name for m in reg.models.values() if m.sha256 == sha), None)
-    return Verification(path=path, ok=True, actual_sha256=sha, actual_size=size, name=match,
-                        message=f"same file as registry model {match}" if match
-                        else "a valid GGUF header; not a registry model, so no pinned digest")
 
 
 def model_status(name: str) -> str:

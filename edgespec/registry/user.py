@@ -11,16 +11,13 @@ contents validated, so a failed add or remove leaves it as it was.
 """
 from __future__ import annotations
 
-import dataclasses
-import tomllib
 from pathlib import Path
-from typing import Mapping
 
 from ..errors import ModelError
-from ..gguf_header import GGUFInfo
+from ..runtime.gguf_header import GGUFInfo
 from ..paths import user_registry_path
-from .spec import (ROLES, SCHEMA, ModelSpec, Registry, _Check, _parse_model, _parse_pair,
-                   check_name, registry_path)
+from .spec import (ROLES, SCHEMA, ModelSpec, Registry, check_name, layer, layer_dict, read_user,
+                   registry_path)
 from .store import (Progress, _atomic_write_text, _human, _model_lock, _say, _stamp_path,
                     _write_stamp, check_gguf, sha256_file)
 from .toml_write import dumps
@@ -31,52 +28,6 @@ the format is that of the shipped models.toml, with `path` instead of `source`."
 
 # GGUF tokenizer.ggml.model -> the family word the shipped registry uses in tokenizer ids
 _TOKENIZER_KIND = {"gpt2": "bpe", "llama": "spm"}
-
-
-def read_user(path: Path) -> dict | None:
-    """The user registry's raw TOML, or None when there is none."""
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        return None
-    except tomllib.TOMLDecodeError as e:
-        raise ModelError(f"{path}: not valid TOML ({e}); fix the syntax or move the file away "
-                         "(it holds the models you added)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ModelError(f"cannot read the user registry {path}: {e}") from None
-
-
-def layer(shipped: Registry, path: Path) -> Registry:
-    """`shipped` with the user registry at `path` layered over it (unchanged when absent)."""
-    raw = read_user(path)
-    return shipped if raw is None else layer_dict(shipped, raw, path)
-
-
-def layer_dict(shipped: Registry, raw: Mapping, path: Path) -> Registry:
-    c = _Check(path)
-    top = c.table(dict(raw), "top level", {"schema"}, {"models", "pairs"})
-    if top["schema"] != SCHEMA:
-        raise c.fail("schema", f"this edgespec reads schema {SCHEMA}, the file says "
-                               f"{top['schema']!r}")
-    models_raw = c.typed(top, "models", "top level", dict, {})
-    for name in models_raw:
-        if name in shipped.models:
-            raise ModelError(f"{path}: model {name!r} is also defined in the shipped registry "
-                             f"{shipped.path}; rename it in {path} (or `edgespec models remove "
-                             f"{name}` and add it again under another name)")
-    own = {name: _parse_model(c, name, spec, local_ok=True) for name, spec in models_raw.items()}
-    models = {**shipped.models, **own}
-    pairs_raw = c.typed(top, "pairs", "top level", list, [])
-    pairs = tuple(_parse_pair(c, i, p, models) for i, p in enumerate(pairs_raw))
-    seen = {(p.target, p.key) for p in shipped.pairs}
-    for p in pairs:
-        if (p.target, p.key) in seen:
-            raise c.fail("pairs", f"pair {p.target} + {p.key} is already registered; "
-                                  "list it once")
-        seen.add((p.target, p.key))
-    return dataclasses.replace(shipped, models=models, pairs=shipped.pairs + pairs,
-                               origins={name: "user" for name in own}, user_path=path)
 
 
 def facts_entry(info: GGUFInfo, path: Path, size: int, sha256: str, role: str,

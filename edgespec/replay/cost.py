@@ -2,7 +2,7 @@
 plus what the real loop pays around each pass (pure: no model, no clock).
 
 The request loop's decode time is, pass by pass (``Step.elapsed`` differences, which is
-exactly how :class:`edgespec.stats.RequestStats` defines decode seconds):
+exactly how :class:`edgespec.api.stats.RequestStats` defines decode seconds):
 
     gap_i = draft_i + pass_i + loop_i
 
@@ -28,7 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from ..calibration import Calibration
+from ..calibration.calibration import Calibration
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Measuring the verify-cost curve at several context depths (what a replay prices with).
 
-:func:`edgespec.calibration.measure` times passes over a 64-token prefix; a request
+:func:`edgespec.calibration.calibration.measure` times passes over a 64-token prefix; a request
 decodes past its prompt, and a pass over 1,000 cached cells costs measurably more (its
 attention reads every cell). This times the same batch sizes at a few depths, with the
 kernel configuration the engine runs, ascending (each depth extends the prefill of the
@@ -12,8 +12,9 @@ import statistics
 import time
 from typing import Callable, Sequence
 
-from ..calibration import DEFAULT_KS, Calibration, CpuWatch, _probe_tokens, context_options, time_passes
-from ..config import KernelConfig
+from ..calibration.calibration import (DEFAULT_KS, Calibration, CpuWatch, _probe_tokens,
+                                       context_options, time_passes)
+from ..runtime.kernel import KernelConfig
 from .cost import DepthCurve
 
 #: depths measured below a run's deepest pass (that one is measured too)

@@ -24,7 +24,8 @@ from dataclasses import asdict
 from typing import Any
 
 from ..control import Decision, Outcome, StepView
-from ..events import Finished, Step
+from ..api.events import Finished, Step
+from .. import control
 
 SCHEMA = 1
 
@@ -172,7 +173,6 @@ def controller_code() -> str:
     import hashlib
     from pathlib import Path
 
-    from .. import control
     h = hashlib.sha256()
     for f in sorted(Path(control.__file__).parent.glob("*.py")):
         h.update(f.name.encode() + b"\0" + f.read_bytes())

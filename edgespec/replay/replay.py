@@ -4,7 +4,7 @@ Each recorded engine request is replayed in the run's order through a controller
 exactly as the engine built it (:func:`edgespec.control.make_controller` with the recorded
 settings, proposers, calibration and traffic slice, and one goodput guard per engine, fed
 by every request before it, warm-ups included). The loop mirrors
-:class:`edgespec.request.Loop`: at each step the draft limit from max_tokens and the
+:class:`edgespec.decoding.request.Loop`: at each step the draft limit from max_tokens and the
 context's room, the free proposers' candidates, ``decide``, the candidate cut to ``k``, greedy
 acceptance against the request's own recorded output, ``observe`` with the tokens the
 step appended, emission until the end-of-generation token or max_tokens.
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from ..calibration import Calibration
+from ..calibration.calibration import Calibration
 from ..control import ControlSettings, GoodputGuard, Outcome, StepView, make_controller, truncate
 from ..errors import InvalidInputError
 from ..proposers.base import EMPTY_DRAFT, Draft

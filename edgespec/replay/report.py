@@ -7,6 +7,7 @@ from typing import Mapping
 
 from .cost import Overheads
 from .replay import MAIN, PLAIN_LABEL, VARIANTS, Comparison, Traces, geomean
+from .record import controller_code
 
 
 def _pct(x: float) -> str:
@@ -53,7 +54,6 @@ def format_report(comp: Comparison, over: Mapping[str, Overheads], traces: Trace
                  "controllers the engine built, on the run's own cost curves.")
     lines.append(f"Pass structure reproduced (same drafts, decisions, accepted counts and "
                  f"number of passes) for {comp.reproduced} of {comp.replayed} requests.")
-    from .record import controller_code
     if traces.header.get("controller_code") not in (None, controller_code()):
         lines.append("  Note: the controller's code (edgespec/control) differs from the run's, so "
                      "its decisions need not match the recording; replay with the run's version.")
@@ -98,7 +98,7 @@ def format_report(comp: Comparison, over: Mapping[str, Overheads], traces: Trace
     lines.append("## Geomean speedup error per configuration, by what the cost model includes")
     lines.append("")
     lines.append("flat curve: the controller's calibration (64 cached cells) and nothing else, "
-                 "what `edgespec.simulate` charges; + depth: the curve measured at several "
+                 "what `edgespec.analysis.simulate` charges; + depth: the curve measured at several "
                  "depths, interpolated; + overheads: the loop's per-pass costs fitted from the "
                  "recorded gaps (the model above); + pass scale: the run-wide measured/curve "
                  "pass-time ratio, plain and verify passes apart (fitted on this run).")

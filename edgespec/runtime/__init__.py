@@ -1,4 +1,12 @@
-"""The llama.cpp boundary: what the installed build is and can do.
+"""The llama.cpp boundary: the model and context, and what the machine and build can do.
 
-    build.py   the build's CMake flags and features against the machine (`edgespec doctor`)
+    backend.py      the ONLY llama_cpp importer: load, tokenize, batched decode, logits,
+                    KV trim, grammars
+    kernel.py       KernelConfig: how llama.cpp computes (repack, flash attention, KV type)
+    build.py        the build's CMake flags and features against the machine (`edgespec doctor`)
+    device.py       what this machine offers (CPU, memory, accelerators)
+    rpc.py          llama.cpp RPC servers: endpoints, probes, placement
+    netaddr.py      host:port parsing
+    native.py       the native extension's glue: token coercion, cache-file formats
+    gguf_header.py  a GGUF file's header read without llama.cpp; gguf_facts.py what it says
 """

@@ -68,6 +68,22 @@ def parse_system_info(text: str) -> dict[str, dict[str, str]]:
     return sections
 
 
+def _cpuinfo(path: str = "/proc/cpuinfo") -> tuple[str, set[str]]:
+    model, flags = "", set()
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return platform.processor() or platform.machine() or "unknown CPU", flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if not model and key in ("model name", "hardware", "cpu model"):
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = set(value.split())
+    return model or platform.machine() or "unknown CPU", flags
+
+
 @dataclass(frozen=True)
 class Host:
     """What the machine offers, read without llama.cpp."""
@@ -78,14 +94,13 @@ class Host:
 
     @staticmethod
     def local() -> "Host":
-        from edgespec.device import _cpuinfo
         cpu, flags = _cpuinfo()
         return Host(cpu=cpu, cpu_flags=frozenset(flags), accelerators=host_accelerators())
 
 
 @dataclass(frozen=True)
 class Build:
-    """What the installed llama.cpp was built with (``edgespec.backend.build_facts``)."""
+    """What the installed llama.cpp was built with (``edgespec.runtime.backend.build_facts``)."""
 
     llama_cpp_python: str
     system_info: str

@@ -30,11 +30,12 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from sse_starlette import EventSourceResponse
 
-from .. import __version__
+from .._version import __version__
 from ..errors import ContextOverflowError, EdgespecError
-from ..events import Finished, Step
+from ..api.events import Finished, Step
 from ..serving import DONE, ModelDoesNotFitError, ModelNotServedError, ModelPool
 from . import auth, choices
+from .choices import _chunks
 from .errors import APIError, from_edgespec, install_handlers
 from .mapping import chat_request, chat_turn, completion_request
 from .metrics import CONTENT_TYPE, ServerMetrics
@@ -257,18 +258,6 @@ def create_pool_app(pool: ModelPool, settings: ServerSettings) -> FastAPI:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     return app
-
-
-def _chunks(shape: Shape, out, text: str, lps, include_usage: bool) -> list[dict]:
-    """Stream chunks for one step's text: as content, or through the turn's parsers (which
-    may hold it back: a step's logprobs then travel in a chunk with an empty delta)."""
-    if out is None:
-        return [shape.chunk(text, lps, include_usage=include_usage)]
-    deltas = out.feed(text)
-    if not deltas:
-        return [shape.chunk("", lps, delta={}, include_usage=include_usage)] if lps else []
-    return [shape.chunk("", lps if i == 0 else (), delta=d, include_usage=include_usage)
-            for i, d in enumerate(deltas)]
 
 
 async def _watch_disconnect(request: Request, ticket, gone: asyncio.Event) -> None:

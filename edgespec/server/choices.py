@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
 
 from ..errors import ContextOverflowError, EdgespecError, UnsupportedError
-from ..events import Finished, Step
+from ..api.events import Finished, Step
 from ..serving import DONE
 from .errors import APIError, bad_request, unsupported
 from .responses import Shape, extension, usage
@@ -130,10 +130,20 @@ def _indexed(body: dict, i: int) -> str:
     return json.dumps(body)
 
 
+def _chunks(shape: Shape, out, text: str, lps, include_usage: bool) -> list[dict]:
+    """Stream chunks for one step's text: as content, or through the turn's parsers (which
+    may hold it back: a step's logprobs then travel in a chunk with an empty delta)."""
+    if out is None:
+        return [shape.chunk(text, lps, include_usage=include_usage)]
+    deltas = out.feed(text)
+    if not deltas:
+        return [shape.chunk("", lps, delta={}, include_usage=include_usage)] if lps else []
+    return [shape.chunk("", lps if i == 0 else (), delta=d, include_usage=include_usage)
+            for i, d in enumerate(deltas)]
+
+
 async def _stream(choices, shared: asyncio.Queue, shapes: list[Shape], outs,
                   include_usage: bool, identity, failure):
-    from .app import _chunks  # the one-choice stream's chunking, through the turn's parsers
-
     n = len(shapes)
     complete = False
     sent = [""] * n

@@ -2,10 +2,11 @@
 the refusals of values it cannot honour (each names the field and what to send instead)."""
 from __future__ import annotations
 
-from ..params import GenerationParams, SamplingParams
+from ..api.params import GenerationParams, SamplingParams
 from .errors import APIError, bad_request, unsupported
 from .schemas import ChatCompletionRequest, CompletionRequest, Message
 from .settings import ServerSettings
+from ..agents import ToolError, ToolSupportError, prepare_turn
 
 
 def chat_request(req: ChatCompletionRequest, settings: ServerSettings, n_vocab: int
@@ -158,7 +159,6 @@ def chat_turn(req: ChatCompletionRequest, messages: list[dict], params: Generati
     folded into the request's params: (template messages, params, Turn)."""
     from dataclasses import replace
 
-    from ..agents import ToolError, ToolSupportError, prepare_turn
     forced = req.tool_choice not in (None, "auto", "none")
     if forced and (params.json_schema is not None or params.json_mode):
         raise bad_request("tool_choice forces a call, whose grammar cannot be combined with "

@@ -12,8 +12,8 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Inf
                                generate_latest)
 from prometheus_client.core import GaugeMetricFamily
 
-from .. import __version__
-from ..events import Control, Finished
+from .._version import __version__
+from ..api.events import Control, Finished
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -6,7 +6,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from ..events import Finished, TokenLogprob
+from ..api.events import Finished, TokenLogprob
 
 #: OpenAI has "stop" and "length"; the engine's stop reasons fold into them (the exact one
 #: stays in edgespec.stop_reason)

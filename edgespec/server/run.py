@@ -17,7 +17,7 @@ import asyncio
 import signal
 
 from ..errors import InvalidInputError
-from ..netaddr import is_loopback  # noqa: F401 (cli/serve imports it from here)
+from ..runtime.netaddr import is_loopback  # noqa: F401 (cli/serve imports it from here)
 
 
 def check_bind(host: str, allow_remote: bool) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidInputError
+from ..agents.reasoning import FORMATS
 
 MiB = 1024 * 1024
 
@@ -43,7 +44,6 @@ class ServerSettings:
             if origin != "*" and "://" not in origin:
                 raise InvalidInputError(f"--cors-origin {origin!r} is not an origin; send "
                                         "scheme://host[:port], e.g. http://localhost:3000")
-        from ..agents.reasoning import FORMATS
         if self.reasoning_format not in FORMATS:
             raise InvalidInputError(f"--reasoning-format {self.reasoning_format!r}; use one of "
                                     f"{', '.join(FORMATS)}")

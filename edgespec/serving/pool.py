@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Sequence
 
 from ..errors import EdgespecError, InvalidInputError
 from .scheduler import Load
-from ..device import fmt_size
+from ..runtime.device import fmt_size
 
 
 class ModelNotServedError(InvalidInputError):

@@ -17,9 +17,9 @@
                                        (seq_cp) into the other choices' sequences; see
                                        "Several choices" below
 
-A step. Each active request plans its part of the pass in turn (edgespec.request.Loop.plan):
+A step. Each active request plans its part of the pass in turn (edgespec.decoding.request.Loop.plan):
 its controller sees the rows the requests before it already put in the pass and the tokens
-they expect from it (edgespec.request.Load), so on a compute-bound device drafts shrink and
+they expect from it (edgespec.decoding.request.Load), so on a compute-bound device drafts shrink and
 stop as the batch grows, and come back as it empties; a request whose controller declines
 a draft because of the load gets a ``load_yield`` Control event (``load_resume`` when it
 drafts again). New requests join at step boundaries; their prompt loads in chunks of at
@@ -54,13 +54,19 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import EdgespecError, UnsupportedError
-from ..events import Control
-from ..kvcache import PrefixCache, common_prefix
-from ..params import GenerationParams
-from ..request import Load as StepLoad
+from ..api.events import Control, Event
+from ..control.guard import Route
+from ..decoding.kvcache import Prefill, PrefillStart, PrefixCache, common_prefix
+from ..api.params import GenerationParams
+from ..decoding.request import Load as StepLoad
+from ..decoding.request import Request
+from ..decoding.treepass import decode as decode_tree
+
+if TYPE_CHECKING:
+    from ..engine.engine import Prepared
 
 #: what on_event receives after a request's last event
 DONE = None
@@ -92,14 +98,14 @@ class Load:
 class Ticket:
     """A submitted request: its id, and the handle to cancel it from any thread."""
 
-    def __init__(self, id: int, on_event: Callable[[object], None], scheduler: "Scheduler",
-                 prepared) -> None:
+    def __init__(self, id: int, on_event: Callable[[Event | None], None], scheduler: "Scheduler",
+                 prepared: Prepared) -> None:
         self.id = id
         self.on_event = on_event
         self._scheduler = scheduler
         self.cancelled = threading.Event()
         self.submitted = time.monotonic()
-        self.prepared = prepared  # edgespec.engine.Prepared
+        self.prepared = prepared
         # the other choices of an n > 1 request (submit_n): they are admitted with this
         # ticket, which alone sits in the queue, and start from the prompt KV it prefills
         self.followers: list[Ticket] = []
@@ -137,11 +143,11 @@ class _Slot:
 @dataclass
 class _Active:
     ticket: Ticket
-    req: object  # edgespec.request.Request
-    route: object
+    req: Request
+    route: Route
     slot: _Slot
     yielding: bool = False  # its drafts are held back by the load (a load_yield was sent)
-    prefill: object | None = None  # an edgespec.kvcache.PrefillStart while its prompt loads
+    prefill: PrefillStart | None = None  # while its prompt loads
     pos: int = 0  # the next prompt position to decode, while prefilling
     # another choice of the same request still loads the prompt this one will copy
     leader: "_Active | None" = None
@@ -192,7 +198,7 @@ class Scheduler:
 
     # --- clients -------------------------------------------------------------------------
     def submit(self, prompt: str | Sequence[dict], params: GenerationParams, *,
-               on_event: Callable[[object], None], proposer: str | None = None,
+               on_event: Callable[[Event | None], None], proposer: str | None = None,
                exact: bool | None = None, reuse: bool = True,
                traffic: str = "default") -> Ticket:
         self._admissible()
@@ -439,7 +445,6 @@ class Scheduler:
             if len(passes) == 1 and not chunks:
                 a, ps = passes[0]
                 if ps.tree is not None:  # alone in the pass: the loop may verify a draft tree
-                    from ..treepass import decode as decode_tree
                     outs = [decode_tree(loop, ps)]
                 else:
                     outs = [loop.ctx.decode(ps.tokens, a.req.n_past, a.req.seq_id,
@@ -526,7 +531,6 @@ class Scheduler:
     def _copy_prompt(self, lead: _Active, f: _Active, pre) -> None:
         """Choice ``f`` takes the prompt's KV from ``lead``'s sequence (seq_cp: the same
         cells, nothing recomputed) and samples its own first token from the same logits."""
-        from ..kvcache import Prefill
 
         f.leader = None
         n = len(lead.req.tokens)

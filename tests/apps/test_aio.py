@@ -9,8 +9,8 @@ import time
 import pytest
 
 from edgespec.errors import InvalidInputError
-from edgespec.events import Finished, RequestStarted, Step
-from edgespec.params import GenerationParams
+from edgespec.api.events import Finished, RequestStarted, Step
+from edgespec.api.params import GenerationParams
 
 MODEL = "smollm2-135m"
 COUNTING = "Count from 1 to 500: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"

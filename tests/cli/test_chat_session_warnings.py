@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from edgespec.cli import cli
 from edgespec.cli.chat import _Ui, _with_warnings
-from edgespec.sessions import SessionWarning
+from edgespec.chat.sessions import SessionWarning
 
 ARGS = ["--threads", "1", "--ctx", "1024", "--proposer", "ngram", "--no-adaptive",
         "--max-tokens", "4"]

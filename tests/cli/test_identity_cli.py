@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgespec.cli import cli
-from edgespec.engine import Engine
+from edgespec.engine.engine import Engine
 from fakes import FakeModel, ScriptedProposer, fake_engine
 
 

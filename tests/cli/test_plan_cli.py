@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgespec.cli import cli
-from edgespec.config import KernelConfig
+from edgespec.runtime.kernel import KernelConfig
 
 
 def run(*args):
@@ -75,8 +75,8 @@ def test_plan_shows_the_kv_type_and_kernel_the_engine_runs(smol):
     """Defect: `edgespec plan` planned an F16 KV cache while `generate` ran Q8_0. The default
     mode runs the fastest kernel measured here (the engine measures it once), exact mode the
     batch-invariant Q8_0 + flash attention; the plan shows each as the engine runs it."""
-    from edgespec.config import EngineConfig
-    from edgespec.engine import Engine
+    from edgespec.engine.config import EngineConfig
+    from edgespec.engine.engine import Engine
 
     with Engine.from_config(EngineConfig(target=smol, proposer="ngram")) as eng:
         engine = eng.config.kernel
@@ -116,8 +116,8 @@ def test_plan_without_a_calibration_says_how_to_measure_the_exact_cap(smol):
 
 def _fake_measure(caps):
     """calibration.load_or_measure that 'measures' a trusted curve with a per-layout cap."""
-    from edgespec.calibration import Calibration, prior_step_seconds
-    from edgespec.gguf_facts import read_facts
+    from edgespec.calibration.calibration import Calibration, prior_step_seconds
+    from edgespec.runtime.gguf_facts import read_facts
 
     def measure(path, *, n_threads=None, sha256=None, force=False, kernel=None, **_):
         step = prior_step_seconds(read_facts(path).weight_bytes)
@@ -129,7 +129,7 @@ def _fake_measure(caps):
 
 
 def test_plan_calibrate_shows_the_probed_cap_and_the_layout_exact_mode_uses(smol, monkeypatch):
-    from edgespec import calibration
+    from edgespec.calibration import calibration
 
     calls = []
     fake = _fake_measure({True: 3, False: 9})

@@ -1,4 +1,4 @@
-"""A hermetic stand-in for :mod:`edgespec.backend`: a tiny deterministic language model.
+"""A hermetic stand-in for :mod:`edgespec.runtime.backend`: a tiny deterministic language model.
 
 :class:`FakeModel` and :class:`FakeContext` implement what the engine uses of
 ``backend.Model`` and ``backend.Context``. The "language model" is a table: the
@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from edgespec.backend import check_decode, check_multi
+from edgespec.runtime.backend import check_decode, check_multi
 from edgespec.errors import EdgespecError
 
 BOS, EOS, EOT = 0, 1, 2
@@ -272,7 +272,7 @@ class FakeContext:
         requires), and a row's logits come from its sequences' tokens."""
         if self.closed:
             raise KVMismatch("decode on a closed context")
-        from edgespec.backend import check_tree
+        from edgespec.runtime.backend import check_tree
         check_tree(tokens, positions, seq_ids_per_token, logits_mask, self.n_ctx, self.n_batch,
                    self.n_seq_max)
         bad = [int(t) for t in tokens if not 0 <= int(t) < N_VOCAB]

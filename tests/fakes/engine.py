@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from edgespec.calibration import Calibration
-from edgespec.config import PLAIN, EngineConfig
+from edgespec.calibration.calibration import Calibration
+from edgespec.api.labels import PLAIN
+from edgespec.engine.config import EngineConfig
 from edgespec.control import ControlSettings
-from edgespec.engine import Engine
+from edgespec.engine.engine import Engine
 
 from .backend import FakeModel
 

@@ -5,8 +5,8 @@ block, a tool call in a chosen format, a malformed call).
     sched = ScriptedScheduler(["<think>", "Weigh it.</think>", "4"], stop_reason="eos")
     app = create_app(sched, fake_engine(FakeModel(chat_template=...)), settings)
 
-Each piece arrives as one :class:`edgespec.events.Step` (a speculative step's text, so a tag
-may straddle two), then a :class:`~edgespec.events.Finished` with the whole text, on a thread
+Each piece arrives as one :class:`edgespec.api.events.Step` (a speculative step's text, so a tag
+may straddle two), then a :class:`~edgespec.api.events.Finished` with the whole text, on a thread
 of its own, as the real scheduler's thread delivers them. What each request submitted is in
 ``calls``.
 """
@@ -15,9 +15,9 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
-from edgespec.events import Finished, Step
+from edgespec.api.events import Finished, Step
 from edgespec.serving import DONE, Load
-from edgespec.stats import RequestStats
+from edgespec.api.stats import RequestStats
 
 
 class ScriptedScheduler:

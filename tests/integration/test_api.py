@@ -7,7 +7,7 @@ import time
 import pytest
 
 from edgespec import ContextOverflowError, GenerationParams, InvalidInputError, SamplingParams
-from edgespec.events import Finished, Step
+from edgespec.api.events import Finished, Step
 
 LONG = GenerationParams(max_tokens=400)
 
@@ -92,7 +92,7 @@ def test_bad_requests_fail_before_any_work(engine_factory):
 
 
 def test_generation_stops_cleanly_when_the_context_fills(model_path):
-    from edgespec.engine import Engine
+    from edgespec.engine.engine import Engine
     eng = Engine.load(str(model_path("smollm2-135m")), proposer="ngram", n_ctx=64, threads=2)
     try:
         r = eng.generate("Count upwards from one, forever.", GenerationParams(max_tokens=500))

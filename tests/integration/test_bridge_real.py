@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec import parity as P
-from edgespec.bridge import BRIDGE_VERSION, Bridge
-from edgespec.params import GenerationParams, SamplingParams
+from edgespec.analysis import parity as P
+from edgespec.proposers.bridge import BRIDGE_VERSION, Bridge
+from edgespec.api.params import GenerationParams, SamplingParams
 
 TARGET = "qwen-0.5b"
 DRAFTS = ["smollm2-135m", "gemma-270m"]

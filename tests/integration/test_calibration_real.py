@@ -1,7 +1,7 @@
 """Calibration on a real model (SmolLM2-135M: a measurement takes about a second)."""
 from __future__ import annotations
 
-from edgespec import calibration
+from edgespec.calibration import calibration
 
 
 def test_measures_and_caches_a_real_cost_curve(model_path, tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from edgespec import GenerationParams
-from edgespec.events import Control, Finished, Step
+from edgespec.api.events import Control, Finished, Step
 
 COPY = ("Copy the following paragraph exactly, word for word:\n\n"
         "The committee met on Tuesday to review the budget for the new library. After a long "
@@ -30,7 +30,7 @@ def test_adaptive_control_keeps_greedy_output_and_drafts_on_a_copy_task(engine_f
 
 
 def test_fixed_draft_length_is_honoured(model_path):
-    from edgespec.engine import Engine
+    from edgespec.engine.engine import Engine
 
     with Engine.load(str(model_path("smollm2-135m")), proposer="ngram", adaptive=False,
                      draft_len=2, n_ctx=1024, threads=1) as eng:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from edgespec import GenerationParams
-from edgespec.events import Finished, PrefillDone, RequestStarted, Step
+from edgespec.api.events import Finished, PrefillDone, RequestStarted, Step
 
 PROMPTS = [
     "List the first ten prime numbers, separated by commas.",

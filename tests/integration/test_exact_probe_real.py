@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec import backend, calibration
-from edgespec.config import KernelConfig
+from edgespec.runtime import backend
+from edgespec.calibration import calibration
+from edgespec.runtime.kernel import KernelConfig
 
 
 @pytest.fixture(scope="module")

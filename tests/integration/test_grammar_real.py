@@ -9,7 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from edgespec.params import GenerationParams, SamplingParams
+from edgespec.api.params import GenerationParams, SamplingParams
 
 DATA = Path(__file__).resolve().parents[2] / "edgespec/bench/data/structured/extraction.jsonl"
 

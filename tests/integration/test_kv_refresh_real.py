@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgespec import kvcache
-from edgespec.conversation import Conversation
-from edgespec.events import Finished
-from edgespec.kvcache import ROW_GROUP, common_prefix
-from edgespec.params import GenerationParams
+from edgespec.decoding import kvcache
+from edgespec.chat.conversation import Conversation
+from edgespec.api.events import Finished
+from edgespec.decoding.kvcache import ROW_GROUP, common_prefix
+from edgespec.api.params import GenerationParams
 
 QUESTIONS = Path(__file__).resolve().parents[2] / "edgespec/bench/data/spec_bench_question.jsonl"
 

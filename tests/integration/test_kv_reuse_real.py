@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.conversation import Conversation
-from edgespec.events import Step
-from edgespec.params import GenerationParams
+from edgespec.chat.conversation import Conversation
+from edgespec.api.events import Step
+from edgespec.api.params import GenerationParams
 
 QUESTIONS = Path(__file__).resolve().parents[2] / "edgespec/bench/data/spec_bench_question.jsonl"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec import backend
+from edgespec.runtime import backend
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from edgespec import parity as P
+from edgespec.analysis import parity as P
 from edgespec.cli import cli
-from edgespec.engine import Engine
-from edgespec.params import SamplingParams
+from edgespec.engine.engine import Engine
+from edgespec.api.params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parent))
 from padded_vocab import pad_vocabulary  # noqa: E402
@@ -50,7 +50,7 @@ def engine(model_path, drafts):
 def test_the_padded_copy_would_propose_ids_the_target_lacks(drafts):
     """What makes the pair a test: ranked over its whole vocabulary, the copy's best token is
     a pad id at most positions of an ordinary prompt."""
-    from edgespec import backend
+    from edgespec.runtime import backend
     m = backend.load_model(drafts[0])
     try:
         assert m.n_vocab == PADDED and m.token_text(PADDED - 1) == f"[PAD{PADDED - 1}]"

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec import parity as P
-from edgespec.params import GenerationParams, SamplingParams
+from edgespec.analysis import parity as P
+from edgespec.api.params import GenerationParams, SamplingParams
 from edgespec.proposers.base import Draft
 
 PROMPTS = [

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from edgespec import device as devmod
+from edgespec.runtime import device as devmod
 from edgespec import planner
 from edgespec.proposers import free_names
 

@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgespec import rpc
+from edgespec.runtime import rpc
 from edgespec.cli import cli
-from edgespec.config import EngineConfig, KernelConfig
-from edgespec.engine import Engine
-from edgespec.params import GenerationParams
+from edgespec.engine.config import EngineConfig
+from edgespec.runtime.kernel import KernelConfig
+from edgespec.engine.engine import Engine
+from edgespec.api.params import GenerationParams
 
 PROMPT = ("Write a Python function that returns the n-th Fibonacci number, with a docstring, "
           "then call it for n = 10 and n = 20.\n")

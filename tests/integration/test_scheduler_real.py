@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from edgespec.events import Control, Finished
-from edgespec.params import GenerationParams
+from edgespec.api.events import Control, Finished
+from edgespec.api.params import GenerationParams
 from edgespec.serving import DONE, Scheduler
 
 PROMPTS = [

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from edgespec import parity as P
+from edgespec.analysis import parity as P
 from edgespec.cli import cli
-from edgespec.engine import Engine
+from edgespec.engine.engine import Engine
 from edgespec.errors import InvalidInputError
-from edgespec.params import SamplingParams
+from edgespec.api.params import SamplingParams
 
 PROMPTS = [
     P.ParityPrompt("count", "test", "Count from one to twenty in words, separated by commas."),

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec import backend
-from edgespec.tree import DraftTree, commit, prepare
+from edgespec.runtime import backend
+from edgespec.decoding.tree import DraftTree, commit, prepare
 
 SEQS = (0, 1, 2, 3)
 

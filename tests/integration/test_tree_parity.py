@@ -13,9 +13,9 @@ import os
 import pytest
 
 from edgespec import GenerationParams
-from edgespec.calibration import Calibration
-from edgespec.config import EngineConfig
-from edgespec.engine import Engine
+from edgespec.calibration.calibration import Calibration
+from edgespec.engine.config import EngineConfig
+from edgespec.engine.engine import Engine
 
 PROMPTS = [
     "Repeat this sentence three times: the quick brown fox jumps over the lazy dog.",
@@ -68,9 +68,9 @@ def test_trees_ran_and_left_the_first_branch(engine):
 def test_sampling_parity_passes_with_trees(engine, monkeypatch):
     """The parity harness (plain vs speculative samples, disjoint seeds) on a raw prompt
     whose context was continued two ways, so that the suffix tree offers both."""
-    from edgespec import parity as P
-    from edgespec import treepass
-    from edgespec.params import SamplingParams
+    from edgespec.analysis import parity as P
+    from edgespec.decoding import treepass
+    from edgespec.api.params import SamplingParams
 
     passes = []
     real = treepass.complete

@@ -10,7 +10,7 @@ from native_strategies import chunked, stream
 
 from edgespec import _native
 from edgespec.errors import InvalidInputError
-from edgespec.native import MAX_DRAFT, CapacityError
+from edgespec.runtime.native import MAX_DRAFT, CapacityError
 from edgespec.proposers._native_types import NgramIndex
 
 

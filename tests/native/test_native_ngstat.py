@@ -10,7 +10,7 @@ from native_strategies import chunked, stream
 
 from edgespec import _native
 from edgespec.errors import InvalidInputError
-from edgespec.native import NGSTAT_RECORD
+from edgespec.runtime.native import NGSTAT_RECORD
 from edgespec.proposers._native_types import DraftBar, NgramStats, ngram_draft
 from edgespec.proposers.base import Draft
 

@@ -12,9 +12,9 @@ from native_reference import speculate as ref_speculate
 from native_strategies import stream
 
 from edgespec.errors import EdgespecError, InvalidInputError
-from edgespec.native import CacheFileError, load_sequences, save_sequences
+from edgespec.runtime.native import CacheFileError, load_sequences, save_sequences
 from edgespec.proposers._native_types import SuffixTree
-from edgespec.params import SamplingParams
+from edgespec.api.params import SamplingParams
 from edgespec.proposers import free_proposer
 from edgespec.proposers.base import EMPTY_DRAFT, Proposer, ProposerSession
 from edgespec.proposers.ngram import NgramProposer

@@ -122,7 +122,7 @@ def test_trees_are_prefix_closed_and_most_probable_first(tokens, k, w):
 
 
 def test_suffix_session_proposes_trees_whose_first_branch_is_its_draft():
-    from edgespec.params import SamplingParams
+    from edgespec.api.params import SamplingParams
     from edgespec.proposers.suffix import SuffixProposer
 
     p = SuffixProposer(use_global=False, max_draft=8)
@@ -171,7 +171,7 @@ def test_ngstat_top_refuses_bad_k():
 
 
 def test_ngram_session_tree_keeps_its_linear_draft_first():
-    from edgespec.params import SamplingParams
+    from edgespec.api.params import SamplingParams
     from edgespec.proposers.ngram import NgramProposer
 
     p = NgramProposer(use_dynamic=False)

@@ -13,7 +13,7 @@ from native_strategies import chunked, random_stream, repetitive_stream, stream
 
 from edgespec import _native
 from edgespec.errors import InvalidInputError
-from edgespec.native import CapacityError
+from edgespec.runtime.native import CapacityError
 from edgespec.proposers._native_types import SuffixCursor, SuffixTree, speculate
 from edgespec.proposers.base import Draft
 

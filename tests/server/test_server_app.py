@@ -11,13 +11,13 @@ from fakes.engine import fake_engine
 from starlette.testclient import TestClient
 
 from edgespec.errors import ContextOverflowError, UnsupportedError
-from edgespec.events import Finished, Step
+from edgespec.api.events import Finished, Step
 from edgespec.server import ServerSettings, create_app
 from edgespec.server.auth import check
 from edgespec.server.errors import APIError
 from edgespec.serving import DONE, Load, QueueFullError, Scheduler
 from edgespec.serving.scheduler import ShuttingDownError
-from edgespec.stats import RequestStats
+from edgespec.api.stats import RequestStats
 
 MSG = [{"role": "user", "content": "a b c"}]
 

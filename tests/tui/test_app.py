@@ -4,7 +4,7 @@ from __future__ import annotations
 from textual.widgets import DataTable, Input, Select
 
 from edgespec.errors import ContextOverflowError, IncompatibleDraftError
-from edgespec.events import PrefillDone, RequestStarted
+from edgespec.api.events import PrefillDone, RequestStarted
 from tui import Choices, ScriptedSource, Settings, create_app
 from tui.help import HelpScreen
 from tui.widgets import AnswerView, PromptArea

@@ -7,7 +7,7 @@ import time
 
 from textual.widgets import Checkbox, DataTable
 
-from edgespec.events import Finished
+from edgespec.api.events import Finished
 from tui import ScriptedSource, create_app
 from tui.conversation import Transcript
 from tui.widgets import AnswerView, PromptArea

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from edgespec.events import Control, Finished, PrefillDone, RequestStarted, Step
+from edgespec.api.events import Control, Finished, PrefillDone, RequestStarted, Step
 from tui.app import parse_stop
 from tui.metrics import RATE_STEPS, VERIFY_SLOPE, LiveMetrics, fold_stats
 from tui.render import bar, histogram_text, live_text, positions_text, spark_text, split_cells
@@ -187,7 +187,7 @@ def test_history_recall_keeps_what_was_being_typed():
 
 
 def test_tree_figures_show_only_where_trees_ran():
-    from edgespec.stats import RequestStats
+    from edgespec.api.stats import RequestStats
     from tui.render import summary_line
     s = RequestStats(generated_tokens=20, total_seconds=1.0, stop_reason="length")
     assert "trees" not in summary_line(s)

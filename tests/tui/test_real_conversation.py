@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Checkbox
 
-from edgespec.events import Finished
+from edgespec.api.events import Finished
 from tui import EngineSource, Settings, create_app
 from tui.widgets import PromptArea
 from tui_helpers import run_request, sync, wait_for

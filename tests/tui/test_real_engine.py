@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.events import Finished, Step
+from edgespec.api.events import Finished, Step
 from tui import EngineSource, Settings, create_app
 from tui.widgets import DRAFT, AnswerView
 from tui_helpers import run_request, start_request, sync, wait_done, wait_for

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from edgespec.errors import InvalidInputError
-from edgespec.events import Finished, Step
+from edgespec.api.events import Finished, Step
 from edgespec.proposers import free_names, names, needs_model
 from edgespec.registry import load_registry
 from tui.source import (Choices, EngineSource, ScriptedSource, Settings, proposer_names,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from edgespec.events import Finished, PrefillDone, RequestStarted, Step
+from edgespec.api.events import Finished, PrefillDone, RequestStarted, Step
 from tui.metrics import fold_stats
 
 MIB = 2**20

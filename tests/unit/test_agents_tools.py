@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from edgespec import chat
+from edgespec.chat import chat
 from edgespec.agents import MALFORMED, ToolError, ToolSupportError, parse_choice, parse_tools, \
     prepare_turn, supports_tools
 
@@ -174,7 +174,7 @@ def test_bad_tool_history_is_refused_naming_the_field(mutate, param, words):
 
 # --- forced calls: the grammar -------------------------------------------------------------
 def test_a_forced_call_gets_a_grammar_of_the_markup_around_the_schema():
-    from edgespec.grammar import constraint_of
+    from edgespec.grammar.constraint import constraint_of
     named = prepare_turn(HERMES, "m", call_history()[:1], tools=[WEATHER, TIME],
                          tool_choice={"type": "function", "function": {"name": "get_time"}},
                          parallel_tool_calls=False)

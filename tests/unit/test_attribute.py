@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from edgespec.attribute import attribute, compared_configs, load, normalise
+from edgespec.analysis.attribute import attribute, compared_configs, load, normalise
 from edgespec.errors import InvalidInputError
 
 STEP = 0.02  # seconds of a one-token pass

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from edgespec.bench.matrix import (BASELINE, ConfigSpec, Matrix, apply_overrides,
-                                   load_toml, parse_config, preset)
+from edgespec.bench.matrix import BASELINE, ConfigSpec, Matrix, apply_overrides, parse_config
+from edgespec.bench.presets import load_toml, preset
 from edgespec.bench.prompts import (SPEC_BENCH_CATEGORIES, BenchPrompt, bucket_label, bucket_labels,
                                     default_data_dir, humanevalfix_prompt, load_humanevalfix,
                                     load_jsonl_prompts, load_spec_bench)

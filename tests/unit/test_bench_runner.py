@@ -7,8 +7,8 @@ from edgespec.bench.prompts import BenchPrompt
 from edgespec.bench.runner import BenchRun, Runner, control_settings, plan_engine, total_requests
 from edgespec.control import ControlSettings
 from edgespec.errors import ContextOverflowError, InvalidInputError
-from edgespec.events import Finished, Step, TokenLogprob
-from edgespec.stats import RequestStats
+from edgespec.api.events import Finished, Step, TokenLogprob
+from edgespec.api.stats import RequestStats
 
 
 class FakeTarget:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from edgespec import registry
-from edgespec.bridge import BRIDGE_VERSION
+from edgespec.proposers.bridge import BRIDGE_VERSION
 from edgespec.errors import InvalidInputError, ModelError
 from edgespec.registry import bridges
 

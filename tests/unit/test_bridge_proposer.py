@@ -13,9 +13,9 @@ import pytest
 from fakes import BOS, EOG, N_VOCAB, FakeModel, fake_engine, fixed
 from fakes.backend import AB, SPECIAL, VOCAB
 
-from edgespec.bridge import ATTR_CONTROL, ATTR_NORMAL
+from edgespec.proposers.bridge import ATTR_CONTROL, ATTR_NORMAL
 from edgespec.errors import InvalidInputError
-from edgespec.params import GenerationParams, SamplingParams
+from edgespec.api.params import GenerationParams, SamplingParams
 from edgespec.proposers.bridged import BridgedDraftProposer
 
 

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from edgespec import calibration as calmod
-from edgespec.calibration import DEFAULT_KS, Calibration, CalibrationWarning
-from edgespec.config import KernelConfig
+from edgespec.calibration import calibration as calmod
+from edgespec.calibration.calibration import DEFAULT_KS, Calibration, CalibrationWarning
+from edgespec.runtime.kernel import KernelConfig
 from edgespec.errors import EdgespecError
 
 

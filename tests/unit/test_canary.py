@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-import edgespec.request as request_mod
+import edgespec.decoding.request as request_mod
 from edgespec.control import ControlSettings, GoodputGuard
 from edgespec.control.guard import CanarySettings, Route, goodput, ratio_bound
 from edgespec.errors import InvalidInputError
-from edgespec.events import Control, Finished, RequestStarted
-from edgespec.params import GenerationParams
+from edgespec.api.events import Control, Finished, RequestStarted
+from edgespec.api.params import GenerationParams
 from fakes import FakeModel, ScriptedProposer, fake_engine, fixed
 
 STEP = 0.01  # seconds of a one-token target pass

@@ -14,14 +14,14 @@ from statistics import mean
 
 import pytest
 
-from edgespec.calibration import Calibration
+from edgespec.calibration.calibration import Calibration
 from edgespec.control import (AcceptanceModel, ControlMemory, AdaptiveController, ControlRecord, ControlSettings,
                               Decision, FixedController, GoodputGuard, Outcome, StepView,
                               expected_tokens, make_controller, token_features)
 from edgespec.errors import InvalidInputError
-from edgespec.events import Step
+from edgespec.api.events import Step
 from edgespec.proposers.base import EMPTY_DRAFT, Draft
-from edgespec.simulate import Trace, replay
+from edgespec.analysis.simulate import Trace, replay
 
 CPU = Calibration.prior_cpu()  # this machine: t(2) = 1.5 t(1)
 GPU = Calibration.linear(0.01, step_seconds=0.01)  # verification nearly free
@@ -401,7 +401,7 @@ def test_outcome_from_a_step_event():
 
 
 def test_events_are_drained_once_and_match_the_control_event_fields():
-    from edgespec.events import Control
+    from edgespec.api.events import Control
     tr = make_trace(300)
     ctl, res = run(tr, scripted(tr, bernoulli(0.4, 300, seed=3), match_length=lambda pos: 3),
                    cal=GPU, settings=ControlSettings(floor=0.6))

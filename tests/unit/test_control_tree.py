@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.calibration import Calibration
+from edgespec.calibration.calibration import Calibration
 from edgespec.control.tree import node_probabilities, size_tree
-from edgespec.tree import DraftTree
+from edgespec.decoding.tree import DraftTree
 
 #: this 2-core CPU, Qwen2.5-1.5B, 2 threads (calibration cache)
 CPU = Calibration.from_costs({1: 1.0, 2: 1.69, 3: 2.17, 4: 2.58, 5: 3.09, 6: 3.92, 7: 4.43,

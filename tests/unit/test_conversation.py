@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.conversation import Conversation
+from edgespec.chat.conversation import Conversation
 from edgespec.errors import InvalidInputError
-from edgespec.events import Finished, Step
-from edgespec.params import GenerationParams
+from edgespec.api.events import Finished, Step
+from edgespec.api.params import GenerationParams
 from fakes import FakeModel, fake_engine
 
 # a ChatML-like template: the generation prompt ("!") is what an assistant turn starts with,

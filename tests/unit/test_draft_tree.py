@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.calibration import Calibration
+from edgespec.calibration.calibration import Calibration
 from edgespec.control import ControlSettings
-from edgespec.params import GenerationParams, SamplingParams as SP
+from edgespec.api.params import GenerationParams, SamplingParams as SP
 from edgespec.proposers.draft import DraftModelProposer, _runners_up
 from fakes import FakeModel, fake_engine
 

@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
-import edgespec.calibration as calmod
-from edgespec import engine as engmod
-from edgespec.calibration import Calibration, CalibrationWarning
-from edgespec.config import KernelConfig
+import edgespec.calibration.calibration as calmod
+from edgespec.calibration.calibration import Calibration, CalibrationWarning
+from edgespec.engine import engine as engmod
+from edgespec.runtime.kernel import KernelConfig
 
 STEEP = {1: 1.0, 2: 1.7, 4: 2.9, 8: 6.6, 16: 8.0}
 MODEL = SimpleNamespace(path="/models/m.gguf", n_gpu_layers=0, size_bytes=1_111_370_240)

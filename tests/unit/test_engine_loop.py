@@ -13,9 +13,9 @@ import pytest
 
 from edgespec.control import ControlSettings
 from edgespec.errors import ContextOverflowError, InvalidInputError, UnsupportedError
-from edgespec.events import Control, Finished, PrefillDone, RequestStarted, Step
-from edgespec.params import GenerationParams, SamplingParams
-from edgespec.stats import MemorySink
+from edgespec.api.events import Control, Finished, PrefillDone, RequestStarted, Step
+from edgespec.api.params import GenerationParams, SamplingParams
+from edgespec.api.stats import MemorySink
 from fakes import (BOS, CALIBRATION, EOG, EOS, Decode, FakeModel, KVMismatch, ScriptedProposer, Trim,
                    fake_engine, fixed)
 from fakes.backend import (A, B, C, D, DOT, E1, E2, SPACE, Y, Z)
@@ -385,7 +385,7 @@ def test_sinks_receive_the_finished_stats_and_logprobs_match_the_plain_path():
 @pytest.fixture
 def probed_cap(monkeypatch):
     """Stand in for the device probe (calibration.exact_cap measures a real model)."""
-    from edgespec import calibration
+    from edgespec.calibration import calibration
 
     def set_cap(cap: int) -> None:
         monkeypatch.setattr(calibration, "exact_cap", lambda model, kernel, n_threads: cap)

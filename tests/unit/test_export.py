@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from edgespec import registry
 from edgespec.cli import cli
 from edgespec.errors import InvalidInputError, UnsupportedError
-from edgespec.export import draft_tokens, export, pooled_acceptance
+from edgespec.analysis.export import draft_tokens, export, pooled_acceptance
 
 # The documented names, and where they come from (docs/identity.md cites the same):
 VLLM_SPECULATIVE_CONFIG = {

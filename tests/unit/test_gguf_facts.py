@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgespec.errors import ModelError
-from edgespec.gguf_facts import read_facts
+from edgespec.runtime.gguf_facts import read_facts
 
 # (layers, n_embd, trained ctx, vocab, kv heads, head dim, sliding window, windowed layers, tied)
 REAL = {

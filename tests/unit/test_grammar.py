@@ -8,8 +8,8 @@ import json
 import pytest
 
 from edgespec.errors import EdgespecError, InvalidInputError, UnsupportedError
-from edgespec.grammar import GrammarError, constraint_of
-from edgespec.params import GenerationParams
+from edgespec.grammar.constraint import GrammarError, constraint_of
+from edgespec.api.params import GenerationParams
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"},
                                            "age": {"type": "integer"}},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from edgespec.errors import InvalidInputError
-from edgespec.params import GenerationParams, SamplingParams
+from edgespec.api.params import GenerationParams, SamplingParams
 from fakes import Decode, FakeModel, ScriptedProposer, fake_engine, fixed
 from fakes.backend import E1
 from fakes.grammar import constrain
@@ -69,7 +69,7 @@ def test_forced_drafting_respects_the_draft_limit():
 
 def test_sampling_with_point_mass_drafts_emits_the_plain_paths_tokens_for_a_seed():
     # point-mass verification draws one uniform per emitted token from the same masked
-    # distribution as plain sampling (edgespec.verify), so one seed gives one text
+    # distribution as plain sampling (edgespec.decoding.verify), so one seed gives one text
     for seed in range(6):
         p = params(sampling=SamplingParams(temperature=1.0, seed=seed))
         _, plain = run(WORDS, p=p)

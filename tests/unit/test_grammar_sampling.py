@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec import grammar
+from edgespec.grammar import state as grammar
 from edgespec.control import truncate
-from edgespec.grammar import Constraint, GrammarState
-from edgespec.params import SamplingParams
+from edgespec.grammar.constraint import Constraint
+from edgespec.grammar.state import GrammarState
+from edgespec.api.params import SamplingParams
 from edgespec.proposers import Draft
-from edgespec.stattests import goodness_of_fit
+from edgespec.analysis.stattests import goodness_of_fit
 from fakes import BOS, FakeModel
 from fakes.backend import A, AB, B, C, N_VOCAB, X
 from fakes.grammar import constrain

@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from edgespec import identity as idmod
-from edgespec.config import KernelConfig
+from edgespec.identity import identity as idmod
+from edgespec.runtime.kernel import KernelConfig
 from edgespec.control import ControlSettings
 from edgespec.errors import EdgespecError
-from edgespec.identity import Identity, canonical, diff, identity_hash
-from edgespec.stats import JsonlSink, MemorySink
-from edgespec.params import GenerationParams
+from edgespec.identity.identity import Identity, canonical, diff, identity_hash
+from edgespec.api.stats import JsonlSink, MemorySink
+from edgespec.api.params import GenerationParams
 from fakes import FakeModel, ScriptedProposer, fake_engine, fixed
 
 BASE = {
@@ -203,6 +203,6 @@ def test_the_draft_model_is_in_the_identity_whichever_proposer_holds_it(home, tm
     b = engine(target, proposers={"bridge": bridged}).identity.components["draft"]
     assert a["sha256"] == b["sha256"] is not None
     # the bridge is a release artifact: its version is part of the identity
-    from edgespec.bridge import BRIDGE_VERSION
+    from edgespec.proposers.bridge import BRIDGE_VERSION
     assert b["bridge_version"] == BRIDGE_VERSION and "bridge_version" not in a
     assert engine(target).identity.components["draft"] is None

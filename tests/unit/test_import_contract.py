@@ -1,8 +1,12 @@
-"""Architecture contracts that keep the layers honest."""
+"""Architecture contracts that keep the layers honest (docs/architecture.md)."""
+from __future__ import annotations
+
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "edgespec"
+BACKEND = PKG / "runtime" / "backend.py"
 
 
 def _imports(path: Path) -> set[str]:
@@ -19,12 +23,181 @@ def _imports(path: Path) -> set[str]:
 def test_llama_cpp_is_imported_by_the_backend_only():
     offenders = [str(p.relative_to(ROOT)) for d in ("edgespec", "tui")
                  for p in (ROOT / d).rglob("*.py")
-                 if "llama_cpp" in _imports(p) and p != ROOT / "edgespec" / "backend.py"]
+                 if "llama_cpp" in _imports(p) and p != BACKEND]
     assert offenders == []
+    assert "llama_cpp" in _imports(BACKEND)
 
 
 def test_tui_does_not_reach_into_ctypes_or_the_backend():
     for p in (ROOT / "tui").rglob("*.py"):
         src = p.read_text(encoding="utf-8")
         assert "ctypes" not in _imports(p), p
-        assert "edgespec.backend" not in src, p
+        assert "edgespec.runtime.backend" not in src, p
+
+
+# --- the module graph -----------------------------------------------------------------------
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules(pkg: Path = PKG) -> dict[str, Path]:
+    mods = {_module_name(p): p for p in pkg.rglob("*.py")}
+    # compiled extensions are modules too (edgespec._native: its stub stands for it)
+    mods.update({_module_name(p): p for p in pkg.rglob("*.pyi") if _module_name(p) not in mods})
+    return mods
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _edges(name: str, path: Path, mods: dict[str, Path], type_checking: bool) -> dict[str, int]:
+    """Every edgespec module ``name`` imports -> the first line that does: imports anywhere
+    (module level, inside functions and classes), relative ones resolved; ``from pkg import x``
+    is an edge to ``pkg.x`` when that is a module, else to ``pkg``. Imports under
+    ``if TYPE_CHECKING:`` never run; they are edges only when ``type_checking``."""
+    if path.suffix != ".py":
+        return {}
+    base = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: dict[str, int] = {}
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test) and not type_checking:
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out.setdefault(a.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = base.split(".")
+                parts = parts[:len(parts) - (node.level - 1)]
+                target = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for a in node.names:
+                sub = f"{target}.{a.name}"
+                out.setdefault(sub if sub in mods else target, node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return {m: line for m, line in out.items() if m in mods and m != name}
+
+
+def _graph(type_checking: bool = False) -> dict[str, dict[str, int]]:
+    mods = _modules()
+    return {m: _edges(m, p, mods, type_checking) for m, p in mods.items()}
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(graph[w])))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def _describe(graph: dict[str, dict[str, int]], comp: list[str]) -> str:
+    members = set(comp)
+    return "\n".join(f"  {m}:{line} imports {t}" for m in comp
+                     for t, line in sorted(graph[m].items()) if t in members)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}, "d": {"a": 4}, "e": {}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b": 1}, "b": {}}) == []
+
+
+def test_no_import_cycle_among_edgespec_modules():
+    # Imports inside functions count: a deferred import still makes a cycle, it only hides
+    # it from the interpreter. Package __init__ re-exports count too.
+    graph = _graph()
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles among edgespec modules:\n" + "\n\n".join(
+        f"{' <-> '.join(c)}\n{_describe(graph, c)}" for c in cycles)
+
+
+def _offenders(prefix: str, allowed: tuple[str, ...], graph) -> list[str]:
+    def ok(target: str) -> bool:
+        return any(target == a or target.startswith(a + ".") for a in allowed)
+    return [f"{m}:{line} imports {t}" for m, edges in sorted(graph.items())
+            if m == prefix or m.startswith(prefix + ".")
+            for t, line in sorted(edges.items()) if not ok(t)]
+
+
+#: the one upward edge of edgespec.api: GenerationParams.validate() refuses a grammar or
+#: schema that llama.cpp's own parser rejects, before any model loads (the tests of
+#: test_params.py promise it), and only edgespec.grammar.constraint holds that parser's
+#: binding. It is a deferred import in GenerationParams.constraint(), documented there.
+API_GRAMMAR_CHECK = ("edgespec.api.params", "edgespec.grammar.constraint")
+
+
+def test_api_imports_nothing_of_edgespec_but_errors():
+    graph = _graph(type_checking=True)
+    offenders = [o for o in _offenders("edgespec.api", ("edgespec.api", "edgespec.errors"), graph)
+                 if not o.startswith(API_GRAMMAR_CHECK[0] + ":")
+                 or not o.endswith(" " + API_GRAMMAR_CHECK[1])]
+    assert offenders == []
+    assert API_GRAMMAR_CHECK[1] in graph[API_GRAMMAR_CHECK[0]]  # keep the exception honest
+
+
+def test_the_runtime_imports_nothing_above_it():
+    below = ("edgespec.runtime", "edgespec.api", "edgespec.errors", "edgespec.paths",
+             "edgespec._version", "edgespec._native")
+    assert _offenders("edgespec.runtime", below, _graph(type_checking=True)) == []
+
+
+def test_the_core_does_not_import_the_adapters():
+    adapters = ("edgespec.cli", "edgespec.server")
+    graph = _graph(type_checking=True)
+    offenders = [f"{m}:{line} imports {t}" for m, edges in sorted(graph.items())
+                 if not m.startswith(adapters)
+                 for t, line in sorted(edges.items()) if t.startswith(adapters)]
+    assert offenders == []
+    tui = [str(p.relative_to(ROOT)) for p in PKG.rglob("*.py")
+           if not _module_name(p).startswith(adapters) and "tui" in _imports(p)]
+    assert tui == []
+
+
+def test_the_package_root_stays_small():
+    root = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(root) <= 8, root

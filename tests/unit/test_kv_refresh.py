@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.conversation import Conversation
+from edgespec.chat.conversation import Conversation
 from edgespec.errors import EdgespecError
-from edgespec.kvcache import MIN_PASS, ROW_GROUP, PrefixCache, StateCache, common_prefix
-from edgespec.params import GenerationParams
+from edgespec.decoding.kvcache import MIN_PASS, ROW_GROUP, PrefixCache, StateCache, common_prefix
+from edgespec.api.params import GenerationParams
 from fakes import BOS, Decode, FakeModel, KVMismatch, fake_engine
 from fakes.backend import BANG, HASH
 
@@ -122,7 +122,7 @@ TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant
 @pytest.fixture(autouse=True)
 def probed_cap(monkeypatch):
     """Stand in for the device probe (calibration.exact_cap measures a real model)."""
-    from edgespec import calibration
+    from edgespec.calibration import calibration
     monkeypatch.setattr(calibration, "exact_cap", lambda model, kernel, n_threads: 3)
 
 

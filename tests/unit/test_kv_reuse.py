@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from edgespec.events import Finished, Step
-from edgespec.kvcache import StateCache, common_prefix
-from edgespec.params import GenerationParams
+from edgespec.api.events import Finished, Step
+from edgespec.decoding.kvcache import StateCache, common_prefix
+from edgespec.api.params import GenerationParams
 from edgespec.proposers.draft import DraftModelProposer
 from fakes import BOS, Decode, FakeContext, FakeModel, KVMismatch, ScriptedProposer, fake_engine, fixed
 from fakes.backend import A, AB, BANG, HASH, Trim
@@ -274,7 +274,7 @@ def test_the_draft_model_reuses_its_prefix_too():
 
 # --- exact mode: only what a prefill wrote is reused -------------------------------------------
 def test_exact_reuse_stops_where_decode_passes_wrote_the_kv():
-    from edgespec.kvcache import ROW_GROUP, PrefixCache
+    from edgespec.decoding.kvcache import ROW_GROUP, PrefixCache
     model = StatefulModel()
     ctx = model.new_context(n_ctx=256, n_batch=64)
     kv = PrefixCache(ctx, ram=StateCache(1 << 20))
@@ -316,7 +316,7 @@ def test_only_a_conversation_is_copied_to_ram_when_a_one_off_request_takes_the_s
 
 
 def test_the_state_cache_budget_is_engine_configuration():
-    from edgespec.config import EngineConfig
+    from edgespec.engine.config import EngineConfig
     from edgespec.errors import InvalidInputError
     with pytest.raises(InvalidInputError, match="KV state cache's RAM must be >= 0"):
         EngineConfig(target="t", kv_cache_ram=-1).validate()

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 
-from edgespec import backend, rpc
+from edgespec.runtime import backend, rpc
 
 
 def _listening() -> tuple[socket.socket, str]:
@@ -59,7 +59,7 @@ def test_ggml_abort_ends_the_process_with_one_line_and_keeps_stdout_clean():
     """ggml_abort itself, called through libggml: before, ggml printed its message and ran
     gdb on the process (the backtrace on stdout) and died of SIGABRT."""
     code = (
-        "from edgespec import backend\n"
+        "from edgespec.runtime import backend\n"
         "backend._ensure_init()\n"
         "from llama_cpp import _ggml\n"
         "print('generated text', end='')\n"  # still in Python's buffer: the callback flushes it

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from edgespec.errors import EdgespecError, InvalidInputError
-from edgespec.params import GenerationParams, SamplingParams
+from edgespec.api.params import GenerationParams, SamplingParams
 
 
 def test_defaults_validate_and_return_themselves():

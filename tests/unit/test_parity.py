@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from edgespec import parity as P
-from edgespec import verify
+from edgespec.analysis import parity as P
+from edgespec.decoding import verify
 from edgespec.cli import cli
 from edgespec.errors import InvalidInputError
-from edgespec.events import TokenLogprob
-from edgespec.sampling import make_rng, sample
+from edgespec.api.events import TokenLogprob
+from edgespec.decoding.sampling import make_rng, sample
 
 
 def _write(tmp_path, rows):

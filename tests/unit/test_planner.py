@@ -7,13 +7,14 @@ import json
 
 import pytest
 
-from edgespec import device as devmod
+from edgespec.runtime import device as devmod
 from edgespec import planner
-from edgespec.calibration import Calibration
-from edgespec.config import EngineConfig, KernelConfig
-from edgespec.device import Device, parse_size
+from edgespec.calibration.calibration import Calibration
+from edgespec.engine.config import EngineConfig
+from edgespec.runtime.kernel import KernelConfig
+from edgespec.runtime.device import Device, parse_size
 from edgespec.errors import InvalidInputError
-from edgespec.gguf_facts import ModelFacts
+from edgespec.runtime.gguf_facts import ModelFacts
 from edgespec.planner import Acceptance, BudgetError
 
 GiB, MiB = 2**30, 2**20
@@ -365,7 +366,7 @@ def test_calibration_far_from_the_size_estimate():
 # --- the kernel configuration that runs: repacked copies, mmap, KV type (issue 11) ------------
 from dataclasses import replace as _replace  # noqa: E402
 
-from edgespec.gguf_header import TensorInfo  # noqa: E402
+from edgespec.runtime.gguf_header import TensorInfo  # noqa: E402
 from edgespec.planner import repack  # noqa: E402
 
 F32, Q4_0, Q4_K, Q6_K = 0, 2, 12, 14

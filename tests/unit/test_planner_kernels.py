@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from edgespec import calibration
-from edgespec.config import KV_GGML_TYPE, KernelConfig
+from edgespec.calibration import calibration
+from edgespec.runtime.kernel import KV_GGML_TYPE, KernelConfig
 from edgespec.planner import kernels
 from fakes import FakeModel
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from edgespec import planner
-from edgespec.config import EngineConfig
+from edgespec.engine.config import EngineConfig
 
 from test_planner import QWEN_15, cpu  # the shared fixtures of the planner tests
 

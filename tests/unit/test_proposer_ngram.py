@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from edgespec.errors import InvalidInputError
-from edgespec.native import load_records, save_records
-from edgespec.params import SamplingParams
+from edgespec.runtime.native import load_records, save_records
+from edgespec.api.params import SamplingParams
 from edgespec.proposers.base import EMPTY_DRAFT
 from edgespec.proposers.ngram import NgramProposer
 from edgespec.proposers.ngram_stats import StatsFileWarning, stats_file

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.params import SamplingParams
+from edgespec.api.params import SamplingParams
 from edgespec.proposers.ngram import NgramProposer
 from edgespec.proposers.suffix import SuffixProposer
 

@@ -357,7 +357,8 @@ def test_one_home_for_models_and_calibrations(monkeypatch, tmp_path):
     disagree on macOS, Windows and with XDG_CACHE_HOME. Both now ask edgespec.paths."""
     import sys
 
-    from edgespec import calibration, paths
+    from edgespec.calibration import calibration
+    from edgespec import paths
 
     monkeypatch.delenv("EDGESPEC_HOME", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

@@ -6,16 +6,16 @@ import math
 
 import pytest
 
-from edgespec.calibration import Calibration
+from edgespec.calibration.calibration import Calibration
 from edgespec.control import ControlSettings, FixedController, Outcome, StepView
 from edgespec.errors import InvalidInputError
-from edgespec.events import Finished, Step
+from edgespec.api.events import Finished, Step
 from edgespec.proposers.base import Draft
 from edgespec.replay import (CostModel, DepthCurve, Overheads, fit_overheads, fit_scale,
                              load_traces, replay_request)
 from edgespec.replay.record import RecordingController, Recorder, RequestRecording
 from edgespec.replay.replay import build_controller, reference
-from edgespec.stats import RequestStats
+from edgespec.api.stats import RequestStats
 
 
 def _cal(step: float, costs: dict[int, float]) -> Calibration:

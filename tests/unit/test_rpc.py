@@ -9,11 +9,12 @@ import threading
 
 import pytest
 
-from edgespec import rpc
-from edgespec.config import EngineConfig, KernelConfig
+from edgespec.runtime import rpc
+from edgespec.engine.config import EngineConfig
+from edgespec.runtime.kernel import KernelConfig
 from edgespec.errors import InvalidInputError
 from edgespec.planner.remote import PlacementError, assign, place, reserve
-from edgespec.rpc import RemoteDevice, RemoteServer, RpcError
+from edgespec.runtime.rpc import RemoteDevice, RemoteServer, RpcError
 
 from test_planner import QWEN_15  # the shared fixtures of the planner tests
 

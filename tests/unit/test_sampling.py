@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.params import SamplingParams
-from edgespec.sampling import distribution, greedy_token, make_rng, process_logits, sample
-from edgespec.stattests import goodness_of_fit
+from edgespec.api.params import SamplingParams
+from edgespec.decoding.sampling import distribution, greedy_token, make_rng, process_logits, sample
+from edgespec.analysis.stattests import goodness_of_fit
 
 ALPHA = 1e-3  # false-alarm rate of each statistical assertion for a correct implementation
 

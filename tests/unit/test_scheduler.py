@@ -9,8 +9,8 @@ import pytest
 
 from edgespec.control import ControlSettings
 from edgespec.errors import ContextOverflowError, UnsupportedError
-from edgespec.events import Control, Finished, Step
-from edgespec.params import GenerationParams, SamplingParams
+from edgespec.api.events import Control, Finished, Step
+from edgespec.api.params import GenerationParams, SamplingParams
 from edgespec.serving import DONE, QueueFullError, Scheduler
 from fakes import Decode, FakeModel, ScriptedProposer, fake_engine, fixed
 
@@ -162,7 +162,7 @@ def test_exact_mode_bounds_every_pass_to_the_invariant_size():
 
 
 def test_drafts_yield_to_load_on_a_compute_bound_device_and_resume():
-    from edgespec.calibration import Calibration
+    from edgespec.calibration.calibration import Calibration
 
     model = FakeModel()
     # every extra row costs a whole step: a draft can only pay alone, never in a shared pass

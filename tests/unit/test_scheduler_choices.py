@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from edgespec.errors import EdgespecError, UnsupportedError
-from edgespec.events import Finished, PrefillDone
-from edgespec.params import GenerationParams, SamplingParams
+from edgespec.api.events import Finished, PrefillDone
+from edgespec.api.params import GenerationParams, SamplingParams
 from edgespec.serving import DONE, Scheduler
 from fakes import Decode, FakeModel, ScriptedProposer, fake_engine
 

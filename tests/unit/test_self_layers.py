@@ -46,7 +46,7 @@ def small(model_path):
 
 
 def test_a_subset_file_loads_with_the_kept_layers_and_the_targets_vocabulary(small, tmp_path):
-    from edgespec import backend
+    from edgespec.runtime import backend
     n = block_count(small)
     layers = LayerSet.parse(f"0-3,{n - 4}-{n - 1}", n)
     out = write_subset(small, tmp_path / "d.gguf", layers)
@@ -93,6 +93,7 @@ def test_auto_never_weighs_self_speculation_but_it_can_be_asked_for():
     from edgespec.planner.search import _kinds
     assert "self" not in [k for k, _ in _kinds("auto", has_draft=True)]
     assert ("self", False) in _kinds("self", has_draft=False)
+    assert ("self", True) in _kinds("self", has_draft=True)  # its derived model described
 
 
 def test_a_recorded_choice_is_used_only_when_it_beat_plain(tmp_path, monkeypatch):

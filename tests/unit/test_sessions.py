@@ -7,12 +7,12 @@ import warnings
 
 import pytest
 
-from edgespec import sessions
-from edgespec.config import KernelConfig
-from edgespec.conversation import Conversation
+from edgespec.chat import sessions
+from edgespec.runtime.kernel import KernelConfig
+from edgespec.chat.conversation import Conversation
 from edgespec.errors import EdgespecError, InvalidInputError
-from edgespec.params import GenerationParams
-from edgespec.sessions import SessionError, SessionWarning
+from edgespec.api.params import GenerationParams
+from edgespec.chat.sessions import SessionError, SessionWarning
 from fakes import fake_engine
 from test_conversation import TEMPLATE
 from test_kv_reuse import StatefulModel

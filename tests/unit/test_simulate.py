@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.calibration import Calibration
+from edgespec.calibration.calibration import Calibration
 from edgespec.control import FixedController
 from edgespec.proposers import free_proposer
-from edgespec.simulate import (Trace, compare, format_table, from_proposer, load_traces,
-                               native_proposers, recorded, replay, save_traces, standard_configs)
+from edgespec.analysis.simulate import (Trace, compare, format_table, from_proposer, load_traces,
+                                        native_proposers, recorded, replay, save_traces,
+                                        standard_configs)
 
 CAL = Calibration.from_costs({1: 1.0, 2: 1.5, 4: 2.0, 16: 4.0}, step_seconds=0.1)
 
@@ -77,14 +78,14 @@ def test_adaptive_control_on_recorded_generations():
 
     The traces are Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) greedy answers, 96 tokens at most, to
     the first Spec-Bench question of each category and HumanEvalFix Python/0, recorded with
-    :func:`edgespec.simulate.record_traces`; the cost curve is this 2-core CPU's. Replaying is
+    :func:`edgespec.analysis.simulate.record_traces`; the cost curve is this 2-core CPU's. Replaying is
     deterministic, so these bounds are exact properties of the current controller.
     """
     from pathlib import Path
 
     traces = load_traces(Path(__file__).parent / "data" / "spec_bench_traces_qwen15b.jsonl")
     cal = Calibration.prior_cpu()
-    from edgespec.simulate import geomean
+    from edgespec.analysis.simulate import geomean
 
     # the n-gram proposer matching from a single token on (orders 1-8): fixed lengths draft
     # on every weak match and lose, the controller drafts only where it pays
@@ -108,7 +109,7 @@ def test_adaptive_control_on_recorded_generations():
 
 
 def test_foresight_bounds_every_controller_and_is_plain_without_matches():
-    from edgespec.simulate import foresight
+    from edgespec.analysis.simulate import foresight
     cal = Calibration.from_costs({1: 1.0, 2: 1.5, 4: 1.9, 8: 3.0, 16: 3.4}, step_seconds=0.1)
     # a repetitive output the n-gram proposer can copy from the prompt
     t = Trace("t", prompt=tuple([5, 6, 7, 8, 9] * 6), output=tuple([5, 6, 7, 8, 9] * 4))
@@ -122,7 +123,7 @@ def test_foresight_bounds_every_controller_and_is_plain_without_matches():
 
 
 def test_copy_bound_caps_the_copying_proposers_and_counts_what_followed_a_tail():
-    from edgespec.simulate import best_cut, copy_bound, foresight
+    from edgespec.analysis.simulate import best_cut, copy_bound, foresight
     cal = Calibration.from_costs({1: 1.0, 2: 1.5, 4: 1.9, 8: 3.0, 16: 3.4}, step_seconds=0.1)
     prompt = (1, 2, 3, 4, 5, 6, 7, 8, 40, 41, 2, 3, 9, 10, 11, 12)
     t = Trace("t", prompt=prompt, output=(30, 2, 3, 9, 10, 11, 12, 50, 51))
@@ -148,7 +149,7 @@ def test_copy_bound_caps_the_copying_proposers_and_counts_what_followed_a_tail()
 
 
 def test_summary_leads_with_the_reports_figures():
-    from edgespec.simulate import format_summary
+    from edgespec.analysis.simulate import format_summary
     traces = [Trace("a", (1,), (2,), "writing"), Trace("b", (1,), (2,), "writing"),
               Trace("c", (1,), (2,), "summarization"), Trace("h", (1,), (2,), "humanevalfix")]
     table = {"x": {"a": 1.0, "b": 1.2, "c": 2.0, "h": 1.5}}

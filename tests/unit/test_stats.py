@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from edgespec.stats import JsonlSink, MemorySink, RequestStats, _pct
+from edgespec.api.stats import JsonlSink, MemorySink, RequestStats, _pct
 
 
 def test_step_accounting_and_derived_values():

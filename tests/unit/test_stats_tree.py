@@ -1,5 +1,5 @@
 """RequestStats' draft-tree metrics: branch utilisation, accepted path length, occupancy."""
-from edgespec.stats import RequestStats
+from edgespec.api.stats import RequestStats
 
 
 def test_tree_metrics_and_their_record():

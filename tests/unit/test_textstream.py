@@ -1,4 +1,4 @@
-from edgespec.textstream import TextAssembler
+from edgespec.decoding.textstream import TextAssembler
 
 
 def feed(asm, pieces):

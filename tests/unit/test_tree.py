@@ -1,4 +1,4 @@
-"""edgespec.tree: the flat depth-first draft tree, its one-pass batch layout, and the KV
+"""edgespec.decoding.tree: the flat depth-first draft tree, its one-pass batch layout, and the KV
 sequence operations around a tree pass (checked on the strict fake backend)."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.backend import check_tree
+from edgespec.runtime.backend import check_tree
 from edgespec.errors import EdgespecError, InvalidInputError
-from edgespec.tree import DraftTree, commit, prepare
-from edgespec.verify import verify_tree_greedy
+from edgespec.decoding.tree import DraftTree, commit, prepare
+from edgespec.decoding.verify import verify_tree_greedy
 from tests.fakes.backend import A, B, C, D, E1, E2, SPACE, X, Y, FakeModel, KVMismatch
 
 PATHS = [(5, 7), (6, 7), (6, 8)]

@@ -9,12 +9,12 @@ from typing import Sequence
 
 import pytest
 
-from edgespec.calibration import Calibration
+from edgespec.calibration.calibration import Calibration
 from edgespec.control import ControlSettings
-from edgespec.events import Finished, Step
-from edgespec.params import GenerationParams, SamplingParams
+from edgespec.api.events import Finished, Step
+from edgespec.api.params import GenerationParams, SamplingParams
 from edgespec.proposers import Draft
-from edgespec.tree import DraftTree
+from edgespec.decoding.tree import DraftTree
 from fakes import BOS, FakeModel, fake_engine
 from fakes.backend import A
 from fakes.proposers import wrong_token

@@ -12,9 +12,9 @@ import itertools
 import numpy as np
 import pytest
 
-from edgespec.sampling import make_rng, sample
-from edgespec.stattests import goodness_of_fit, homogeneity
-from edgespec.verify import Verdict, verify_greedy, verify_sampling
+from edgespec.decoding.sampling import make_rng, sample
+from edgespec.analysis.stattests import goodness_of_fit, homogeneity
+from edgespec.decoding.verify import Verdict, verify_greedy, verify_sampling
 
 ALPHA = 1e-3
 DETECT = 1e-6

@@ -8,10 +8,10 @@ import itertools
 import numpy as np
 import pytest
 
-from edgespec.sampling import make_rng, sample
-from edgespec.stattests import goodness_of_fit
-from edgespec.verify import (TreeVerdict, verify_greedy, verify_sampling, verify_tree_greedy,
-                             verify_tree_sampling)
+from edgespec.decoding.sampling import make_rng, sample
+from edgespec.analysis.stattests import goodness_of_fit
+from edgespec.decoding.verify import (TreeVerdict, verify_greedy, verify_sampling,
+                                      verify_tree_greedy, verify_tree_sampling)
 
 ALPHA = 1e-3
 DETECT = 1e-6

@@ -1,0 +1,91 @@
+"""Request parameters, validated once at the edge (named guards, actionable messages)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..errors import InvalidInputError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen from the target's logits.
+
+    temperature == 0 means greedy (argmax of the processed logits). The same
+    processing (penalties, bias, truncation) is applied on the plain and the
+    speculative path, so both see the same distribution.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    min_p: float = 0.0  # 0.0 = off
+    repeat_penalty: float = 1.0  # 1.0 = off (llama.cpp semantics over the last repeat_last_n tokens)
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    def validate(self) -> "SamplingParams":
+        _guard(self.temperature >= 0.0, f"temperature must be >= 0 (got {self.temperature})")
+        _guard(self.top_k >= 0, f"top_k must be >= 0, 0 disables it (got {self.top_k})")
+        _guard(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1] (got {self.top_p})")
+        _guard(0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1) (got {self.min_p})")
+        _guard(self.repeat_penalty > 0.0, f"repeat_penalty must be > 0 (got {self.repeat_penalty})")
+        _guard(self.repeat_last_n >= 0, f"repeat_last_n must be >= 0 (got {self.repeat_last_n})")
+        _guard(self.seed is None or 0 <= self.seed < 2 ** 64,
+               f"seed must be between 0 and 2**64 - 1 (got {self.seed})")
+        return self
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """One request: how much to generate, when to stop, how to sample."""
+
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    chat: bool = True  # apply the target's own GGUF chat template
+    system: str | None = None
+    logprobs: int | None = None  # None = off; N = report the top-N alternatives too
+    # structured output (at most one): GBNF text, a JSON schema (dict or JSON text), or any
+    # JSON object; enforced exactly on every path (edgespec.grammar)
+    grammar: str | None = None
+    json_schema: str | dict | None = None
+    json_mode: bool = False
+    # extra chat-template variables: "tools" (OpenAI-shaped declarations) and a request's
+    # chat_template_kwargs (edgespec.agents.Turn builds them); read by chat prompts only
+    template_vars: Mapping[str, Any] | None = None
+
+    def validate(self) -> "GenerationParams":
+        _guard(self.max_tokens >= 1, f"max_tokens must be >= 1 (got {self.max_tokens})")
+        _guard(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty")
+        self.sampling.validate()
+        # an unparsable grammar, an invalid schema or one with keywords the converter would
+        # drop is refused here, before any model loads: never an unconstrained answer
+        self.constraint()
+        return self
+
+    def constraint(self):
+        """The request's :class:`edgespec.grammar.constraint.Constraint`, or None (validated, cached)."""
+        # Deliberately deferred, the one import of edgespec.api above itself: a grammar or
+        # schema is checked by llama.cpp's own parser (edgespec.grammar.constraint), so that
+        # validate() refuses it before any model loads; at module level every GenerationParams
+        # user would load llama.cpp (tests/unit/test_import_contract.py names this exception).
+        from ..grammar.constraint import constraint_of
+        return constraint_of(self.grammar, self.json_schema, self.json_mode)
+
+
+def _guard(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidInputError(message)

@@ -1,0 +1,120 @@
+"""What an engine is built from: one validated object for the CLI, the API and the planner.
+
+    cfg = EngineConfig(target="qwen-1.5b", proposer="auto").validate()
+    plan = planner.plan_engine(cfg)          # fills what "auto" leaves open, with reasons
+    engine = Engine.from_config(plan.config) # loads exactly what the plan shows
+
+``edgespec plan`` and ``edgespec generate`` build the same object from the same flags,
+so the plan a user is shown is the plan that runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Mapping
+
+from .. import proposers
+from ..api.labels import AUTO, PLAIN
+from ..errors import InvalidInputError
+from ..runtime.kernel import KV_GGML_TYPE, KV_TYPES, KernelConfig
+from ..runtime.rpc import parse_endpoints
+
+if TYPE_CHECKING:
+    from ..control.settings import ControlSettings
+
+# PLAIN, AUTO (edgespec.api.labels) and the kernel names (edgespec.runtime.kernel) are
+# re-exported for callers that know them as configuration; the modules import them from home
+__all__ = ["AUTO", "EngineConfig", "KV_GGML_TYPE", "KV_TYPES", "KernelConfig", "PLAIN"]
+
+
+def _guard(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidInputError(message)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything :meth:`edgespec.engine.Engine.from_config` needs, validated up front.
+
+    ``proposer`` is the default for requests: ``"auto"`` (the planner decides), ``"none"``
+    (the plain path) or a name from :mod:`edgespec.proposers`. ``draft`` names a draft
+    model when a model-based proposer is wanted. ``exact`` adds the bitwise promise
+    (greedy output equals the plain path's) on top of the lossless default.
+    """
+
+    target: str
+    draft: str | None = None
+    proposer: str = AUTO
+    proposer_options: Mapping[str, Mapping] = field(default_factory=dict)
+    # None: the mode's own. Exact mode runs KernelConfig() (batch invariant, docs/parity.md);
+    # the default runs the fastest candidate measured on this device (planner.kernels)
+    kernel: KernelConfig | None = None
+    exact: bool = False
+    n_ctx: int | None = None  # per sequence: with parallel > 1 the context holds parallel * n_ctx
+    parallel: int = 1  # sequences that decode together in one pass (edgespec serve --parallel)
+    # scratch KV sequences for draft trees (edgespec.decoding.treepass): a tree's branches are
+    # verified in one pass where the cost curve says a tree pays; 0 = linear drafts only
+    tree_width: int = 0
+    threads: int | None = None
+    n_gpu_layers: int = 0
+    draft_gpu_layers: int = 0
+    # llama.cpp RPC servers (host:port) that hold the target's last n_gpu_layers layers
+    # (0: as many as their memory takes), split by tensor_split shares (one per remote
+    # device; None: by free memory); edgespec.runtime.rpc, docs/rpc.md
+    rpc: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] | None = None
+    adaptive: bool = True  # --adaptive/--no-adaptive
+    draft_len: int | None = None  # --draft-len: fixed length, or with adaptive control the cap
+    control: ControlSettings | None = None  # the full control settings; win over the two above
+    budget: str | int | None = None
+    pull: bool = True
+    # RAM for earlier conversations' KV states, reused when a conversation comes back
+    # (edgespec.decoding.kvcache.StateCache; None: its default, 0: keep only what the KV cache holds)
+    kv_cache_ram: int | None = None
+
+    def validate(self) -> "EngineConfig":
+        _guard(bool(self.target), "a target model is required (a registry name or a .gguf path)")
+        proposers.check_label(self.proposer)
+        for name, opts in self.proposer_options.items():
+            proposers.spec(name).check_options(opts)
+        if any(proposers.needs_model(n) for n in self.proposer.split("+")):
+            _guard(self.draft is not None,
+                   f"--proposer {self.proposer} needs --draft NAME|PATH (for draft: a model "
+                   "that shares the target's vocabulary; for bridge: a pinned bridge pair; see "
+                   "`edgespec models list`)")
+        _guard(self.draft_len is None or self.draft_len >= 1,
+               f"--draft-len must be >= 1 (got {self.draft_len})")
+        _guard(self.n_ctx is None or self.n_ctx >= 16,
+               f"--ctx must be at least 16 tokens (got {self.n_ctx})")
+        _guard(1 <= self.parallel <= 64,
+               f"--parallel must be between 1 and 64 sequences (got {self.parallel})")
+        _guard(0 <= self.tree_width <= 32,
+               f"--tree-width must be between 0 and 32 branches (got {self.tree_width})")
+        _guard(not (self.tree_width and self.exact and self.parallel > 1),
+               "draft trees share KV cells between sequences, which an exact engine with "
+               "--parallel > 1 keeps apart (docs/parity.md); drop --tree-width, --exact or "
+               "--parallel")
+        _guard(self.threads is None or self.threads >= 1,
+               f"--threads must be >= 1 (got {self.threads})")
+        _guard(self.kv_cache_ram is None or self.kv_cache_ram >= 0,
+               f"the KV state cache's RAM must be >= 0 bytes (got {self.kv_cache_ram})")
+        _guard(self.n_gpu_layers >= -1 and self.draft_gpu_layers >= -1,
+               "GPU layer counts must be >= 0 (or -1 for all)")
+        if self.rpc:
+            parse_endpoints(self.rpc)
+        if self.tensor_split is not None:
+            _guard(bool(self.rpc), "--tensor-split shares layers between RPC servers: give --rpc too")
+            _guard(all(x >= 0 for x in self.tensor_split) and sum(self.tensor_split) > 0,
+                   f"--tensor-split shares must be >= 0 and not all 0 (got {self.tensor_split})")
+        if self.kernel is not None:
+            self.kernel.validate()
+        if self.control is not None:
+            self.control.validate()
+        return self
+
+    def layout(self) -> KernelConfig:
+        """The kernel configuration as far as it is known before a model is measured: the
+        weight layout (repack, mmap) a load needs, with the mode's KV type and attention."""
+        return self.kernel if self.kernel is not None else KernelConfig()
+
+    def with_(self, **changes) -> "EngineConfig":
+        return replace(self, **changes)

@@ -1,0 +1,6 @@
+"""Structured output: GBNF grammars and JSON schemas, enforced exactly under speculation.
+
+    constraint.py   a request's constraint compiled to GBNF and checked before any load
+    state.py        one request's grammar state over llama.cpp's grammar engine, and the
+                    plain choice, drafting and verification under it
+"""

@@ -1,0 +1,211 @@
+"""A request's constraint, compiled and checked: GBNF text, a JSON schema or JSON mode
+turned into GBNF by llama.cpp's own parser and converter, and refused before any model
+loads when it cannot be enforced exactly (the rules are in :mod:`edgespec.grammar.state`).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..errors import InvalidInputError, UnsupportedError
+
+#: JSON Schema keywords that constrain a value (annotations such as title are not here)
+_VALIDATION_KEYWORDS = frozenset({
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum",
+    "exclusiveMinimum", "maxLength", "minLength", "pattern", "maxItems", "minItems",
+    "uniqueItems", "maxContains", "minContains", "maxProperties", "minProperties", "required",
+    "dependentRequired", "dependencies", "items", "prefixItems", "additionalItems", "contains",
+    "properties", "patternProperties", "additionalProperties", "propertyNames",
+    "unevaluatedItems", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "not", "if", "then",
+    "else", "dependentSchemas", "$ref", "$dynamicRef", "format", "contentEncoding",
+    "contentMediaType",
+})
+_PRIMITIVES = frozenset({"string", "number", "integer", "boolean", "null", "object", "array"})
+_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4",
+                      "uuid5"})
+
+
+class GrammarError(InvalidInputError):
+    """A grammar or JSON schema that cannot be parsed or enforced."""
+
+
+# --- compile: params -> GBNF, refused before any load -------------------------------------
+@dataclass(frozen=True)
+class Constraint:
+    kind: str  # "grammar" | "json_schema" | "json"
+    gbnf: str
+    schema: str | None = None  # the JSON schema's text, for validating outputs
+    root: str = "root"
+
+    def output_error(self, text: str) -> str | None:
+        """Why ``text`` is not valid JSON for this constraint's schema (None: valid or not JSON
+        mode). A safety net for callers: a complete grammar-constrained output always passes."""
+        if self.kind == "grammar":
+            return None
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            return f"not JSON: {e}"
+        if self.kind == "json":
+            return None if isinstance(value, dict) else "not a JSON object"
+        import jsonschema
+        err = jsonschema.exceptions.best_match(
+            jsonschema.validators.validator_for(json.loads(self.schema))(
+                json.loads(self.schema)).iter_errors(value))
+        return None if err is None else err.message
+
+
+def constraint_of(grammar: str | None = None, json_schema: str | dict | None = None,
+                  json_mode: bool = False) -> Constraint | None:
+    """The request's constraint as GBNF, or None; raises GrammarError / UnsupportedError."""
+    given = [n for n, v in (("grammar", grammar is not None), ("json_schema", json_schema is not None),
+                            ("json_mode", json_mode)) if v]
+    if len(given) > 1:
+        raise InvalidInputError(f"give one of grammar, json_schema and json_mode (got "
+                                f"{' and '.join(given)})")
+    if grammar is not None:
+        return _from_gbnf(grammar)
+    if json_schema is not None:
+        text = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
+        return _from_schema(text)
+    if json_mode:
+        from ..runtime import backend  # deferred: it loads llama.cpp
+        return Constraint("json", backend.json_object_gbnf())
+    return None
+
+
+@lru_cache(maxsize=64)
+def _from_gbnf(text: str) -> Constraint:
+    from ..runtime import backend  # deferred: it loads llama.cpp
+    if not isinstance(text, str) or not text.strip():
+        raise GrammarError("the grammar is empty; give GBNF text with a `root ::= ...` rule")
+    why = backend.grammar_error(text, "root")
+    if why is not None:
+        raise GrammarError(f"llama.cpp cannot parse the grammar: {why}. Check the GBNF syntax "
+                           "(llama.cpp's grammars/README.md); the start rule must be `root`")
+    return Constraint("grammar", text)
+
+
+@lru_cache(maxsize=64)
+def _from_schema(text: str) -> Constraint:
+    from ..runtime import backend  # deferred: it loads llama.cpp
+    try:
+        schema = json.loads(text)
+    except ValueError as e:
+        raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise GrammarError("a JSON schema must be an object (or true/false)")
+    import jsonschema
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.exceptions.SchemaError as e:
+        raise GrammarError(f"the JSON schema is invalid at {_where(e.path)}: {e.message}") from None
+    check_schema_supported(schema)
+    try:
+        gbnf = backend.json_schema_to_gbnf(text)
+    except Exception as e:  # the converter asserts and raises ValueError/KeyError
+        raise UnsupportedError(f"the JSON schema cannot be turned into a grammar ({type(e).__name__}: "
+                               f"{e}); simplify it (docs/parity.md lists what is enforced)") from None
+    why = backend.grammar_error(gbnf, "root")
+    if why is not None:  # a converter bug, not the user's: still never unconstrained
+        raise UnsupportedError(f"the grammar converted from the JSON schema does not parse ({why})")
+    return Constraint("json_schema", gbnf, schema=text)
+
+
+def check_schema_supported(schema) -> None:
+    """Refuse every validation keyword the converter would not enforce.
+
+    Mirrors the converter's dispatch (``SchemaConverter.visit``): each kind of schema
+    honours only some keywords, and the rest would be dropped without a word, so an
+    output could break the schema. Refusing them keeps "every output validates" true.
+    """
+    _check(schema, schema, (), set())
+
+
+def _check(node, root, path: tuple, seen: set) -> None:
+    if node is True or node == {}:
+        return
+    if node is False:
+        _unsupported(path, "false", "a schema that admits nothing")
+    if not isinstance(node, dict):
+        raise GrammarError(f"the JSON schema at {_where(path)} is not an object")
+    t = node.get("type")
+    if "$ref" in node:
+        ok = {"$ref"}
+        ref = node["$ref"]
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            _unsupported(path, "$ref", f"the reference {ref!r} (only local '#/...' references)")
+        if ref not in seen:
+            seen.add(ref)
+            target = root
+            for part in ref[2:].split("/"):
+                if not isinstance(target, dict) or part not in target:
+                    raise GrammarError(f"the JSON schema's reference {ref!r} points nowhere")
+                target = target[part]
+            _check(target, root, (ref,), seen)
+    elif "oneOf" in node:
+        _unsupported(path, "oneOf", "oneOf", "the grammar would admit any branch, so an output "
+                     "could match two; use anyOf")
+    elif "anyOf" in node:
+        ok = {"anyOf"}
+        for i, sub in enumerate(node["anyOf"]):
+            _check(sub, root, (*path, "anyOf", i), seen)
+    elif isinstance(t, list):
+        ok = {"type"}
+        for name in t:
+            if name not in _PRIMITIVES:
+                _unsupported(path, "type", f"the type {name!r}")
+    elif "const" in node or "enum" in node:
+        ok = {"const" if "const" in node else "enum", "type"}
+    elif t in (None, "object") and ("properties" in node or (
+            "additionalProperties" in node and node["additionalProperties"] is not True)):
+        ok = {"type", "properties", "required", "additionalProperties"}
+        props = node.get("properties", {})
+        missing = [r for r in node.get("required", []) if r not in props]
+        if missing:
+            _unsupported(path, "required", f"required properties without a schema ({missing})")
+        for name, sub in props.items():
+            _check(sub, root, (*path, name), seen)
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict):
+            _check(extra, root, (*path, "additionalProperties"), seen)
+    elif t in (None, "object") and "allOf" in node:
+        _unsupported(path, "allOf", "allOf", "the converter merges only their properties; merge "
+                     "the subschemas into one")
+    elif t in (None, "array") and ("items" in node or "prefixItems" in node):
+        items = node.get("items") or node["prefixItems"]
+        if isinstance(items, list):
+            ok = {"type", "items" if "items" in node else "prefixItems"}
+            for i, sub in enumerate(items):
+                _check(sub, root, (*path, i), seen)
+        else:
+            ok = {"type", "items", "minItems", "maxItems"}
+            _check(items, root, (*path, "items"), seen)
+    elif t in (None, "string") and "pattern" in node:
+        ok = {"type", "pattern"}
+    elif t in (None, "string") and node.get("format") in _FORMATS:
+        ok = {"type", "format"}
+    elif t == "string" and ("minLength" in node or "maxLength" in node):
+        ok = {"type", "minLength", "maxLength"}
+    elif t in _PRIMITIVES or (t is None and not (set(node) & _VALIDATION_KEYWORDS)):
+        ok = {"type"}
+    else:
+        kw = sorted((set(node) & _VALIDATION_KEYWORDS) - {"type"}) or ["type"]
+        _unsupported(path, kw[0], f"the keyword {kw[0]!r}")
+    dropped = sorted((set(node) & _VALIDATION_KEYWORDS) - ok)
+    if dropped:
+        _unsupported(path, dropped[0], f"the keyword {dropped[0]!r}"
+                     + (f" (with {node.get('format')!r})" if dropped[0] == "format" else ""))
+
+
+def _unsupported(path: tuple, keyword: str, what: str, hint: str = "") -> None:
+    raise UnsupportedError(
+        f"the JSON schema at {_where(path)} uses {what}, which the grammar converter cannot "
+        "enforce; an output could then break the schema, so it is refused. "
+        + (hint[0].upper() + hint[1:] + "." if hint else
+           "Remove it or express it another way (docs/parity.md lists what is enforced)."))
+
+
+def _where(path) -> str:
+    return "/" + "/".join(str(p) for p in path) if path else "the top level"

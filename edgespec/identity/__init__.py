@@ -1,0 +1,5 @@
+"""The release identity: every component a result depends on, hashed.
+
+    identity.py   the components (models, tokenizers, build, kernel, policy, hardware),
+                  their digests and the release hash
+"""
