@@ -19,12 +19,12 @@ HELLO = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_t
          "temperature": 0.0}
 
 
-def long_stream(server, headers=None, max_tokens=300):
+def long_stream(server, headers=None, max_tokens=300, model=MODEL):
     """A streaming completion that runs until max_tokens; returns (connection, response)
     once its first chunk arrived (the request holds a sequence)."""
     conn = server.connect()
     conn.request("POST", "/v1/completions", body=json.dumps({
-        "model": MODEL, "prompt": COUNTING, "max_tokens": max_tokens, "stream": True,
+        "model": model, "prompt": COUNTING, "max_tokens": max_tokens, "stream": True,
         "temperature": 0.0}), headers={"Content-Type": "application/json", **(headers or {})})
     resp = conn.getresponse()
     assert resp.status == 200

@@ -12,6 +12,7 @@ import time
 import openai
 import pytest
 from server_env import COUNTING, MODEL, base_args
+from test_server_limits import long_stream
 
 from tools.soak import ServeProcess
 
@@ -117,12 +118,7 @@ def test_a_model_that_does_not_fit_beside_a_busy_one_is_refused_naming_it(model_
         assert status == 200, body
         assert states(s) == {MODEL: "unloaded", OTHER: "loaded"}  # the idle target made room
         # now keep gemma busy with a long stream and ask for the target
-        conn = s.connect()
-        conn.request("POST", "/v1/completions", body=json.dumps({
-            "model": OTHER, "prompt": COUNTING, "max_tokens": 512, "stream": True,
-            "temperature": 0.0}), headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        assert resp.status == 200 and resp.readline().startswith(b"data: ")
+        conn, _ = long_stream(s, max_tokens=512, model=OTHER)
         try:
             status, headers, body = s.request("POST", "/v1/completions", {
                 "model": MODEL, "prompt": COUNTING, "max_tokens": 4})
