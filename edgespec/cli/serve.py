@@ -222,7 +222,7 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
         run_server(app, host, port, drain_seconds=drain_seconds, log_level=log_level,
                    on_started=started, read_seconds=settings.read_timeout,
                    keep_alive_seconds=settings.keep_alive_timeout)
-        pool.close()  # idempotent; the app's lifespan already drained and released them
+        # the app's lifespan has drained and released every model (pool.close)
         click.echo("edgespec serve: stopped (open requests finished)", err=True)
     finally:
         pool.close()

@@ -633,15 +633,15 @@ def _build_proposers(config: EngineConfig, options: Mapping[str, dict], stack: E
 
 
 def _calibration(model: backend.Model, threads: int | None, kernel: KernelConfig):
-    """The measured verify-cost curve, or the documented CPU prior when the measurement is
-    not trustworthy (timed on an oversubscribed machine)."""
-
+    """The measured verify-cost curve: trusted, or jittery but quiet (its shape is still the
+    device's); a noise curve is measured again on a quiet machine; the CPU prior stands in
+    only when neither gives a usable one."""
     cal = calibration.load_or_measure(model.path, n_threads=threads, model=model,
                                       n_gpu_layers=model.n_gpu_layers, kernel=kernel)
     expected = prior_step_seconds(model.size_bytes)
     ok, why = calibration_trust(cal, expected)
-    if not ok and not usable_shape(cal, expected) \
-            and calibration.machine_busy() <= calibration.BUSY_LIMIT / 2:
+    ok = ok or usable_shape(cal, expected)
+    if not ok and calibration.machine_busy() <= calibration.BUSY_LIMIT / 2:
         # A cached curve that is noise stays wrong for every later load unless it is
         # measured again; the prior it would otherwise fall back to is another CPU's
         # curve, far flatter than a compute-bound one (a 16-token pass priced at 3.4
@@ -654,7 +654,8 @@ def _calibration(model: backend.Model, threads: int | None, kernel: KernelConfig
                                           n_gpu_layers=model.n_gpu_layers, kernel=kernel,
                                           force=True)
         ok, why = calibration_trust(cal, expected)
-    if not ok and not usable_shape(cal, expected):
+        ok = ok or usable_shape(cal, expected)
+    if not ok:
         warnings.warn(f"the calibration of {model.path} is not usable ({why}); pricing drafts "
                       "with the CPU prior until `edgespec plan --recalibrate` on a quiet "
                       "machine", calibration.CalibrationWarning, stacklevel=2)

@@ -225,7 +225,7 @@ def _kinds(proposer: str, has_draft: bool) -> list[tuple[str, bool]]:
         # a proposer deriving its own model (self) costs one too when the caller describes
         # it as the draft (plan_engine does: planner.selfdraft); undescribed, it is weighed
         # without one rather than dropped
-        if n in proposers.REGISTRY and proposers.REGISTRY[n].own_model:
+        if n in _own_model_names():
             out.append((n, has_draft))
             continue
         costly = n != PLAIN and proposers.needs_model(n)
@@ -303,24 +303,23 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
         # Requests may still name a free proposer (the engine loads them all): give them the
         # range their own prediction prefers rather than a draft length of zero.
         draft_len = max(free, key=lambda c: c.speedup).draft_len
-    chosen_draft = draft if _costly(best.proposer) else None
     # a derived draft (self) is counted in memory and speed, but the engine builds it from
-    # the target: it is no --draft to load
-    derived = best.proposer in _own_model_names()
+    # the target: it is no --draft to load (_costly is False for it)
+    chosen_draft = draft if _costly(best.proposer) else None
     base = base or EngineConfig(target=target.path, draft=draft.path if draft is not None
                                 and not _own_model_names() & set(proposer.split("+")) else None)
     adaptive = base.control.adaptive if base.control is not None else base.adaptive
     label = _label(proposer, best, free, adaptive)
     config = replace(
         base, proposer=label,
-        draft=(draft_name or (draft.path if draft else None)) if chosen_draft is not None
-        and not derived else (base.draft if proposer != AUTO else None),
+        draft=(draft_name or (draft.path if draft else None)) if chosen_draft is not None else
+        (base.draft if proposer != AUTO else None),
         n_gpu_layers=cfg["n_gpu_layers"], draft_gpu_layers=cfg["draft_gpu_layers"],
         n_ctx=cfg["n_ctx"], kernel=cfg["kernel"], exact=exact)
     reasons = explain_choice(best, cands, dev, budgets, target, draft, ctx, explicit_ctx,
                              budget is not None, kernel, label)
     return Plan(
-        target=target.path, draft=draft.path if chosen_draft is not None and not derived else None,
+        target=target.path, draft=draft.path if chosen_draft is not None else None,
         proposer=best.proposer, draft_len=draft_len, n_gpu_layers=cfg["n_gpu_layers"],
         draft_gpu_layers=cfg["draft_gpu_layers"], n_ctx=cfg["n_ctx"], kernel=cfg["kernel"],
         predicted_speedup=best.speedup, memory=best.memory, budget_host=budgets[0],
@@ -329,7 +328,6 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
 
 
 def _own_model_names() -> set[str]:
-    from .. import proposers
     return {n for n, sp in proposers.REGISTRY.items() if sp.own_model}
 
 

@@ -104,6 +104,12 @@ class ModelFacts:
 
 
 _BLK = re.compile(r"^blk\.(\d+)\.")
+
+
+def block_index(tensor_name: str) -> int | None:
+    """The block a tensor belongs to (``blk.<i>.*``), None for the rest."""
+    m = _BLK.match(tensor_name)
+    return int(m.group(1)) if m else None
 _ATTN_K = re.compile(r"^blk\.(\d+)\.attn_k\.weight$")
 
 
@@ -164,9 +170,8 @@ def read_facts(path: str | os.PathLike) -> ModelFacts:
         total += nb
         tname = gguf.GGMLQuantizationType(t.ggml_type).name
         by_type[tname] = by_type.get(tname, 0) + nb
-        m = _BLK.match(t.name)
-        if m and int(m.group(1)) < n_layers:
-            il = int(m.group(1))
+        il = block_index(t.name)
+        if il is not None and il < n_layers:
             layer_bytes[il] += nb
             if _ATTN_K.match(t.name) and len(t.shape) >= 2:
                 kv_heads[il] = t.shape[1] // head_k

@@ -71,16 +71,7 @@ def create_pool_app(pool: ModelPool, settings: ServerSettings) -> FastAPI:
                             "the app is made (its identity names the build)")
     metrics = ServerMetrics(pool, first.engine, settings.served_model)
     started = int(time.time())
-    identities: dict[int, tuple[object, object]] = {}  # id -> (engine kept alive, identity)
-
-    def identity_of(engine):
-        """An engine's release identity, computed once per loaded engine."""
-        key = id(engine)
-        if key not in identities:
-            identities[key] = (engine, engine.identity)
-        return identities[key][1]
-
-    identity_of(first.engine)  # computed before the first request needs it
+    first.engine.identity  # computed once (Engine caches it), before a request needs it
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -139,7 +130,7 @@ def create_pool_app(pool: ModelPool, settings: ServerSettings) -> FastAPI:
 
     async def _generate(request: Request, held, kind: str, req, prompt, params, turn=None):
         engine, scheduler = held.engine, held.scheduler
-        identity = identity_of(engine)
+        identity = engine.identity
         traffic = slices.of(request.headers.get(SLICE_HEADER), kind, params)
         if (req.n or 1) > 1:  # parallel sequences sharing the prompt's KV (server/choices.py)
             return await choices.generate(
@@ -236,11 +227,11 @@ def create_pool_app(pool: ModelPool, settings: ServerSettings) -> FastAPI:
     # --- information ----------------------------------------------------------------------
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": _model_list(pool, identity_of, started)}
+        return {"object": "list", "data": _model_list(pool, started)}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
-        for entry in _model_list(pool, identity_of, started):
+        for entry in _model_list(pool, started):
             if entry["id"] == model_id:
                 return entry
         raise APIError(404, f"no model {model_id!r} (GET /v1/models lists them)",
@@ -381,7 +372,7 @@ async def _read_body(request: Request, settings: ServerSettings) -> str:
                        code="invalid_encoding") from None
 
 
-def _model_list(pool: ModelPool, identity_of, started: int) -> list[dict]:
+def _model_list(pool: ModelPool, started: int) -> list[dict]:
     """Exactly the models this server answers for, each with its state (loaded, loading,
     unloaded: loaded on its first request)."""
     out = []
@@ -391,7 +382,7 @@ def _model_list(pool: ModelPool, identity_of, started: int) -> list[dict]:
                  "loaded": engine is not None, "state": m.state, "aliases": list(m.aliases),
                  "identity": None}
         if engine is not None:
-            identity = identity_of(engine)
+            identity = engine.identity
             cfg = engine.config
             entry["identity"] = identity.hash
             entry["edgespec"] = {"target": engine.target_name, "draft": engine.draft_name,

@@ -168,9 +168,9 @@ class ModelPool:
                         "but " + ("it is" if len(loaded) == 1 else "they are") + " serving "
                         "requests; retry when they finish, or raise --budget")
                 victim = idle[0]
-            self._evict(victim, f"to make room for {m.name}")
+            self._evict(victim)
 
-    def _evict(self, m: PoolModel, why: str) -> bool:
+    def _evict(self, m: PoolModel) -> bool:
         """Unload ``m`` if it is still loaded and idle (under its own lock)."""
         with m._lock:
             with self._lock:
@@ -195,7 +195,7 @@ class ModelPool:
             if m.busy():
                 m.last_used = now  # a request is running: idle time starts after it
                 continue
-            if now - m.last_used >= self.keep_alive and self._evict(m, "idle"):
+            if now - m.last_used >= self.keep_alive and self._evict(m):
                 out.append(m.name)
         return out
 
