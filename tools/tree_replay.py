@@ -1,6 +1,6 @@
 """Offline replay of draft trees vs linear drafts on recorded greedy generations.
 
-    python tools/tree_replay.py tests/unit/data/spec_bench_traces_qwen15b.jsonl
+    python tools/tree_replay.py tests/data/spec_bench_traces_qwen15b.jsonl
     python tools/tree_replay.py --breakeven     # what a second branch must carry, per curve
 
 Under greedy decoding the target's output does not depend on how it was speculated
@@ -141,4 +141,4 @@ if __name__ == "__main__":
         breakeven()
     else:
         main(sys.argv[1] if len(sys.argv) > 1 else
-             "tests/unit/data/spec_bench_traces_qwen15b.jsonl")
+             "tests/data/spec_bench_traces_qwen15b.jsonl")

@@ -10,7 +10,7 @@ draft position i is accepted with probability about a^i, and a position is kept 
 that is at least ``KEEP`` (so a = 0.7 keeps 3, a = 0.9 keeps 13, capped at ``MAX_TOKENS``).
 Every document names the digests and the qualification records it rests on. The option
 names are those of the engines' documentation (docs/identity.md cites the versions);
-tests/unit/test_export.py keeps the table.
+tests/unit/analysis/test_export.py keeps the table.
 """
 from __future__ import annotations
 

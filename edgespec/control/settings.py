@@ -61,7 +61,7 @@ class ControlSettings:
     # adaptive: also score fixed caps of each free proposer and the plain path on every
     # step (control/policy.py) and follow whichever beats the current one on paired
     # realized goodput by policy_z standard errors over the last policy_window steps
-    policy: bool = False  # opt-in until tests/unit/test_control.py is revised for it
+    policy: bool = False  # opt-in until tests/unit/control/test_control.py is revised for it
     policy_window: int = 32
     policy_z: float = 1.0
     policy_min: int = 6  # scored steps before the first switch

@@ -43,7 +43,7 @@ def check_pair(target, draft, version: str) -> PairSpec:
         if p.bridge_version == version:
             return p
     tn, dn = _name(target.path), _name(draft.path)
-    how = (f"run the bridge's tests on the pair (tests/unit/test_bridge.py and "
+    how = (f"run the bridge's tests on the pair (tests/unit/proposers/test_bridge.py and "
            f"tests/integration/test_bridge_real.py), then pin it: "
            f"`python -m edgespec.registry.bridges {tn} {dn}` prints the [[pairs]] entry for "
            "models.toml")

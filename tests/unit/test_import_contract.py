@@ -201,3 +201,12 @@ def test_the_core_does_not_import_the_adapters():
 def test_the_package_root_stays_small():
     root = sorted(p.name for p in PKG.glob("*.py"))
     assert len(root) <= 8, root
+
+
+def test_unit_tests_mirror_the_package():
+    """tests/unit/<package>/ holds the unit tests of edgespec/<package>/, so a module's tests
+    are found where the module is; only the contracts of the whole package sit at the top."""
+    unit = ROOT / "tests" / "unit"
+    folders = sorted(p.name for p in unit.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert [f for f in folders if not (PKG / f / "__init__.py").is_file()] == []
+    assert sorted(p.name for p in unit.glob("test_*.py")) == ["test_import_contract.py"]

@@ -8,7 +8,7 @@ from edgespec import planner
 from edgespec.planner import Acceptance
 from edgespec.planner.speed import BRIDGE_DRAFT_PER_TARGET, bridged
 
-from test_planner import FAST_GPU, QWEN_05, QWEN_15, cpu, facts, gpu
+from fakes.planner import FAST_GPU, QWEN_05, QWEN_15, cpu, facts, gpu
 
 SMOL = facts("smollm2", layers=30, embd=576, ff=1536, kv=3, hd=64, vocab=49152, merges=48900,
              layer_bytes=2_900_000, embd_bytes=15_000_000, out_bytes=0)

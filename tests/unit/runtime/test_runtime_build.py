@@ -29,7 +29,7 @@ def test_cmake_args_follow_the_cpu_and_never_enable_amx():
 
 
 def test_the_script_prints_the_flags_for_this_cpu():
-    script = Path(__file__).parents[2] / "edgespec" / "runtime" / "build.py"
+    script = Path(__file__).parents[3] / "edgespec" / "runtime" / "build.py"
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
     flags = Host.local().cpu_flags
     assert out.stdout.strip() == cmake_args(set(flags))

@@ -11,7 +11,7 @@ from edgespec.proposers.bridge import BRIDGE_VERSION
 from edgespec.errors import InvalidInputError, ModelError
 from edgespec.registry import bridges
 
-REPO_TOML = Path(__file__).resolve().parents[2] / "edgespec" / "registry" / "models.toml"
+REPO_TOML = Path(__file__).resolve().parents[3] / "edgespec" / "registry" / "models.toml"
 TV, DV = "a" * 64, "b" * 64
 
 

@@ -14,7 +14,7 @@ def test_defaults_validate_and_return_themselves():
 
 
 def test_a_grammar_that_does_not_parse_is_refused_by_validation_not_ignored():
-    # tests/unit/test_grammar.py covers grammars and schemas in depth
+    # tests/unit/grammar/test_grammar.py covers grammars and schemas in depth
     with pytest.raises(InvalidInputError, match="cannot parse the grammar") as e:
         GenerationParams(grammar='root ::= "yes" | [a-').validate()
     assert isinstance(e.value, EdgespecError)

@@ -16,7 +16,7 @@ from edgespec.errors import InvalidInputError
 from edgespec.planner.remote import PlacementError, assign, place, reserve
 from edgespec.runtime.rpc import RemoteDevice, RemoteServer, RpcError
 
-from test_planner import QWEN_15  # the shared fixtures of the planner tests
+from fakes.planner import QWEN_15
 
 GiB, MiB = 2**30, 2**20
 

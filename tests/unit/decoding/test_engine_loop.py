@@ -304,7 +304,7 @@ def test_stream_with_params_omitted_uses_the_defaults(fake_model):
 
 
 def test_a_grammar_that_does_not_parse_is_refused_before_anything_is_decoded(fake_model):
-    # constrained decoding itself: tests/unit/test_grammar_loop.py
+    # constrained decoding itself: tests/unit/grammar/test_grammar_loop.py
     eng = fake_engine(fake_model, {})
     with pytest.raises(InvalidInputError, match="grammar"):
         eng.stream("a", raw(grammar='root ::= "a'))

@@ -17,7 +17,7 @@ from edgespec.bench.report import pass_cost, render_markdown, speedup_table
 from edgespec.bench.runner import collect_prompts, tool_prompt_text, tool_record
 from edgespec.errors import InvalidInputError
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "anchors"
+DATA = Path(__file__).resolve().parents[2] / "data" / "anchors"
 
 
 # --- names -----------------------------------------------------------------------------

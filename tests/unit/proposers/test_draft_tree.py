@@ -62,7 +62,7 @@ def test_greedy_output_with_draft_trees_is_the_plain_paths():
 
 def test_sampled_requests_with_draft_trees_keep_the_kv_in_step():
     # a draft model's sampled draft is verified with its distributions (equal to plain
-    # sampling in law, not seed for seed: tests/unit/test_verify*.py and the tree sampling
+    # sampling in law, not seed for seed: tests/unit/decoding/test_verify*.py and the tree sampling
     # tests check the law); here the strict fake KV checks every tree pass's bookkeeping
     trees = 0
     for seed in range(8):

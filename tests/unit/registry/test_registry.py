@@ -15,7 +15,7 @@ from edgespec.errors import ModelError
 from registry_fakes import (gguf_string, leftovers, raw_header, sha256, to_toml,
                             write_gguf)
 
-REPO_TOML = Path(__file__).resolve().parents[2] / "edgespec" / "registry" / "models.toml"
+REPO_TOML = Path(__file__).resolve().parents[3] / "edgespec" / "registry" / "models.toml"
 
 
 # --------------------------------------------------------------------------- the real registry

@@ -6,7 +6,7 @@ import pytest
 from edgespec import planner
 from edgespec.engine.config import EngineConfig
 
-from test_planner import QWEN_15, cpu  # the shared fixtures of the planner tests
+from fakes.planner import QWEN_15, cpu
 
 
 def _kv(plan) -> int:

@@ -15,7 +15,7 @@ from edgespec.api.params import GenerationParams
 from edgespec.chat.sessions import SessionError, SessionWarning
 from fakes import fake_engine
 from test_conversation import TEMPLATE
-from test_kv_reuse import StatefulModel
+from fakes.stateful import StatefulModel
 
 P = GenerationParams(max_tokens=6)
 

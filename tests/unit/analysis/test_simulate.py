@@ -83,7 +83,7 @@ def test_adaptive_control_on_recorded_generations():
     """
     from pathlib import Path
 
-    traces = load_traces(Path(__file__).parent / "data" / "spec_bench_traces_qwen15b.jsonl")
+    traces = load_traces(Path(__file__).parents[2] / "data" / "spec_bench_traces_qwen15b.jsonl")
     cal = Calibration.prior_cpu()
     from edgespec.analysis.simulate import geomean
 
