@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Literal, Mapping
 
 from ..calibration.calibration import Calibration
 from ..proposers.base import Draft
@@ -62,6 +62,33 @@ class _Pending:
     used: bool  # this draft (truncated) was verified: the floor already counted it
     state: bool | None  # the proposer's previous first-token outcome when this was drafted
     done: int = 0  # leading tokens already matched and counted
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """One proposer's best draft this step, as :meth:`AdaptiveController._decide` weighs it.
+
+    ``kind``: "best" (it beats a plain step on its merits), "probe" (the proposer is
+    benched or unseen and this step gathers evidence; ``why`` says what earned it) or
+    "guard_probe" (it beats a plain step, and the guard admits it as its probe)."""
+
+    rate: float  # expected goodput, tokens per second
+    proposer: str
+    k: int  # draft length
+    expected: float  # E(k), tokens the step is expected to emit
+    kind: Literal["best", "probe", "guard_probe"]
+    why: str = ""
+
+    @property
+    def rank(self) -> tuple[bool, float]:
+        """Evidence-gathering steps go first; otherwise the best goodput wins."""
+        return self.kind == "probe", self.rate
+
+    @property
+    def reason(self) -> str:
+        if self.kind == "probe":
+            return f"probe: {self.why}"
+        return "guard probe" if self.kind == "guard_probe" else "best expected goodput"
 
 
 @dataclass
@@ -172,10 +199,9 @@ class AdaptiveController:
         # must beat (T + 1) / t(B + 1) with (T + E(d)) / t(B + 1 + d). Alone (B = T = 0)
         # this is the single-request rule; as B grows on a compute-bound device the
         # marginal rows cost as much as a whole sequence's token and drafting yields.
-        b, bt = view.batch_rows, view.batch_tokens
-        t1 = self.pass_seconds(b + 1)
-        bar = (1 + s.margin) * (bt + 1) / t1  # the goodput a draft must beat
-        best: tuple[float, str, int, float, str] | None = None  # rate, name, d, E(d), note
+        t1 = self.pass_seconds(view.batch_rows + 1)
+        bar = (1 + s.margin) * (view.batch_tokens + 1) / t1  # the goodput a draft must beat
+        best: _Choice | None = None
         blocked: list[str] = []
         for name, st in self._p.items():
             cand = view.candidates.get(name)
@@ -188,53 +214,69 @@ class AdaptiveController:
                 blocked.append(name)
                 continue
             n_max = min(cap, len(cand)) if cand is not None else cap
-            if s.ramp:
-                n_max = min(n_max, max(s.ramp, 2 * st.run_best))
-            if n_max < s.min_draft:
-                continue
-            feats = token_features(n_max, cand.confidence if cand else None,
-                                   cand.match_length if cand else 0)
-            e = expected_tokens(st.model.predict(feats, st.hit))
-
-            def rate(dd: int) -> float:
-                return (bt + e[dd]) / (self.pass_seconds(b + dd + 1)
-                                       + self._draft_seconds(name, dd, cand is not None))
-
-            dd = max(range(s.min_draft, n_max + 1), key=rate)
-            gate, why = self._gate(st, cand, rate(dd) > bar)
-            if gate is None:
-                continue
-            if gate == "probe":
-                if rate(dd) <= bar:
-                    dd = min(max(s.probe_draft, s.min_draft), n_max)  # short: just gather evidence
-                note = f"probe: {why}"
-            elif rate(dd) <= bar:
-                continue
-            else:
-                note = "guard probe" if admit == "probe" else ""
+            c = self._weigh(name, st, cand, view, n_max, bar,
+                            guard_probe=admit == "probe")
             # evidence-gathering steps go first; otherwise the best goodput wins
-            if best is None or (note.startswith("probe"), rate(dd)) > (best[4].startswith("probe"), best[0]):
-                best = (rate(dd), name, dd, e[dd], note)
+            if c is not None and (best is None or c.rank > best.rank):
+                best = c
         if best is None:
-            if blocked and not self._guarded_told:
-                self._guarded_told = True
-                self._events.append(ControlRecord(
-                    "guarded", f"speculation with {', '.join(blocked)} is disabled for this traffic "
-                    "by the goodput guard", proposer=blocked[0]))
-            return Decision(None, 0, "goodput guard" if blocked else "no draft beats a plain step")
-        r, name, dd, e, note = best
-        if not note:
-            self._p[name].probe_interval = self.settings.probe_after
-        if note.startswith("probe"):
-            st = self._p[name]
+            return self._no_draft(blocked)
+        return self._take(best, t1, view.batch_tokens)
+
+    def _weigh(self, name: str, st: _ProposerState, cand: Draft | None, view: StepView,
+               n_max: int, bar: float, *, guard_probe: bool) -> _Choice | None:
+        """This proposer's best draft length on the cost curve, if it may and should draft
+        (a probe drafts even below the bar, short when it does not pay)."""
+        s = self.settings
+        if s.ramp:
+            n_max = min(n_max, max(s.ramp, 2 * st.run_best))
+        if n_max < s.min_draft:
+            return None
+        feats = token_features(n_max, cand.confidence if cand else None,
+                               cand.match_length if cand else 0)
+        e = expected_tokens(st.model.predict(feats, st.hit))
+        b, bt = view.batch_rows, view.batch_tokens
+
+        def rate(dd: int) -> float:
+            return (bt + e[dd]) / (self.pass_seconds(b + dd + 1)
+                                   + self._draft_seconds(name, dd, cand is not None))
+
+        dd = max(range(s.min_draft, n_max + 1), key=rate)
+        gate, why = self._gate(st, cand, rate(dd) > bar)
+        if gate is None:
+            return None
+        if gate == "probe":
+            if rate(dd) <= bar:
+                dd = min(max(s.probe_draft, s.min_draft), n_max)  # short: just gather evidence
+            return _Choice(rate(dd), name, dd, e[dd], "probe", why)
+        if rate(dd) <= bar:
+            return None
+        return _Choice(rate(dd), name, dd, e[dd], "guard_probe" if guard_probe else "best")
+
+    def _no_draft(self, blocked: list[str]) -> Decision:
+        """A plain step: no proposer's draft beats one, or the guard blocks them (said once
+        per request)."""
+        if blocked and not self._guarded_told:
+            self._guarded_told = True
+            self._events.append(ControlRecord(
+                "guarded", f"speculation with {', '.join(blocked)} is disabled for this traffic "
+                "by the goodput guard", proposer=blocked[0]))
+        return Decision(None, 0, "goodput guard" if blocked else "no draft beats a plain step")
+
+    def _take(self, c: _Choice, t1: float, batch_tokens: float) -> Decision:
+        """The decision for the chosen draft, with what choosing it starts (a probe)."""
+        st = self._p[c.proposer]
+        if c.kind == "best":
+            st.probe_interval = self.settings.probe_after
+        elif c.kind == "probe":
             st.probing = True
             if st.fallback:
                 st.fallback_step = self._step  # the next probe interval counts from here
             else:
                 st.last_evidence = self._step
-            self._events.append(ControlRecord("probe", f"{name}: {note[7:]}", dd, name))
-        return Decision(name, dd, note or "best expected goodput", expected_tokens=e,
-                        expected_speedup=r * t1 / (bt + 1))
+            self._events.append(ControlRecord("probe", f"{c.proposer}: {c.why}", c.k, c.proposer))
+        return Decision(c.proposer, c.k, c.reason, expected_tokens=c.expected,
+                        expected_speedup=c.rate * t1 / (batch_tokens + 1))
 
     # --- policy choice -------------------------------------------------------------
     def _measured_seconds(self, n: int) -> float:
@@ -472,7 +514,4 @@ class AdaptiveController:
     def drain_events(self) -> list[ControlRecord]:
         out, self._events = self._events, []
         return out
-
-    def in_fallback(self, name: str) -> bool:
-        return self._p[name].fallback
 
