@@ -220,55 +220,60 @@ class Loop:
         limit = max(0, min(req.max_draft, remaining - 1, room))
         if load is not None:
             limit = min(limit, max(0, load.max_rows - 1))
-        draft, used, t_draft = EMPTY_DRAFT, None, 0.0
-        events: list[Control] = []
-        expected, declined = 1.0, False
+        ps = Pass(req, EMPTY_DRAFT, None, 0.0, [])
         if req.controller is not None:
-            t_a = time.perf_counter()
-            cands = {n: s.propose(limit) for n, s in req.sessions.items()
-                     if n not in req.costly and limit > 0}
-            if req.grammar is not None:  # the controller sees only what the grammar admits
-                cands = {n: grammar.cut(req.grammar, c, p.sampling.greedy)
-                         for n, c in cands.items()}
-            t_draft = time.perf_counter() - t_a
             # what can still be emitted: the max_tokens budget, or the context's room
             # (the pending token plus `room` drafts)
-            view = StepView(generated=len(req.generated), remaining=min(remaining, room + 1),
-                            candidates=cands)
-            if load is not None:
-                view = replace(view, batch_rows=load.rows, batch_tokens=load.tokens)
-            d = req.controller.decide(view)
-            for rec in req.controller.drain_events():
-                req.stats.observe_control(rec.kind)
-                events.append(Control(req.id, rec.kind, rec.reason,
-                                      draft_length=rec.draft_length if rec.draft_length is not None
-                                      else d.k, proposer=rec.proposer or d.proposer))
-            k = max(0, min(d.k, limit))
-            declined = d.plain and any(len(c) for c in cands.values())
-            if not d.plain and k > 0 and d.expected_tokens:
-                expected = float(d.expected_tokens)
-            if not d.plain and k > 0:
-                used = d.proposer
-                if used in cands:
-                    draft = cands[used].head(k)
-                else:
-                    t_b = time.perf_counter()
-                    draft = req.sessions[used].propose(k)
-                    if req.grammar is not None:
-                        draft = grammar.cut(req.grammar, draft, p.sampling.greedy)
-                    t_draft += time.perf_counter() - t_b
-            if req.grammar is not None and not draft.tokens and limit > 0:
-                # a literal the grammar forces costs no proposer: draft it
-                t_b = time.perf_counter()
-                forced = req.grammar.forced(limit)
-                t_draft += time.perf_counter() - t_b
-                if forced:
-                    draft, used = Draft(tokens=forced, source=FORCED), FORCED
-        ps = Pass(req, draft, used if draft.tokens else None, t_draft, events,
-                  expected=expected, declined=declined)
-        if load is None and draft.tokens and req.grammar is None:
+            self._choose_draft(ps, req.controller, limit, min(remaining, room + 1), load)
+        if not ps.draft.tokens:
+            ps.used = None
+        if load is None and ps.draft.tokens and req.grammar is None:
             treepass.plan(self, ps, limit)  # alone in its pass: a tree where one pays
         return ps
+
+    def _choose_draft(self, ps: Pass, controller: Controller, limit: int, remaining: int,
+                      load: Load | None) -> None:
+        """Fill ``ps`` with the controller's choice: every free proposer drafts a candidate,
+        the controller decides, the chosen one is cut to its length (a costly proposer
+        drafts only now); failing that, a literal the grammar forces."""
+        req = ps.req
+        greedy = req.params.sampling.greedy
+        t_a = time.perf_counter()
+        cands = {n: s.propose(limit) for n, s in req.sessions.items()
+                 if n not in req.costly and limit > 0}
+        if req.grammar is not None:  # the controller sees only what the grammar admits
+            cands = {n: grammar.cut(req.grammar, c, greedy) for n, c in cands.items()}
+        ps.draft_seconds = time.perf_counter() - t_a
+        view = StepView(generated=len(req.generated), remaining=remaining, candidates=cands)
+        if load is not None:
+            view = replace(view, batch_rows=load.rows, batch_tokens=load.tokens)
+        d = controller.decide(view)
+        for rec in controller.drain_events():
+            req.stats.observe_control(rec.kind)
+            ps.events.append(Control(req.id, rec.kind, rec.reason,
+                                     draft_length=rec.draft_length if rec.draft_length is not None
+                                     else d.k, proposer=rec.proposer or d.proposer))
+        k = max(0, min(d.k, limit))
+        ps.declined = d.plain and any(len(c) for c in cands.values())
+        if d.proposer is not None and not d.plain and k > 0:
+            if d.expected_tokens:
+                ps.expected = float(d.expected_tokens)
+            ps.used = d.proposer
+            if d.proposer in cands:
+                ps.draft = cands[d.proposer].head(k)
+            else:
+                t_b = time.perf_counter()
+                ps.draft = req.sessions[d.proposer].propose(k)
+                if req.grammar is not None:
+                    ps.draft = grammar.cut(req.grammar, ps.draft, greedy)
+                ps.draft_seconds += time.perf_counter() - t_b
+        if req.grammar is not None and not ps.draft.tokens and limit > 0:
+            # a literal the grammar forces costs no proposer: draft it
+            t_b = time.perf_counter()
+            forced = req.grammar.forced(limit)
+            ps.draft_seconds += time.perf_counter() - t_b
+            if forced:
+                ps.draft, ps.used = Draft(tokens=forced, source=FORCED), FORCED
 
     def complete(self, ps: Pass, rows: np.ndarray, verify_seconds: float) -> Step:
         """Verify a pass's rows (the target's logits at the pending token and each draft
