@@ -41,13 +41,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal, Mapping, Optional
 
 from ..calibration.calibration import Calibration
 from ..proposers.base import Draft
 from .acceptance import AcceptanceModel, ControlMemory, Feature, expected_tokens, token_features
 from .guard import GoodputGuard
-from .policy import ADAPTIVE, CAPS, PLAIN, PolicyChooser
+from .policy import ADAPTIVE, CAPS, PLAIN, Policy, PolicyChooser
 from .settings import ControlRecord, ControlSettings, Decision, Outcome, StepView
 
 
@@ -62,6 +62,20 @@ class _Pending:
     used: bool  # this draft (truncated) was verified: the floor already counted it
     state: bool | None  # the proposer's previous first-token outcome when this was drafted
     done: int = 0  # leading tokens already matched and counted
+
+
+#: each policy's step as planned: (the proposer that would draft or None, its draft length)
+_Plan = dict[Policy, tuple[Optional[str], int]]
+
+
+@dataclass
+class _OpenStep:
+    """A step whose policies' counterfactuals the emitted tokens have not all decided."""
+
+    start: int  # index in the emitted stream of the step's first token
+    width: int  # tokens the step emitted (its weight in the comparison)
+    plan: _Plan
+    candidates: dict[str, tuple[int, ...]]  # every free proposer's draft at the step
 
 
 @dataclass(frozen=True)
@@ -96,8 +110,8 @@ class _ProposerState:
     costly: bool
     model: AcceptanceModel
     shared: AcceptanceModel | None  # the engine's memory for this proposer
-    floor_window: deque  # verified positions of real drafts: True accepted / False rejected
-    shadow_window: deque  # the same for shadow-scored drafts since the last fallback
+    floor_window: deque[bool]  # verified positions of real drafts: True accepted / False rejected
+    shadow_window: deque[bool]  # the same for shadow-scored drafts since the last fallback
     token_seconds: float | None = None  # measured seconds per drafted token (costly ones)
     fallback: bool = False
     fallback_step: int = 0
@@ -157,11 +171,11 @@ class AdaptiveController:
         free = [n for n, st in self._p.items() if not st.costly]
         self.chooser: PolicyChooser | None = None
         if s.policy and free and len(free) == len(self._p):
-            pols = [ADAPTIVE, PLAIN] + [(n, k) for n in free for k in CAPS]
+            pols: list[Policy] = [ADAPTIVE, PLAIN, *((n, k) for n in free for k in CAPS)]
             self.chooser = PolicyChooser(pols, s.policy_window, s.policy_z, s.policy_min)
         self._measured: dict[int, float] = {}  # pass size -> recent measured seconds
-        self._open: list[tuple] = []  # steps whose policies are not all scored yet
-        self._plan: dict | None = None
+        self._open: list[_OpenStep] = []  # steps whose policies are not all scored yet
+        self._plan: _Plan | None = None
 
     # --- time model ------------------------------------------------------------
     def pass_seconds(self, n: int) -> float:
@@ -183,7 +197,7 @@ class AdaptiveController:
         n_events = len(self._events)
         d = self._decide(view)
         if self.chooser is not None:
-            d = self._follow_policy(view, d, n_events)
+            d = self._follow_policy(self.chooser, view, d, n_events)
         self._decision = d
         if not d.plain:
             self.drafts += 1
@@ -283,12 +297,13 @@ class AdaptiveController:
         m = self._measured.get(n)
         return m if m is not None else self.pass_seconds(n)
 
-    def _follow_policy(self, view: StepView, adaptive: Decision, n_events: int) -> Decision:
+    def _follow_policy(self, chooser: PolicyChooser, view: StepView, adaptive: Decision,
+                       n_events: int) -> Decision:
         """Plan every policy's step for scoring, and return the incumbent's."""
         cap = len(view.candidates) and (self.settings.max_draft if view.remaining is None
                                         else min(self.settings.max_draft, view.remaining - 1))
-        plan: dict = {ADAPTIVE: (adaptive.proposer, adaptive.k), PLAIN: (None, 0)}
-        for p in self.chooser.policies:
+        plan: _Plan = {ADAPTIVE: (adaptive.proposer, adaptive.k), PLAIN: (None, 0)}
+        for p in chooser.policies:
             if isinstance(p, tuple):
                 name, k = p
                 cand = view.candidates.get(name)
@@ -297,32 +312,33 @@ class AdaptiveController:
                 # the plain policy is what lets a cap run, which is the sharper test
                 plan[p] = (name, kk) if kk >= 1 else (None, 0)
         self._plan = plan
-        pol = self.chooser.current
+        pol = chooser.current
         if pol == ADAPTIVE:
             return adaptive
         # the adaptive decision was only scored: undo what choosing it would have started
         del self._events[n_events:]
         for st in self._p.values():
             st.probing = False
-        name, k = plan[pol]
-        if name is None:
+        who, k = plan[pol]
+        if who is None:
             return Decision(None, 0, f"policy: {'plain path' if pol == PLAIN else f'cap {pol[1]}'}"
                             " has the best realized goodput")
-        return Decision(name, k, f"policy: {name} capped at {pol[1]} has the best realized goodput")
+        return Decision(who, k, f"policy: {who} capped at {pol[1]} has the best realized goodput")
 
-    def _score_policies(self, o: Outcome) -> None:
+    def _score_policies(self, chooser: PolicyChooser, o: Outcome) -> None:
         """File this step's plan, then score every plan whose drafts the emitted tokens
         have now decided."""
         if self._plan is not None and o.tokens and self._view is not None:
             start = len(self._emitted) - len(o.tokens)
             cands = {n: tuple(c.tokens) for n, c in self._view.candidates.items()}
-            self._open.append((start, len(o.tokens), self._plan, cands))
+            self._open.append(_OpenStep(start, len(o.tokens), self._plan, cands))
         self._plan = None
-        keep = []
+        keep: list[_OpenStep] = []
         em = self._emitted
-        for start, w, plan, cands in self._open:
-            taus = {}
-            for pol, (name, k) in plan.items():
+        for step in self._open:
+            start, cands = step.start, step.candidates
+            taus: dict[Policy, float] = {}
+            for pol, (name, k) in step.plan.items():
                 if name is None or k == 0:
                     taus[pol] = self._measured_seconds(1)
                     continue
@@ -334,22 +350,23 @@ class AdaptiveController:
                 if j == len(seen) and len(seen) < len(toks):
                     break  # not decided yet
                 taus[pol] = self._measured_seconds(k + 1) / (j + 1)
-            if len(taus) < len(plan):
+            if len(taus) < len(step.plan):
                 if len(em) - start < 64:  # a request's end leaves a few undecided: drop them
-                    keep.append((start, w, plan, cands))
+                    keep.append(step)
                 continue
-            new = self.chooser.add(w, taus)
+            new = chooser.add(step.width, taus)
             if new is not None:
-                rates = self.chooser.rates()
+                rates = chooser.rates()
                 label = new if isinstance(new, str) else f"{new[0]} capped at {new[1]}"
                 self._events.append(ControlRecord(
                     "policy", f"{label}: {rates[new] * self.pass_seconds(1):.2f}x a plain step's "
-                    f"goodput over the last {len(self.chooser.samples)} steps (paired, "
-                    f"z={self.chooser.z})", new[1] if isinstance(new, tuple) else None,
+                    f"goodput over the last {len(chooser.samples)} steps (paired, "
+                    f"z={chooser.z})", new[1] if isinstance(new, tuple) else None,
                     new[0] if isinstance(new, tuple) else None))
         self._open = keep
 
-    def _gate(self, st: _ProposerState, cand: Draft | None, worth: bool) -> tuple[str | None, str]:
+    def _gate(self, st: _ProposerState, cand: Draft | None,
+              worth: bool) -> tuple[Literal["ok", "probe"] | None, str]:
         """May this proposer draft now? (None | "ok" | "probe", why). Side-effect free."""
         s = self.settings
         if st.fallback:
@@ -406,7 +423,7 @@ class AdaptiveController:
         self._view = None
         if self.chooser is not None:
             self._view = view
-            self._score_policies(outcome)
+            self._score_policies(self.chooser, outcome)
             self._view = None
 
     def _observe_draft(self, name: str, o: Outcome, view: StepView | None) -> None:
