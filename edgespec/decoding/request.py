@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
@@ -29,13 +29,18 @@ from ..grammar import state as grammar
 from . import sampling, treepass, verify
 from ..grammar.state import FORCED, GrammarState
 from ..api.events import Control, Event, Finished, PrefillDone, RequestStarted, Step, TokenLogprob
-from ..api.params import GenerationParams
+from ..api.arrays import FloatArray
+from ..api.labels import MaybeStopReason
+from ..api.params import GenerationParams, SamplingParams
 from ..proposers import EMPTY_DRAFT, Draft, Proposer, ProposerSession
-from ..api.stats import RequestStats
+from ..api.stats import RequestStats, StatsSink
 from ..control import Controller, Outcome, StepView
-from .kvcache import PrefixCache
+from .kvcache import Prefill, PrefixCache
 from .tree import DraftTree
 from .textstream import TextAssembler
+
+if TYPE_CHECKING:
+    from ..runtime.backend import Context, Model
 
 
 @dataclass
@@ -64,9 +69,16 @@ class Request:
     generated: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     t0: float = 0.0
-    stop_reason: str = ""
+    stop_reason: MaybeStopReason = ""
     kv: PrefixCache | None = None  # the request's sequence's cache (None: the loop's)
     cancel: threading.Event | None = None  # set to end this request at its next step
+
+    @property
+    def generator(self) -> np.random.Generator:
+        """The random generator a sampling request draws from (the engine gives it one)."""
+        if self.rng is None:
+            raise RuntimeError(f"request {self.id} samples but has no random generator")
+        return self.rng
 
     def close(self) -> None:
         completed = self.stop_reason not in ("", "cancelled")
@@ -125,14 +137,18 @@ class Loop:
     :meth:`serve` runs one request through them alone.
     """
 
-    def __init__(self, target, ctx, *, target_name: str, draft_name: str | None, sinks,
-                 cancelled, kv=None) -> None:
+    def __init__(self, target: Model, ctx: Context, *, target_name: str,
+                 draft_name: str | None, sinks: Sequence[StatsSink],
+                 cancelled: threading.Event, kv: PrefixCache | None = None) -> None:
 
         self.target, self.ctx = target, ctx
         self.kv = kv if kv is not None else PrefixCache(ctx)  # what the target's KV holds
         self.target_name, self.draft_name = target_name, draft_name
         self.sinks = sinks
         self.cancelled = cancelled  # a threading.Event set by Engine.cancel()
+        #: the context's sequences set aside for draft-tree branches (the engine sets them;
+        #: none: trees are off; edgespec.decoding.treepass)
+        self.tree_seqs: tuple[int, ...] = ()
 
     def started(self, req: Request) -> RequestStarted:
         req.t0 = time.perf_counter()
@@ -178,7 +194,7 @@ class Loop:
         pre = kv.prefill(req.tokens, reuse=req.reuse, exact=req.exact)
         yield from self.prefilled(req, pre)
 
-    def prefilled(self, req: Request, pre) -> Iterator[Event]:
+    def prefilled(self, req: Request, pre: Prefill) -> Iterator[Event]:
         """After the prompt is in the KV cache (``pre``: an edgespec.decoding.kvcache.Prefill, whose
         logits are the last prompt token's): open the proposer sessions, emit the first token."""
         p = req.params
@@ -194,7 +210,7 @@ class Loop:
         yield PrefillDone(req.id, req.n_prompt, t_prefill)
 
         first = self._choose_plain(req, logits[0])
-        step = self._emit(req, [first] if first is not None else [], logits[:1], n_acc=0,
+        step = self.emit(req, [first] if first is not None else [], logits[:1], n_acc=0,
                           proposer=None, drafted=0, draft_s=0.0, verify_s=0.0)
         if first is None:
             req.stop_reason = req.stop_reason or "grammar"
@@ -275,7 +291,7 @@ class Loop:
             if forced:
                 ps.draft, ps.used = Draft(tokens=forced, source=FORCED), FORCED
 
-    def complete(self, ps: Pass, rows: np.ndarray, verify_seconds: float) -> Step:
+    def complete(self, ps: Pass, rows: FloatArray, verify_seconds: float) -> Step:
         """Verify a pass's rows (the target's logits at the pending token and each draft
         position), trim the rejected positions, and emit what was accepted."""
         if ps.tree is not None:
@@ -302,7 +318,7 @@ class Loop:
                 confidence=draft.confidence if used and mine else None,
                 match_length=draft.match_length if used and mine else 0,
                 batch_rows=ps.batch_rows))
-        step = self._emit(req, new, rows[: n_acc + 1], n_acc=n_acc, proposer=used,
+        step = self.emit(req, new, rows[: n_acc + 1], n_acc=n_acc, proposer=used,
                           drafted=len(draft.tokens), draft_s=t_draft, verify_s=verify_seconds)
         if nxt is None and not req.stop_reason:
             req.stop_reason = "grammar"  # nothing the grammar admits can come next
@@ -314,18 +330,21 @@ class Loop:
             if times is not None and hasattr(times, "bridge_seconds"):
                 req.stats.bridge_seconds += times.bridge_seconds
                 req.stats.bridge_steps += times.steps
+        reason = req.stop_reason
+        # every way out of the loop (serve, the scheduler) sets the reason before end()
+        assert reason, f"request {req.id} ended without a stop reason"
         tail = req.text.flush()
         total = time.perf_counter() - req.t0
-        req.stats.finish(req.stop_reason, total)
+        req.stats.finish(reason, total)
         for sink in self.sinks:
             sink.emit(req.stats)
         if tail:
             yield Step(req.id, (), tail, (), None, 0, 0, 0.0, 0.0, total)
-        yield Finished(req.id, req.text.text, tuple(req.generated), req.stop_reason, req.stats,
+        yield Finished(req.id, req.text.text, tuple(req.generated), reason, req.stats,
                        logprobs=tuple(req.logprobs))
 
     # --- verification ----------------------------------------------------------------
-    def _choose_plain(self, req: Request, row: np.ndarray) -> int | None:
+    def _choose_plain(self, req: Request, row: FloatArray) -> int | None:
         s = req.params.sampling
         if req.grammar is not None:  # None: nothing the grammar admits
             y = grammar.choose(req.grammar, row, req.tokens, s, req.rng)
@@ -334,9 +353,9 @@ class Loop:
             return y
         if s.greedy:
             return sampling.greedy_token(row, req.tokens, s)
-        return sampling.sample(sampling.distribution(row, req.tokens, s), req.rng)
+        return sampling.sample(sampling.distribution(row, req.tokens, s), req.generator)
 
-    def _verify(self, req: Request, draft: Draft, rows: np.ndarray) -> tuple[int, int | None]:
+    def _verify(self, req: Request, draft: Draft, rows: FloatArray) -> tuple[int, int | None]:
         s = req.params.sampling
         d = draft.tokens
         if not d:
@@ -354,10 +373,11 @@ class Loop:
                 if i < len(d) and ys[i] != d[i]:
                     break
             return verify.verify_greedy(d, ys)
-        return verify.verify_sampling(d, draft.probs, _TargetRows(rows, req.tokens, d, s), req.rng)
+        return verify.verify_sampling(d, draft.probs, _TargetRows(rows, req.tokens, d, s),
+                                      req.generator)
 
     # --- emission -----------------------------------------------------------------------
-    def _emit(self, req: Request, new: list[int], rows, *, n_acc: int, proposer: str | None,
+    def emit(self, req: Request, new: list[int], rows: FloatArray, *, n_acc: int, proposer: str | None,
               drafted: int, draft_s: float, verify_s: float) -> Step:
         """Append verified tokens one by one, honouring EOG, stop strings and max_tokens."""
         p = req.params
@@ -398,17 +418,18 @@ class _TargetRows:
     """The target's distributions at each draft position, computed only when read
     (verification stops at the first rejection)."""
 
-    def __init__(self, rows: np.ndarray, history: list[int], draft: Sequence[int], params) -> None:
+    def __init__(self, rows: FloatArray, history: list[int], draft: Sequence[int],
+                 params: SamplingParams) -> None:
         self.rows, self.history, self.draft, self.params = rows, history, draft, params
 
     def __len__(self) -> int:
         return len(self.draft) + 1
 
-    def __getitem__(self, i: int) -> np.ndarray:
+    def __getitem__(self, i: int) -> FloatArray:
         return sampling.distribution(self.rows[i], [*self.history, *self.draft[:i]], self.params)
 
 
-def logprob(row: np.ndarray, tok: int, top_n: int) -> TokenLogprob:
+def logprob(row: FloatArray, tok: int, top_n: int) -> TokenLogprob:
     x = row.astype(np.float64)
     m = x.max()
     lse = m + np.log(np.exp(x - m).sum())

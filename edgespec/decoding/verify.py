@@ -39,12 +39,24 @@ make the rule above wrong; such a drafter must pass ``draft_probs=None``.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Protocol, Sequence, TypeVar
 
 import numpy as np
 
 from ..api.arrays import FloatArray
 from .sampling import sample
+
+
+_Row = TypeVar("_Row", covariant=True)
+
+
+class Rows(Protocol[_Row]):
+    """The target's rows as verification reads them: a list or an array, or a lazy view
+    that computes row ``i`` only when read (rows past a rejection are never read)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int, /) -> _Row: ...
 
 
 class Verdict(NamedTuple):
@@ -78,7 +90,7 @@ def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> 
 def verify_sampling(
     draft_tokens: Sequence[int],
     draft_probs: FloatArray | None,
-    target_probs: Sequence[FloatArray],
+    target_probs: Rows[FloatArray],
     rng: np.random.Generator,
     *,
     residual: bool = True,
@@ -147,7 +159,7 @@ def _children(parents: Sequence[int]) -> list[list[int]]:
 
 
 def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int],
-                       target_argmax: Sequence[int]) -> TreeVerdict:
+                       target_argmax: Rows[int]) -> TreeVerdict:
     """Follow the target's argmax down the tree; the first argmax no child holds is emitted.
 
     ``target_argmax`` has ``len(tokens) + 1`` entries (row 0: the root). Example, root
@@ -171,7 +183,7 @@ def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int],
 
 
 def verify_tree_sampling(tokens: Sequence[int], parents: Sequence[int],
-                         draft_probs: FloatArray | None, target_probs: Sequence[FloatArray],
+                         draft_probs: FloatArray | None, target_probs: Rows[FloatArray],
                          rng: np.random.Generator, *, residual: bool = True) -> TreeVerdict:
     """Recursive rejection sampling over siblings (SpecInfer's multi-step speculative
     sampling; Sequoia's for drafts without a distribution): the emitted tokens are
