@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -27,6 +27,12 @@ from .base import EMPTY_DRAFT, Draft
 from ..decoding.kvcache import common_prefix
 from ..runtime.kernel import KernelConfig
 from .vocab_check import vocab_mismatch
+
+if TYPE_CHECKING:
+    from ..runtime.backend import Model
+
+#: the registry's pin check of a pair (target, draft, bridge version) -> its pin record
+PinCheck = Callable[["Model", "Model", str], object]
 
 
 @dataclass
@@ -52,11 +58,11 @@ class BridgedDraftProposer:
     name = "bridge"
     costly = True
 
-    def __init__(self, model, target, n_ctx: int, n_threads: int | None = None,
-                 n_batch: int = 0, kernel=None, max_ratio: float = 2.0,
-                 check_pin: bool = True, pin_check=None) -> None:
+    def __init__(self, model: Model, target: Model, n_ctx: int, n_threads: int | None = None,
+                 n_batch: int = 0, kernel: KernelConfig | None = None, max_ratio: float = 2.0,
+                 check_pin: bool = True, pin_check: PinCheck | None = None) -> None:
         _refuse_shared_vocabulary(target, model)
-        self.pair = None
+        self.pair: object = None  # the pin record the check returned
         if check_pin:
             # the registry's check (edgespec.registry.bridges.check_pair), through BuildContext
             if pin_check is None:
@@ -231,7 +237,7 @@ class BridgedSession:
         self.owner._release(self.times)
 
 
-def _refuse_shared_vocabulary(target, draft) -> None:
+def _refuse_shared_vocabulary(target: Model, draft: Model) -> None:
     """A draft sharing the target's vocabulary needs no bridge: the 'draft' proposer is exact
     and cheaper."""
     if vocab_mismatch(target, draft) is not None:
