@@ -13,5 +13,3 @@ from numpy.typing import NDArray
 
 #: a row (n_vocab,) or rows (n, n_vocab) of logits or probabilities
 FloatArray = NDArray[np.floating[Any]]
-#: token ids as an array (int32 for the native extension, int64 for comparisons)
-IntArray = NDArray[np.integer[Any]]

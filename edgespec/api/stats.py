@@ -11,7 +11,7 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from .labels import ControlKind, MaybeStopReason
@@ -326,5 +326,3 @@ class MemorySink:
     def emit(self, stats: RequestStats) -> None:
         self.records.append(stats)
 
-
-StatsCallback = Callable[[RequestStats], None]
