@@ -33,6 +33,7 @@ from ..api.arrays import FloatArray
 from ..api.labels import MaybeStopReason
 from ..api.params import GenerationParams, SamplingParams
 from ..proposers import EMPTY_DRAFT, Draft, Proposer, ProposerSession
+from ..proposers.base import ReusesPrefix
 from ..api.stats import RequestStats, StatsSink
 from ..control import Controller, Outcome, StepView
 from .kvcache import Prefill, PrefixCache
@@ -202,7 +203,7 @@ class Loop:
         req.n_past = len(req.tokens)
         # Opening a session indexes the prompt (a draft model prefills it): part of TTFT.
         for n, prop in req.proposers.items():
-            if hasattr(prop, "reuse_prefix"):
+            if isinstance(prop, ReusesPrefix):
                 prop.reuse_prefix = req.reuse
             req.sessions[n] = prop.open(req.tokens, p.sampling)
         t_prefill = time.perf_counter() - req.t0
