@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Optional, Protocol, Sequence, TypeVar
+from typing import Optional, Protocol, Sequence, TypeVar
 
 import numpy as np
 
