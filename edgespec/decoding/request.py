@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 import threading
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from .tree import DraftTree
 from .textstream import TextAssembler
 
 if TYPE_CHECKING:
+    from ..proposers.bridged import BridgeTimes
     from ..runtime.backend import Context, Model
 
 
@@ -327,10 +328,9 @@ class Loop:
 
     def end(self, req: Request) -> Iterator[Event]:
         for sess in req.sessions.values():  # a bridged draft's own alignment work
-            times = getattr(sess, "times", None)
-            if times is not None and hasattr(times, "bridge_seconds"):
-                req.stats.bridge_seconds += times.bridge_seconds
-                req.stats.bridge_steps += times.steps
+            if isinstance(sess, _Bridged):
+                req.stats.bridge_seconds += sess.times.bridge_seconds
+                req.stats.bridge_steps += sess.times.steps
         reason = req.stop_reason
         # every way out of the loop (serve, the scheduler) sets the reason before end()
         assert reason, f"request {req.id} ended without a stop reason"
@@ -413,6 +413,14 @@ class Loop:
                                verify_seconds=verify_s, elapsed=elapsed)
         return Step(req.id, tuple(out_tokens), "".join(pieces), tuple(origins), proposer, drafted,
                     n_acc, draft_s, verify_s, elapsed, logprobs=tuple(lps), pieces=tuple(pieces))
+
+
+@runtime_checkable
+class _Bridged(Protocol):
+    """A session that keeps its vocabulary bridge's own times (a bridged draft's)."""
+
+    @property
+    def times(self) -> BridgeTimes: ...
 
 
 class _TargetRows:
