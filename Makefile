@@ -22,7 +22,7 @@ LLAMA_WHEEL_DIR = $(EDGESPEC_CACHE)/wheels/llama-cpp-python-$(LLAMA_WHEEL_KEY)
 
 DEMO_PROMPT ?= Here is a Python function with a bug. Fix the bug and return the whole corrected function.\n\ndef mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / (len(xs) - 1)\n
 
-.PHONY: install models demo test test-fast test-slow soak native native-test native-sanitize fuzz-smoke bench-quick anchors clean
+.PHONY: install models demo test test-fast test-slow typecheck soak native native-test native-sanitize fuzz-smoke bench-quick anchors clean
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -50,12 +50,18 @@ models: install
 demo: models
 	@printf '$(DEMO_PROMPT)' | $(EDGESPEC) generate --target qwen-1.5b --proposer auto --max-tokens 160 --stats
 
-# The default suite: unit, native, CLI, TUI and fast real-model tests (small models).
-# The sanitizer and fuzz runs go first so that pytest's summary is the last line printed.
+# The default suite: the type check, unit, native, CLI, TUI and fast real-model tests (small
+# models). The type check, sanitizer and fuzz runs go first so that pytest's summary is the
+# last line printed.
 test: install
 	$(EDGESPEC) models pull smollm2-135m gemma-270m qwen-0.5b qwen-1.5b
-	$(MAKE) native-sanitize fuzz-smoke
+	$(MAKE) typecheck native-sanitize fuzz-smoke
 	$(PY) -m pytest -q -m "not slow" tests
+
+# mypy --strict over the packages named in pyproject.toml's [tool.mypy] (api, decoding,
+# control, proposers), run from the repository root so that it reads that configuration.
+typecheck: install
+	$(VENV)/bin/mypy
 
 test-slow: install
 	$(PY) -m pytest -q -m slow tests

@@ -1,9 +1,13 @@
 """Type stubs for the native extension (native/edgespec_native.c)."""
-from typing import Sequence, Union, overload
+from typing import Any, Sequence, Union, overload
 
+import numpy as np
+from numpy.typing import NDArray
 from typing_extensions import Buffer
 
-Tokens = Union[Sequence[int], Buffer]  # lists/tuples of ints or 1-D C-contiguous int32 buffers
+# lists/tuples of ints or 1-D C-contiguous int32 buffers; numpy arrays are buffers, but
+# numpy's stubs say so only from Python 3.12, so they are named here as well
+Tokens = Union[Sequence[int], Buffer, NDArray[np.integer[Any]]]
 
 MAX_DRAFT: int
 MAX_TREE_CHILDREN: int

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:
+    from .labels import ControlKind, StopReason
     from .stats import RequestStats
 
 
@@ -70,7 +71,7 @@ class Control:
     """A decision of the speculation controller, with its reason (fallback, probe, guard trip...)."""
 
     request_id: int
-    kind: str
+    kind: ControlKind
     reason: str
     draft_length: int | None = None
     proposer: str | None = None
@@ -81,7 +82,7 @@ class Finished:
     request_id: int
     text: str
     tokens: tuple[int, ...]
-    stop_reason: str  # "eos" | "stop" | "length" | "context" | "cancelled"
+    stop_reason: StopReason
     stats: "RequestStats" = field(repr=False)
     logprobs: tuple[TokenLogprob, ...] = ()  # per emitted token, when requested
 

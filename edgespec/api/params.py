@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import InvalidInputError
+
+if TYPE_CHECKING:  # the one edge above api (see constraint() below)
+    from ..grammar.constraint import Constraint
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class GenerationParams:
     # structured output (at most one): GBNF text, a JSON schema (dict or JSON text), or any
     # JSON object; enforced exactly on every path (edgespec.grammar)
     grammar: str | None = None
-    json_schema: str | dict | None = None
+    json_schema: str | dict[str, Any] | None = None
     json_mode: bool = False
     # extra chat-template variables: "tools" (OpenAI-shaped declarations) and a request's
     # chat_template_kwargs (edgespec.agents.Turn builds them); read by chat prompts only
@@ -76,7 +79,7 @@ class GenerationParams:
         self.constraint()
         return self
 
-    def constraint(self):
+    def constraint(self) -> Constraint | None:
         """The request's :class:`edgespec.grammar.constraint.Constraint`, or None (validated, cached)."""
         # Deliberately deferred, the one import of edgespec.api above itself: a grammar or
         # schema is checked by llama.cpp's own parser (edgespec.grammar.constraint), so that

@@ -8,11 +8,13 @@ the target's own token: bonus after a full accept, correction otherwise).
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .labels import ControlKind, MaybeStopReason
 
 
 @dataclass
@@ -24,12 +26,12 @@ class RequestStats:
     accepted: int = 0
     verify_passes: int = 0  # passes that verified at least one drafted token
     plain_steps: int = 0  # steps with nothing drafted
-    accepted_length_hist: Counter = field(default_factory=Counter)  # accepted+1 -> passes
+    accepted_length_hist: Counter[int] = field(default_factory=Counter)  # accepted+1 -> passes
     position_drafted: list[int] = field(default_factory=list)  # per draft position i
     position_accepted: list[int] = field(default_factory=list)
-    proposer_tokens: Counter = field(default_factory=Counter)  # proposer -> emitted draft tokens
-    proposer_passes: Counter = field(default_factory=Counter)
-    control_events: Counter = field(default_factory=Counter)  # kind -> count
+    proposer_tokens: Counter[str] = field(default_factory=Counter)  # proposer -> emitted draft tokens
+    proposer_passes: Counter[str] = field(default_factory=Counter)
+    control_events: Counter[str] = field(default_factory=Counter)  # kind -> count
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -37,7 +39,7 @@ class RequestStats:
     total_seconds: float = 0.0
     ttft_seconds: float | None = None  # request start to the first emitted token (prefill included)
     token_times: list[float] = field(default_factory=list)  # emission time of each token since start
-    stop_reason: str = ""
+    stop_reason: MaybeStopReason = ""
     proposer: str = "none"
     identity: str | None = None  # hash of the engine's release identity (edgespec.identity)
     # draft trees (edgespec.decoding.tree): passes that verified a tree, the nodes they held, their
@@ -89,10 +91,10 @@ class RequestStats:
         self.generated_tokens += emitted
         self.token_times.extend([elapsed] * emitted)
 
-    def observe_control(self, kind: str) -> None:
+    def observe_control(self, kind: ControlKind) -> None:
         self.control_events[kind] += 1
 
-    def finish(self, stop_reason: str, total_seconds: float) -> None:
+    def finish(self, stop_reason: MaybeStopReason, total_seconds: float) -> None:
         self.stop_reason = stop_reason
         self.total_seconds = total_seconds
 
@@ -160,7 +162,7 @@ class RequestStats:
         share["target"] = max(1.0 - sum(share.values()), 0.0)
         return share
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         itl = sorted(self.inter_token_latencies)
         return {
             "proposer": self.proposer,
@@ -256,7 +258,7 @@ class RequestStats:
         n = self.verify_passes
         return (self.drafted / n, self.accepted / n) if n else (0.0, 0.0)
 
-    def tree_dict(self) -> dict:
+    def tree_dict(self) -> dict[str, Any]:
         drafted, kept = self.verify_occupancy
         return {"tree_passes": self.tree_passes, "tree_nodes": self.tree_nodes,
                 "tree_branches": self.tree_branches, "tree_accepted": self.tree_accepted,
@@ -280,14 +282,13 @@ class StatsSink(Protocol):
     def emit(self, stats: RequestStats) -> None: ...
 
 
-class LogSink:
-    """Writes the human summary to a stream (stderr by default)."""
+class ReleaseIdentity(Protocol):
+    """What a sink records of an engine's release identity (edgespec.identity.Identity)."""
 
-    def __init__(self, stream=None) -> None:
-        self.stream = stream or sys.stderr
+    @property
+    def hash(self) -> str: ...
 
-    def emit(self, stats: RequestStats) -> None:
-        print(stats.summary(), file=self.stream)
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 class JsonlSink:
@@ -299,7 +300,7 @@ class JsonlSink:
         self.path = path
         self._announced: set[str] = set()
 
-    def announce(self, identity) -> None:
+    def announce(self, identity: ReleaseIdentity) -> None:
         if identity.hash in self._announced:
             return
         self._announced.add(identity.hash)
@@ -317,13 +318,11 @@ class MemorySink:
 
     def __init__(self) -> None:
         self.records: list[RequestStats] = []
-        self.identities: dict[str, object] = {}  # hash -> edgespec.identity.identity.Identity
+        self.identities: dict[str, ReleaseIdentity] = {}  # hash -> edgespec.identity.identity.Identity
 
-    def announce(self, identity) -> None:
+    def announce(self, identity: ReleaseIdentity) -> None:
         self.identities.setdefault(identity.hash, identity)
 
     def emit(self, stats: RequestStats) -> None:
         self.records.append(stats)
 
-
-StatsCallback = Callable[[RequestStats], None]

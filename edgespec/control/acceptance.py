@@ -14,11 +14,14 @@ an engine-wide copy to seed each request from earlier ones.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import NamedTuple, Sequence
+from typing import Hashable, NamedTuple, Sequence
+
+#: a bucket of the acceptance model: a feature's key, then the state and position levels
+Key = tuple[Hashable, ...]
 
 
 class Feature(NamedTuple):
-    key: tuple  # bucket the token is counted in
+    key: Key  # bucket the token is counted in
     prior: float  # acceptance assumed before any data
 
 
@@ -100,7 +103,7 @@ class AcceptanceModel:
         self.window = window
         self.decay = 1.0 - 1.0 / window
         self.strength = strength
-        self._counts: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self._counts: dict[Key, list[float]] = defaultdict(lambda: [0.0, 0.0])
         self.records = 0
         self.weight = 0.0  # decayed number of drafts behind the counts
         # accepted vs prior-expected verified tokens: how this text compares with the priors
@@ -127,7 +130,7 @@ class AcceptanceModel:
         return m
 
     @staticmethod
-    def _levels(i: int, f: Feature, state: bool | None) -> tuple[tuple, tuple, tuple]:
+    def _levels(i: int, f: Feature, state: bool | None) -> tuple[Key, Key, Key]:
         return (f.key,), (f.key, state), (f.key, state, _position_bucket(i))
 
     def tick(self) -> None:
@@ -176,7 +179,7 @@ class AcceptanceModel:
         a, e = self._seen
         return (a + self.rescale_strength) / (e + self.rescale_strength) if self.rescale else 1.0
 
-    def _shrunk(self, key: tuple, p: float, less: tuple | None = None) -> float:
+    def _shrunk(self, key: Key, p: float, less: Key | None = None) -> float:
         """The level ``key``'s estimate shrunk towards ``p``; with ``less`` (a child level,
         whose tokens are a subset of this one's) only the tokens outside the child count.
 
@@ -192,7 +195,7 @@ class AcceptanceModel:
         return (a + self.strength * p) / (n + self.strength)
 
     def _upper(self, f: Feature, state: bool | None, ratio: float,
-               less: tuple | None = None) -> float:
+               less: Key | None = None) -> float:
         """The estimate from the feature and state levels, before the position's own
         (with ``less``, the position level's tokens left out of the state level)."""
         p = min(max(f.prior * ratio, 0.02), 0.95)

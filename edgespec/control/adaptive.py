@@ -41,13 +41,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Literal, Mapping, Optional
 
 from ..calibration.calibration import Calibration
 from ..proposers.base import Draft
 from .acceptance import AcceptanceModel, ControlMemory, Feature, expected_tokens, token_features
 from .guard import GoodputGuard
-from .policy import ADAPTIVE, CAPS, PLAIN, PolicyChooser
+from .policy import ADAPTIVE, CAPS, PLAIN, Policy, PolicyChooser
 from .settings import ControlRecord, ControlSettings, Decision, Outcome, StepView
 
 
@@ -64,13 +64,54 @@ class _Pending:
     done: int = 0  # leading tokens already matched and counted
 
 
+#: each policy's step as planned: (the proposer that would draft or None, its draft length)
+_Plan = dict[Policy, tuple[Optional[str], int]]
+
+
+@dataclass
+class _OpenStep:
+    """A step whose policies' counterfactuals the emitted tokens have not all decided."""
+
+    start: int  # index in the emitted stream of the step's first token
+    width: int  # tokens the step emitted (its weight in the comparison)
+    plan: _Plan
+    candidates: dict[str, tuple[int, ...]]  # every free proposer's draft at the step
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """One proposer's best draft this step, as :meth:`AdaptiveController._decide` weighs it.
+
+    ``kind``: "best" (it beats a plain step on its merits), "probe" (the proposer is
+    benched or unseen and this step gathers evidence; ``why`` says what earned it) or
+    "guard_probe" (it beats a plain step, and the guard admits it as its probe)."""
+
+    rate: float  # expected goodput, tokens per second
+    proposer: str
+    k: int  # draft length
+    expected: float  # E(k), tokens the step is expected to emit
+    kind: Literal["best", "probe", "guard_probe"]
+    why: str = ""
+
+    @property
+    def rank(self) -> tuple[bool, float]:
+        """Evidence-gathering steps go first; otherwise the best goodput wins."""
+        return self.kind == "probe", self.rate
+
+    @property
+    def reason(self) -> str:
+        if self.kind == "probe":
+            return f"probe: {self.why}"
+        return "guard probe" if self.kind == "guard_probe" else "best expected goodput"
+
+
 @dataclass
 class _ProposerState:
     costly: bool
     model: AcceptanceModel
     shared: AcceptanceModel | None  # the engine's memory for this proposer
-    floor_window: deque  # verified positions of real drafts: True accepted / False rejected
-    shadow_window: deque  # the same for shadow-scored drafts since the last fallback
+    floor_window: deque[bool]  # verified positions of real drafts: True accepted / False rejected
+    shadow_window: deque[bool]  # the same for shadow-scored drafts since the last fallback
     token_seconds: float | None = None  # measured seconds per drafted token (costly ones)
     fallback: bool = False
     fallback_step: int = 0
@@ -130,11 +171,11 @@ class AdaptiveController:
         free = [n for n, st in self._p.items() if not st.costly]
         self.chooser: PolicyChooser | None = None
         if s.policy and free and len(free) == len(self._p):
-            pols = [ADAPTIVE, PLAIN] + [(n, k) for n in free for k in CAPS]
+            pols: list[Policy] = [ADAPTIVE, PLAIN, *((n, k) for n in free for k in CAPS)]
             self.chooser = PolicyChooser(pols, s.policy_window, s.policy_z, s.policy_min)
         self._measured: dict[int, float] = {}  # pass size -> recent measured seconds
-        self._open: list[tuple] = []  # steps whose policies are not all scored yet
-        self._plan: dict | None = None
+        self._open: list[_OpenStep] = []  # steps whose policies are not all scored yet
+        self._plan: _Plan | None = None
 
     # --- time model ------------------------------------------------------------
     def pass_seconds(self, n: int) -> float:
@@ -156,7 +197,7 @@ class AdaptiveController:
         n_events = len(self._events)
         d = self._decide(view)
         if self.chooser is not None:
-            d = self._follow_policy(view, d, n_events)
+            d = self._follow_policy(self.chooser, view, d, n_events)
         self._decision = d
         if not d.plain:
             self.drafts += 1
@@ -172,10 +213,9 @@ class AdaptiveController:
         # must beat (T + 1) / t(B + 1) with (T + E(d)) / t(B + 1 + d). Alone (B = T = 0)
         # this is the single-request rule; as B grows on a compute-bound device the
         # marginal rows cost as much as a whole sequence's token and drafting yields.
-        b, bt = view.batch_rows, view.batch_tokens
-        t1 = self.pass_seconds(b + 1)
-        bar = (1 + s.margin) * (bt + 1) / t1  # the goodput a draft must beat
-        best: tuple[float, str, int, float, str] | None = None  # rate, name, d, E(d), note
+        t1 = self.pass_seconds(view.batch_rows + 1)
+        bar = (1 + s.margin) * (view.batch_tokens + 1) / t1  # the goodput a draft must beat
+        best: _Choice | None = None
         blocked: list[str] = []
         for name, st in self._p.items():
             cand = view.candidates.get(name)
@@ -188,65 +228,82 @@ class AdaptiveController:
                 blocked.append(name)
                 continue
             n_max = min(cap, len(cand)) if cand is not None else cap
-            if s.ramp:
-                n_max = min(n_max, max(s.ramp, 2 * st.run_best))
-            if n_max < s.min_draft:
-                continue
-            feats = token_features(n_max, cand.confidence if cand else None,
-                                   cand.match_length if cand else 0)
-            e = expected_tokens(st.model.predict(feats, st.hit))
-
-            def rate(dd: int) -> float:
-                return (bt + e[dd]) / (self.pass_seconds(b + dd + 1)
-                                       + self._draft_seconds(name, dd, cand is not None))
-
-            dd = max(range(s.min_draft, n_max + 1), key=rate)
-            gate, why = self._gate(st, cand, rate(dd) > bar)
-            if gate is None:
-                continue
-            if gate == "probe":
-                if rate(dd) <= bar:
-                    dd = min(max(s.probe_draft, s.min_draft), n_max)  # short: just gather evidence
-                note = f"probe: {why}"
-            elif rate(dd) <= bar:
-                continue
-            else:
-                note = "guard probe" if admit == "probe" else ""
+            c = self._weigh(name, st, cand, view, n_max, bar,
+                            guard_probe=admit == "probe")
             # evidence-gathering steps go first; otherwise the best goodput wins
-            if best is None or (note.startswith("probe"), rate(dd)) > (best[4].startswith("probe"), best[0]):
-                best = (rate(dd), name, dd, e[dd], note)
+            if c is not None and (best is None or c.rank > best.rank):
+                best = c
         if best is None:
-            if blocked and not self._guarded_told:
-                self._guarded_told = True
-                self._events.append(ControlRecord(
-                    "guarded", f"speculation with {', '.join(blocked)} is disabled for this traffic "
-                    "by the goodput guard", proposer=blocked[0]))
-            return Decision(None, 0, "goodput guard" if blocked else "no draft beats a plain step")
-        r, name, dd, e, note = best
-        if not note:
-            self._p[name].probe_interval = self.settings.probe_after
-        if note.startswith("probe"):
-            st = self._p[name]
+            return self._no_draft(blocked)
+        return self._take(best, t1, view.batch_tokens)
+
+    def _weigh(self, name: str, st: _ProposerState, cand: Draft | None, view: StepView,
+               n_max: int, bar: float, *, guard_probe: bool) -> _Choice | None:
+        """This proposer's best draft length on the cost curve, if it may and should draft
+        (a probe drafts even below the bar, short when it does not pay)."""
+        s = self.settings
+        if s.ramp:
+            n_max = min(n_max, max(s.ramp, 2 * st.run_best))
+        if n_max < s.min_draft:
+            return None
+        feats = token_features(n_max, cand.confidence if cand else None,
+                               cand.match_length if cand else 0)
+        e = expected_tokens(st.model.predict(feats, st.hit))
+        b, bt = view.batch_rows, view.batch_tokens
+
+        def rate(dd: int) -> float:
+            return (bt + e[dd]) / (self.pass_seconds(b + dd + 1)
+                                   + self._draft_seconds(name, dd, cand is not None))
+
+        dd = max(range(s.min_draft, n_max + 1), key=rate)
+        gate, why = self._gate(st, cand, rate(dd) > bar)
+        if gate is None:
+            return None
+        if gate == "probe":
+            if rate(dd) <= bar:
+                dd = min(max(s.probe_draft, s.min_draft), n_max)  # short: just gather evidence
+            return _Choice(rate(dd), name, dd, e[dd], "probe", why)
+        if rate(dd) <= bar:
+            return None
+        return _Choice(rate(dd), name, dd, e[dd], "guard_probe" if guard_probe else "best")
+
+    def _no_draft(self, blocked: list[str]) -> Decision:
+        """A plain step: no proposer's draft beats one, or the guard blocks them (said once
+        per request)."""
+        if blocked and not self._guarded_told:
+            self._guarded_told = True
+            self._events.append(ControlRecord(
+                "guarded", f"speculation with {', '.join(blocked)} is disabled for this traffic "
+                "by the goodput guard", proposer=blocked[0]))
+        return Decision(None, 0, "goodput guard" if blocked else "no draft beats a plain step")
+
+    def _take(self, c: _Choice, t1: float, batch_tokens: float) -> Decision:
+        """The decision for the chosen draft, with what choosing it starts (a probe)."""
+        st = self._p[c.proposer]
+        if c.kind == "best":
+            st.probe_interval = self.settings.probe_after
+        elif c.kind == "probe":
             st.probing = True
             if st.fallback:
                 st.fallback_step = self._step  # the next probe interval counts from here
             else:
                 st.last_evidence = self._step
-            self._events.append(ControlRecord("probe", f"{name}: {note[7:]}", dd, name))
-        return Decision(name, dd, note or "best expected goodput", expected_tokens=e,
-                        expected_speedup=r * t1 / (bt + 1))
+            self._events.append(ControlRecord("probe", f"{c.proposer}: {c.why}", c.k, c.proposer))
+        return Decision(c.proposer, c.k, c.reason, expected_tokens=c.expected,
+                        expected_speedup=c.rate * t1 / (batch_tokens + 1))
 
     # --- policy choice -------------------------------------------------------------
     def _measured_seconds(self, n: int) -> float:
         m = self._measured.get(n)
         return m if m is not None else self.pass_seconds(n)
 
-    def _follow_policy(self, view: StepView, adaptive: Decision, n_events: int) -> Decision:
+    def _follow_policy(self, chooser: PolicyChooser, view: StepView, adaptive: Decision,
+                       n_events: int) -> Decision:
         """Plan every policy's step for scoring, and return the incumbent's."""
         cap = len(view.candidates) and (self.settings.max_draft if view.remaining is None
                                         else min(self.settings.max_draft, view.remaining - 1))
-        plan: dict = {ADAPTIVE: (adaptive.proposer, adaptive.k), PLAIN: (None, 0)}
-        for p in self.chooser.policies:
+        plan: _Plan = {ADAPTIVE: (adaptive.proposer, adaptive.k), PLAIN: (None, 0)}
+        for p in chooser.policies:
             if isinstance(p, tuple):
                 name, k = p
                 cand = view.candidates.get(name)
@@ -255,32 +312,33 @@ class AdaptiveController:
                 # the plain policy is what lets a cap run, which is the sharper test
                 plan[p] = (name, kk) if kk >= 1 else (None, 0)
         self._plan = plan
-        pol = self.chooser.current
+        pol = chooser.current
         if pol == ADAPTIVE:
             return adaptive
         # the adaptive decision was only scored: undo what choosing it would have started
         del self._events[n_events:]
         for st in self._p.values():
             st.probing = False
-        name, k = plan[pol]
-        if name is None:
+        who, k = plan[pol]
+        if who is None:
             return Decision(None, 0, f"policy: {'plain path' if pol == PLAIN else f'cap {pol[1]}'}"
                             " has the best realized goodput")
-        return Decision(name, k, f"policy: {name} capped at {pol[1]} has the best realized goodput")
+        return Decision(who, k, f"policy: {who} capped at {pol[1]} has the best realized goodput")
 
-    def _score_policies(self, o: Outcome) -> None:
+    def _score_policies(self, chooser: PolicyChooser, o: Outcome) -> None:
         """File this step's plan, then score every plan whose drafts the emitted tokens
         have now decided."""
         if self._plan is not None and o.tokens and self._view is not None:
             start = len(self._emitted) - len(o.tokens)
             cands = {n: tuple(c.tokens) for n, c in self._view.candidates.items()}
-            self._open.append((start, len(o.tokens), self._plan, cands))
+            self._open.append(_OpenStep(start, len(o.tokens), self._plan, cands))
         self._plan = None
-        keep = []
+        keep: list[_OpenStep] = []
         em = self._emitted
-        for start, w, plan, cands in self._open:
-            taus = {}
-            for pol, (name, k) in plan.items():
+        for step in self._open:
+            start, cands = step.start, step.candidates
+            taus: dict[Policy, float] = {}
+            for pol, (name, k) in step.plan.items():
                 if name is None or k == 0:
                     taus[pol] = self._measured_seconds(1)
                     continue
@@ -292,22 +350,23 @@ class AdaptiveController:
                 if j == len(seen) and len(seen) < len(toks):
                     break  # not decided yet
                 taus[pol] = self._measured_seconds(k + 1) / (j + 1)
-            if len(taus) < len(plan):
+            if len(taus) < len(step.plan):
                 if len(em) - start < 64:  # a request's end leaves a few undecided: drop them
-                    keep.append((start, w, plan, cands))
+                    keep.append(step)
                 continue
-            new = self.chooser.add(w, taus)
+            new = chooser.add(step.width, taus)
             if new is not None:
-                rates = self.chooser.rates()
+                rates = chooser.rates()
                 label = new if isinstance(new, str) else f"{new[0]} capped at {new[1]}"
                 self._events.append(ControlRecord(
                     "policy", f"{label}: {rates[new] * self.pass_seconds(1):.2f}x a plain step's "
-                    f"goodput over the last {len(self.chooser.samples)} steps (paired, "
-                    f"z={self.chooser.z})", new[1] if isinstance(new, tuple) else None,
+                    f"goodput over the last {len(chooser.samples)} steps (paired, "
+                    f"z={chooser.z})", new[1] if isinstance(new, tuple) else None,
                     new[0] if isinstance(new, tuple) else None))
         self._open = keep
 
-    def _gate(self, st: _ProposerState, cand: Draft | None, worth: bool) -> tuple[str | None, str]:
+    def _gate(self, st: _ProposerState, cand: Draft | None,
+              worth: bool) -> tuple[Literal["ok", "probe"] | None, str]:
         """May this proposer draft now? (None | "ok" | "probe", why). Side-effect free."""
         s = self.settings
         if st.fallback:
@@ -364,7 +423,7 @@ class AdaptiveController:
         self._view = None
         if self.chooser is not None:
             self._view = view
-            self._score_policies(outcome)
+            self._score_policies(self.chooser, outcome)
             self._view = None
 
     def _observe_draft(self, name: str, o: Outcome, view: StepView | None) -> None:
@@ -472,7 +531,4 @@ class AdaptiveController:
     def drain_events(self) -> list[ControlRecord]:
         out, self._events = self._events, []
         return out
-
-    def in_fallback(self, name: str) -> bool:
-        return self._p[name].fallback
 

@@ -24,9 +24,9 @@ import math
 import random
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Literal, NamedTuple, Sequence, TypedDict
 
-from ..api.labels import PLAIN
+from ..api.labels import PLAIN, RouteArm
 from ..errors import InvalidInputError
 from .settings import ControlRecord, ControlSettings
 
@@ -91,7 +91,7 @@ class Route(NamedTuple):
     the slice is off), or "direct" (no canary configured, or the plain path was asked)."""
 
     label: str
-    arm: str
+    arm: RouteArm
     reason: str = ""
 
     @property
@@ -115,6 +115,33 @@ class GuardEstimate:
     spec_steps: int
     plain_steps: int
     enabled: bool
+
+
+#: the guard's answer for one step of a proposer: draft, draft as a probe, or not at all
+Admission = Literal["on", "probe", "off"]
+
+
+class GuardSnapshot(TypedDict):
+    """One (slice, proposer) of :meth:`GoodputGuard.snapshot`."""
+
+    enabled: bool
+    speedup: float | None
+    lower: float | None
+    spec_steps: int
+    plain_steps: int
+
+
+class CanarySnapshot(TypedDict):
+    """One traffic slice of :meth:`GoodputGuard.canary_snapshot` (a metrics endpoint's)."""
+
+    enabled: bool
+    improvement: float | None
+    lower: float | None
+    speculative_requests: int
+    plain_requests: int
+    changes: int
+    threshold: float
+    fraction: float | None
 
 
 class _SliceState:
@@ -158,10 +185,10 @@ class GoodputGuard:
         self._canary.clear()
         self._rng = random.Random(settings.seed if settings is not None else None)
 
-    def _cstate(self, slice_: str) -> _CanaryState:
+    def _cstate(self, slice_: str, c: CanarySettings) -> _CanaryState:
         st = self._canary.get(slice_)
         if st is None:
-            st = self._canary[slice_] = _CanaryState(self.canary.window)
+            st = self._canary[slice_] = _CanaryState(c.window)
         return st
 
     def route(self, slice_: str, label: str) -> Route:
@@ -169,7 +196,7 @@ class GoodputGuard:
         c = self.canary
         if c is None or label == PLAIN:
             return Route(label, "direct")
-        st = self._cstate(slice_)
+        st = self._cstate(slice_, c)
         draw = self._rng.random()
         if st.enabled:
             if draw < c.fraction:
@@ -189,7 +216,7 @@ class GoodputGuard:
         c = self.canary
         if c is None or route.arm == "direct" or tokens <= 0 or seconds <= 0:
             return None
-        st = self._cstate(slice_)
+        st = self._cstate(slice_, c)
         if route.plain_arm:
             st.plain.append((tokens, seconds))
             return None
@@ -228,13 +255,14 @@ class GoodputGuard:
     def _canary_bound(self, st: _CanaryState) -> tuple[float, float]:
         return ratio_bound(goodput(st.spec), goodput(st.plain), self.settings.guard_z)
 
-    def canary_snapshot(self) -> dict[str, dict]:
+    def canary_snapshot(self) -> dict[str, CanarySnapshot]:
         """Per traffic slice: whether speculation is on, the goodput improvement over the
         plain canary and its lower confidence bound (None until both arms have two
         requests), request counts and the settings, for a metrics endpoint."""
-        out = {}
+        out: dict[str, CanarySnapshot] = {}
         for sl, st in self._canary.items():
-            speedup = lower = None
+            speedup: float | None = None
+            lower: float | None = None
             if len(st.spec) >= 2 and len(st.plain) >= 2:
                 speedup, lower = self._canary_bound(st)
             out[sl] = {"enabled": st.enabled, "improvement": speedup, "lower": lower,
@@ -252,7 +280,7 @@ class GoodputGuard:
             st = self._slices[key] = _SliceState(self.settings.guard_window)
         return st
 
-    def admits(self, slice_: str, proposer: str) -> str:
+    def admits(self, slice_: str, proposer: str) -> Admission:
         """"on", "probe" (disabled, but this step may gather evidence) or "off"."""
         st = self._state(slice_, proposer)
         if st.enabled:
@@ -316,19 +344,22 @@ class GoodputGuard:
         n = len(st.spec)
         plain = self._plain.get(slice_, ())
         m = len(plain)
-        if n < 2 or (m < 2 and self.plain_seconds_prior is None):
+        prior = self.plain_seconds_prior
+        if n < 2:
             return None
         if m >= 2:
             plain_rate = goodput([(1, x) for x in plain])
-        else:
+        elif prior is not None:
             # one calibration number standing in for plain steps: trust it loosely
-            plain_rate = Goodput(1.0 / self.plain_seconds_prior, 0.15 ** 2)
+            plain_rate = Goodput(1.0 / prior, 0.15 ** 2)
+        else:
+            return None
         speedup, lower = ratio_bound(goodput(st.spec), plain_rate, self.settings.guard_z)
         return GuardEstimate(speedup, lower, n, m, st.enabled)
 
-    def snapshot(self) -> dict[str, dict]:
+    def snapshot(self) -> dict[str, GuardSnapshot]:
         """Per "slice/proposer": enabled, speedup, lower bound, step counts (for stats and the TUI)."""
-        out = {}
+        out: dict[str, GuardSnapshot] = {}
         for (sl, prop), st in self._slices.items():
             est = self.estimate(sl, prop)
             out[f"{sl}/{prop}"] = {

@@ -18,34 +18,37 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Hashable, Mapping
+from typing import Literal, Mapping, Sequence, Union
 
 #: fixed caps scored as live candidates for each free proposer
 CAPS = (1, 2, 3, 4, 8)
-ADAPTIVE = "adaptive"
-PLAIN = "plain"
+ADAPTIVE: Literal["adaptive"] = "adaptive"
+PLAIN: Literal["plain"] = "plain"
+#: a policy: the adaptive controller, the plain path, or (proposer, cap) drafting at most cap
+Policy = Union[Literal["adaptive", "plain"], tuple[str, int]]
 
 
 class PolicyChooser:
     """Paired, token-weighted comparison of policies' seconds per token over a window."""
 
-    def __init__(self, policies: list[Hashable], window: int = 64, z: float = 1.645,
-                 min_samples: int = 6, incumbent: Hashable = ADAPTIVE) -> None:
+    def __init__(self, policies: Sequence[Policy], window: int = 64, z: float = 1.645,
+                 min_samples: int = 6, incumbent: Policy = ADAPTIVE) -> None:
         self.policies = policies
         self.z = z
         self.min_samples = min_samples
         self.current = incumbent
-        self.samples: deque[tuple[float, Mapping[Hashable, float]]] = deque(maxlen=window)
+        self.samples: deque[tuple[float, Mapping[Policy, float]]] = deque(maxlen=window)
         self.switches = 0
 
-    def add(self, weight: float, seconds_per_token: Mapping[Hashable, float]) -> Hashable | None:
+    def add(self, weight: float, seconds_per_token: Mapping[Policy, float]) -> Policy | None:
         """One step's (tokens it emitted, {policy: seconds per token}); returns the new
         incumbent when it changed."""
         self.samples.append((weight, seconds_per_token))
         if len(self.samples) < self.min_samples:
             return None
         inc = self.current
-        best, best_lower = None, 0.0
+        best: Policy | None = None
+        best_lower = 0.0
         for c in self.policies:
             if c == inc:
                 continue
@@ -67,7 +70,7 @@ class PolicyChooser:
         self.switches += 1
         return best
 
-    def rates(self) -> dict[Hashable, float]:
+    def rates(self) -> dict[Policy, float]:
         """Each policy's estimated goodput (tokens per second) over the window."""
         sw = sum(w for w, _ in self.samples)
         return {p: sw / sum(w * tau[p] for w, tau in self.samples) for p in self.policies} \

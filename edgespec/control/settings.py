@@ -20,10 +20,14 @@ controller scores the unused candidates against.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Protocol
 
+from ..api.labels import ControlKind
 from ..errors import InvalidInputError
 from ..proposers.base import Draft
+
+if TYPE_CHECKING:
+    from ..api.events import Step
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ class StepView:
     def draft_for(self, decision: "Decision") -> Draft | None:
         """The chosen candidate cut to ``decision.k`` tokens; None for a plain step or a
         proposer without a candidate (a costly one: ask its session for ``k`` tokens)."""
-        if decision.plain:
+        if decision.proposer is None or decision.plain:
             return None
         cand = self.candidates.get(decision.proposer)
         return None if cand is None else truncate(cand, decision.k)
@@ -165,7 +169,7 @@ class Outcome:
     batch_rows: int = 0  # rows of the whole pass when other sequences shared it (0: alone)
 
     @classmethod
-    def of(cls, step, draft: Draft | None = None) -> "Outcome":
+    def of(cls, step: Step, draft: Draft | None = None) -> "Outcome":
         """From an :class:`edgespec.api.events.Step` and the draft that was verified."""
         return cls(proposer=step.proposer, drafted=step.drafted, accepted=step.accepted,
                    draft_seconds=step.draft_seconds, verify_seconds=step.verify_seconds,
@@ -177,7 +181,7 @@ class Outcome:
 class ControlRecord(NamedTuple):
     """A mode change, field order matching ``events.Control`` after its request_id."""
 
-    kind: str  # fallback | probe | recover | guard_off | guard_on | guarded
+    kind: ControlKind
     reason: str
     draft_length: int | None = None
     proposer: str | None = None

@@ -41,11 +41,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from ..api.arrays import FloatArray
 from ..errors import EdgespecError
+
+if TYPE_CHECKING:
+    from ..runtime.backend import Context
 
 #: a held sequence about to lose at least this many positions is saved to the RAM cache
 #: first (a conversation being switched away from); a few retokenized tokens are not
@@ -163,7 +167,7 @@ def _aligned(n: int) -> int:
 class Prefill:
     """What a prefill reused and computed; ``logits`` is the last prompt token's row."""
 
-    logits: np.ndarray
+    logits: FloatArray
     reused: int
     computed: int
     restored: bool  # the reused prefix came from the RAM state cache
@@ -189,7 +193,7 @@ class PrefixCache:
     holds afterwards with :meth:`commit`; after an error, :meth:`invalidate`.
     """
 
-    def __init__(self, ctx, seq_id: int = 0, ram: StateCache | None = None) -> None:
+    def __init__(self, ctx: Context, seq_id: int = 0, ram: StateCache | None = None) -> None:
         self.ctx, self.seq_id = ctx, seq_id
         self.ram = ram if hasattr(ctx, "state_get") else None
         self.held: list[int] = []
@@ -232,7 +236,7 @@ class PrefixCache:
                 if exact and entry is not None:
                     m = _aligned(max(0, min(m, entry.prefilled, len(prompt) - MIN_PASS)))
                 if entry is not None and m > n:
-                    n, restored = self._restore(entry, m), True
+                    n, restored = self._restore(self.ram, entry, m), True
         elif self.ram is not None and self.conversation and len(self.held) >= SAVE_MIN_DROPPED:
             self.save()  # a request that does not reuse still leaves a conversation findable
         try:
@@ -249,7 +253,7 @@ class PrefixCache:
             raise
         return PrefillStart(prompt, n, restored, written, reuse)
 
-    def finish(self, start: "PrefillStart", logits, whole: bool = True) -> Prefill:
+    def finish(self, start: "PrefillStart", logits: FloatArray, whole: bool = True) -> Prefill:
         """The sequence now holds the whole prompt. ``whole``: the rest was decoded by this
         sequence's own passes of n_batch rows, as a prefill from position 0 would group
         them; chunks shared with other sequences (continuous batching) are not, and count
@@ -361,12 +365,12 @@ class PrefixCache:
         self.conversation = True
         return True
 
-    def _restore(self, entry: StateEntry, m: int) -> int:
+    def _restore(self, ram: StateCache, entry: StateEntry, m: int) -> int:
         try:
             self.ctx.state_set(entry.state, self.seq_id)
         except EdgespecError:
             self.held, self.prefilled = [], 0
-            self.ram._drop(entry.tokens)
+            ram._drop(entry.tokens)
             return 0
         self.held, self.prefilled = list(entry.tokens), entry.prefilled
         return m

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -29,13 +29,20 @@ from ..grammar import state as grammar
 from . import sampling, treepass, verify
 from ..grammar.state import FORCED, GrammarState
 from ..api.events import Control, Event, Finished, PrefillDone, RequestStarted, Step, TokenLogprob
-from ..api.params import GenerationParams
+from ..api.arrays import FloatArray
+from ..api.labels import MaybeStopReason
+from ..api.params import GenerationParams, SamplingParams
 from ..proposers import EMPTY_DRAFT, Draft, Proposer, ProposerSession
-from ..api.stats import RequestStats
+from ..proposers.base import ReusesPrefix
+from ..api.stats import RequestStats, StatsSink
 from ..control import Controller, Outcome, StepView
-from .kvcache import PrefixCache
+from .kvcache import Prefill, PrefixCache
 from .tree import DraftTree
 from .textstream import TextAssembler
+
+if TYPE_CHECKING:
+    from ..proposers.bridged import BridgeTimes
+    from ..runtime.backend import Context, Model
 
 
 @dataclass
@@ -64,9 +71,16 @@ class Request:
     generated: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     t0: float = 0.0
-    stop_reason: str = ""
+    stop_reason: MaybeStopReason = ""
     kv: PrefixCache | None = None  # the request's sequence's cache (None: the loop's)
     cancel: threading.Event | None = None  # set to end this request at its next step
+
+    @property
+    def generator(self) -> np.random.Generator:
+        """The random generator a sampling request draws from (the engine gives it one)."""
+        if self.rng is None:
+            raise RuntimeError(f"request {self.id} samples but has no random generator")
+        return self.rng
 
     def close(self) -> None:
         completed = self.stop_reason not in ("", "cancelled")
@@ -125,14 +139,18 @@ class Loop:
     :meth:`serve` runs one request through them alone.
     """
 
-    def __init__(self, target, ctx, *, target_name: str, draft_name: str | None, sinks,
-                 cancelled, kv=None) -> None:
+    def __init__(self, target: Model, ctx: Context, *, target_name: str,
+                 draft_name: str | None, sinks: Sequence[StatsSink],
+                 cancelled: threading.Event, kv: PrefixCache | None = None) -> None:
 
         self.target, self.ctx = target, ctx
         self.kv = kv if kv is not None else PrefixCache(ctx)  # what the target's KV holds
         self.target_name, self.draft_name = target_name, draft_name
         self.sinks = sinks
         self.cancelled = cancelled  # a threading.Event set by Engine.cancel()
+        #: the context's sequences set aside for draft-tree branches (the engine sets them;
+        #: none: trees are off; edgespec.decoding.treepass)
+        self.tree_seqs: tuple[int, ...] = ()
 
     def started(self, req: Request) -> RequestStarted:
         req.t0 = time.perf_counter()
@@ -178,7 +196,7 @@ class Loop:
         pre = kv.prefill(req.tokens, reuse=req.reuse, exact=req.exact)
         yield from self.prefilled(req, pre)
 
-    def prefilled(self, req: Request, pre) -> Iterator[Event]:
+    def prefilled(self, req: Request, pre: Prefill) -> Iterator[Event]:
         """After the prompt is in the KV cache (``pre``: an edgespec.decoding.kvcache.Prefill, whose
         logits are the last prompt token's): open the proposer sessions, emit the first token."""
         p = req.params
@@ -186,7 +204,7 @@ class Loop:
         req.n_past = len(req.tokens)
         # Opening a session indexes the prompt (a draft model prefills it): part of TTFT.
         for n, prop in req.proposers.items():
-            if hasattr(prop, "reuse_prefix"):
+            if isinstance(prop, ReusesPrefix):
                 prop.reuse_prefix = req.reuse
             req.sessions[n] = prop.open(req.tokens, p.sampling)
         t_prefill = time.perf_counter() - req.t0
@@ -194,7 +212,7 @@ class Loop:
         yield PrefillDone(req.id, req.n_prompt, t_prefill)
 
         first = self._choose_plain(req, logits[0])
-        step = self._emit(req, [first] if first is not None else [], logits[:1], n_acc=0,
+        step = self.emit(req, [first] if first is not None else [], logits[:1], n_acc=0,
                           proposer=None, drafted=0, draft_s=0.0, verify_s=0.0)
         if first is None:
             req.stop_reason = req.stop_reason or "grammar"
@@ -220,57 +238,62 @@ class Loop:
         limit = max(0, min(req.max_draft, remaining - 1, room))
         if load is not None:
             limit = min(limit, max(0, load.max_rows - 1))
-        draft, used, t_draft = EMPTY_DRAFT, None, 0.0
-        events: list[Control] = []
-        expected, declined = 1.0, False
+        ps = Pass(req, EMPTY_DRAFT, None, 0.0, [])
         if req.controller is not None:
-            t_a = time.perf_counter()
-            cands = {n: s.propose(limit) for n, s in req.sessions.items()
-                     if n not in req.costly and limit > 0}
-            if req.grammar is not None:  # the controller sees only what the grammar admits
-                cands = {n: grammar.cut(req.grammar, c, p.sampling.greedy)
-                         for n, c in cands.items()}
-            t_draft = time.perf_counter() - t_a
             # what can still be emitted: the max_tokens budget, or the context's room
             # (the pending token plus `room` drafts)
-            view = StepView(generated=len(req.generated), remaining=min(remaining, room + 1),
-                            candidates=cands)
-            if load is not None:
-                view = replace(view, batch_rows=load.rows, batch_tokens=load.tokens)
-            d = req.controller.decide(view)
-            for rec in req.controller.drain_events():
-                req.stats.observe_control(rec.kind)
-                events.append(Control(req.id, rec.kind, rec.reason,
-                                      draft_length=rec.draft_length if rec.draft_length is not None
-                                      else d.k, proposer=rec.proposer or d.proposer))
-            k = max(0, min(d.k, limit))
-            declined = d.plain and any(len(c) for c in cands.values())
-            if not d.plain and k > 0 and d.expected_tokens:
-                expected = float(d.expected_tokens)
-            if not d.plain and k > 0:
-                used = d.proposer
-                if used in cands:
-                    draft = cands[used].head(k)
-                else:
-                    t_b = time.perf_counter()
-                    draft = req.sessions[used].propose(k)
-                    if req.grammar is not None:
-                        draft = grammar.cut(req.grammar, draft, p.sampling.greedy)
-                    t_draft += time.perf_counter() - t_b
-            if req.grammar is not None and not draft.tokens and limit > 0:
-                # a literal the grammar forces costs no proposer: draft it
-                t_b = time.perf_counter()
-                forced = req.grammar.forced(limit)
-                t_draft += time.perf_counter() - t_b
-                if forced:
-                    draft, used = Draft(tokens=forced, source=FORCED), FORCED
-        ps = Pass(req, draft, used if draft.tokens else None, t_draft, events,
-                  expected=expected, declined=declined)
-        if load is None and draft.tokens and req.grammar is None:
+            self._choose_draft(ps, req.controller, limit, min(remaining, room + 1), load)
+        if not ps.draft.tokens:
+            ps.used = None
+        if load is None and ps.draft.tokens and req.grammar is None:
             treepass.plan(self, ps, limit)  # alone in its pass: a tree where one pays
         return ps
 
-    def complete(self, ps: Pass, rows: np.ndarray, verify_seconds: float) -> Step:
+    def _choose_draft(self, ps: Pass, controller: Controller, limit: int, remaining: int,
+                      load: Load | None) -> None:
+        """Fill ``ps`` with the controller's choice: every free proposer drafts a candidate,
+        the controller decides, the chosen one is cut to its length (a costly proposer
+        drafts only now); failing that, a literal the grammar forces."""
+        req = ps.req
+        greedy = req.params.sampling.greedy
+        t_a = time.perf_counter()
+        cands = {n: s.propose(limit) for n, s in req.sessions.items()
+                 if n not in req.costly and limit > 0}
+        if req.grammar is not None:  # the controller sees only what the grammar admits
+            cands = {n: grammar.cut(req.grammar, c, greedy) for n, c in cands.items()}
+        ps.draft_seconds = time.perf_counter() - t_a
+        view = StepView(generated=len(req.generated), remaining=remaining, candidates=cands)
+        if load is not None:
+            view = replace(view, batch_rows=load.rows, batch_tokens=load.tokens)
+        d = controller.decide(view)
+        for rec in controller.drain_events():
+            req.stats.observe_control(rec.kind)
+            ps.events.append(Control(req.id, rec.kind, rec.reason,
+                                     draft_length=rec.draft_length if rec.draft_length is not None
+                                     else d.k, proposer=rec.proposer or d.proposer))
+        k = max(0, min(d.k, limit))
+        ps.declined = d.plain and any(len(c) for c in cands.values())
+        if d.proposer is not None and not d.plain and k > 0:
+            if d.expected_tokens:
+                ps.expected = float(d.expected_tokens)
+            ps.used = d.proposer
+            if d.proposer in cands:
+                ps.draft = cands[d.proposer].head(k)
+            else:
+                t_b = time.perf_counter()
+                ps.draft = req.sessions[d.proposer].propose(k)
+                if req.grammar is not None:
+                    ps.draft = grammar.cut(req.grammar, ps.draft, greedy)
+                ps.draft_seconds += time.perf_counter() - t_b
+        if req.grammar is not None and not ps.draft.tokens and limit > 0:
+            # a literal the grammar forces costs no proposer: draft it
+            t_b = time.perf_counter()
+            forced = req.grammar.forced(limit)
+            ps.draft_seconds += time.perf_counter() - t_b
+            if forced:
+                ps.draft, ps.used = Draft(tokens=forced, source=FORCED), FORCED
+
+    def complete(self, ps: Pass, rows: FloatArray, verify_seconds: float) -> Step:
         """Verify a pass's rows (the target's logits at the pending token and each draft
         position), trim the rejected positions, and emit what was accepted."""
         if ps.tree is not None:
@@ -297,7 +320,7 @@ class Loop:
                 confidence=draft.confidence if used and mine else None,
                 match_length=draft.match_length if used and mine else 0,
                 batch_rows=ps.batch_rows))
-        step = self._emit(req, new, rows[: n_acc + 1], n_acc=n_acc, proposer=used,
+        step = self.emit(req, new, rows[: n_acc + 1], n_acc=n_acc, proposer=used,
                           drafted=len(draft.tokens), draft_s=t_draft, verify_s=verify_seconds)
         if nxt is None and not req.stop_reason:
             req.stop_reason = "grammar"  # nothing the grammar admits can come next
@@ -305,22 +328,24 @@ class Loop:
 
     def end(self, req: Request) -> Iterator[Event]:
         for sess in req.sessions.values():  # a bridged draft's own alignment work
-            times = getattr(sess, "times", None)
-            if times is not None and hasattr(times, "bridge_seconds"):
-                req.stats.bridge_seconds += times.bridge_seconds
-                req.stats.bridge_steps += times.steps
+            if isinstance(sess, _Bridged):
+                req.stats.bridge_seconds += sess.times.bridge_seconds
+                req.stats.bridge_steps += sess.times.steps
+        reason = req.stop_reason
+        # every way out of the loop (serve, the scheduler) sets the reason before end()
+        assert reason, f"request {req.id} ended without a stop reason"
         tail = req.text.flush()
         total = time.perf_counter() - req.t0
-        req.stats.finish(req.stop_reason, total)
+        req.stats.finish(reason, total)
         for sink in self.sinks:
             sink.emit(req.stats)
         if tail:
             yield Step(req.id, (), tail, (), None, 0, 0, 0.0, 0.0, total)
-        yield Finished(req.id, req.text.text, tuple(req.generated), req.stop_reason, req.stats,
+        yield Finished(req.id, req.text.text, tuple(req.generated), reason, req.stats,
                        logprobs=tuple(req.logprobs))
 
     # --- verification ----------------------------------------------------------------
-    def _choose_plain(self, req: Request, row: np.ndarray) -> int | None:
+    def _choose_plain(self, req: Request, row: FloatArray) -> int | None:
         s = req.params.sampling
         if req.grammar is not None:  # None: nothing the grammar admits
             y = grammar.choose(req.grammar, row, req.tokens, s, req.rng)
@@ -329,9 +354,9 @@ class Loop:
             return y
         if s.greedy:
             return sampling.greedy_token(row, req.tokens, s)
-        return sampling.sample(sampling.distribution(row, req.tokens, s), req.rng)
+        return sampling.sample(sampling.distribution(row, req.tokens, s), req.generator)
 
-    def _verify(self, req: Request, draft: Draft, rows: np.ndarray) -> tuple[int, int | None]:
+    def _verify(self, req: Request, draft: Draft, rows: FloatArray) -> tuple[int, int | None]:
         s = req.params.sampling
         d = draft.tokens
         if not d:
@@ -349,10 +374,11 @@ class Loop:
                 if i < len(d) and ys[i] != d[i]:
                     break
             return verify.verify_greedy(d, ys)
-        return verify.verify_sampling(d, draft.probs, _TargetRows(rows, req.tokens, d, s), req.rng)
+        return verify.verify_sampling(d, draft.probs, _TargetRows(rows, req.tokens, d, s),
+                                      req.generator)
 
     # --- emission -----------------------------------------------------------------------
-    def _emit(self, req: Request, new: list[int], rows, *, n_acc: int, proposer: str | None,
+    def emit(self, req: Request, new: list[int], rows: FloatArray, *, n_acc: int, proposer: str | None,
               drafted: int, draft_s: float, verify_s: float) -> Step:
         """Append verified tokens one by one, honouring EOG, stop strings and max_tokens."""
         p = req.params
@@ -389,21 +415,30 @@ class Loop:
                     n_acc, draft_s, verify_s, elapsed, logprobs=tuple(lps), pieces=tuple(pieces))
 
 
+@runtime_checkable
+class _Bridged(Protocol):
+    """A session that keeps its vocabulary bridge's own times (a bridged draft's)."""
+
+    @property
+    def times(self) -> BridgeTimes: ...
+
+
 class _TargetRows:
     """The target's distributions at each draft position, computed only when read
     (verification stops at the first rejection)."""
 
-    def __init__(self, rows: np.ndarray, history: list[int], draft: Sequence[int], params) -> None:
+    def __init__(self, rows: FloatArray, history: list[int], draft: Sequence[int],
+                 params: SamplingParams) -> None:
         self.rows, self.history, self.draft, self.params = rows, history, draft, params
 
     def __len__(self) -> int:
         return len(self.draft) + 1
 
-    def __getitem__(self, i: int) -> np.ndarray:
+    def __getitem__(self, i: int) -> FloatArray:
         return sampling.distribution(self.rows[i], [*self.history, *self.draft[:i]], self.params)
 
 
-def logprob(row: np.ndarray, tok: int, top_n: int) -> TokenLogprob:
+def logprob(row: FloatArray, tok: int, top_n: int) -> TokenLogprob:
     x = row.astype(np.float64)
     m = x.max()
     lse = m + np.log(np.exp(x - m).sum())

@@ -229,4 +229,4 @@ def _scratch(v: np.ndarray) -> np.ndarray:
 
 
 def _cut(cum: np.ndarray, p: float) -> int:
-    return min(int(np.searchsorted(cum, p, side="left")) + 1, cum.shape[0])
+    return min(int(np.searchsorted(cum, p, side="left")) + 1, int(cum.shape[0]))

@@ -30,11 +30,14 @@ in the last bits; docs/trees.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
 from ..errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from ..runtime.backend import Context
 
 __all__ = ["DraftTree", "TreeBatch", "commit", "prepare", "release"]
 
@@ -229,7 +232,7 @@ class TreeBatch(NamedTuple):
 
 # --- the KV cache around a tree pass -----------------------------------------------------
 
-def prepare(ctx, pos0: int, seq_ids: Sequence[int]) -> None:
+def prepare(ctx: Context, pos0: int, seq_ids: Sequence[int]) -> None:
     """Before a tree pass: every scratch branch sequence holds the main sequence's cached
     positions ``0 .. pos0 - 1`` (llama.cpp requires sequences that share a token in a
     batch to agree before it)."""
@@ -240,13 +243,13 @@ def prepare(ctx, pos0: int, seq_ids: Sequence[int]) -> None:
             ctx.seq_cp(main, int(s), 0, pos0)
 
 
-def release(ctx, seq_ids: Sequence[int]) -> None:
+def release(ctx: Context, seq_ids: Sequence[int]) -> None:
     """Drops the scratch branch sequences (every position of each)."""
     for s in seq_ids[1:]:
         ctx.trim(int(s), 0)
 
 
-def commit(ctx, tree: DraftTree, path: Sequence[int], pos0: int, seq_ids: Sequence[int]) -> None:
+def commit(ctx: Context, tree: DraftTree, path: Sequence[int], pos0: int, seq_ids: Sequence[int]) -> None:
     """After verification: the main sequence keeps the root (``pos0``) and the accepted
     ``path``, nothing past them, and the scratch sequences are dropped. Only sequence
     operations: no token is decoded again.

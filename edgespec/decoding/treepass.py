@@ -15,12 +15,20 @@ mode its nodes stay within the probed exact pass size, like a linear draft.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 from . import sampling, verify
+from ..api.arrays import FloatArray
+from ..api.events import Step
+from ..api.params import SamplingParams
 from ..control import Outcome
 from ..control.tree import size_tree
+from ..proposers.base import ProposerSession
 from .tree import DraftTree, commit, prepare, release
+
+if TYPE_CHECKING:
+    from ..calibration.calibration import Calibration
+    from .request import Loop, Pass, Request
 
 __all__ = ["plan", "decode", "complete", "MAX_CHILDREN"]
 
@@ -28,19 +36,34 @@ __all__ = ["plan", "decode", "complete", "MAX_CHILDREN"]
 MAX_CHILDREN = 4
 
 
-def _seqs(loop, req) -> tuple[int, ...]:
-    spare = tuple(s for s in getattr(loop, "tree_seqs", ()) if s != req.seq_id)
+@runtime_checkable
+class TreeSession(ProposerSession, Protocol):
+    """A proposer session that can also offer a draft tree (suffix, n-gram, draft)."""
+
+    def propose_tree(self, k: int, max_children: int = 4) -> DraftTree: ...
+
+
+@runtime_checkable
+class _Calibrated(Protocol):
+    """A controller with the target's cost curve (the adaptive one), which sizes trees."""
+
+    cal: Calibration
+
+
+def _seqs(loop: Loop, req: Request) -> tuple[int, ...]:
+    spare = tuple(s for s in loop.tree_seqs if s != req.seq_id)
     return (req.seq_id, *spare) if spare else ()
 
 
-def plan(loop, ps, limit: int) -> None:
+def plan(loop: Loop, ps: Pass, limit: int) -> None:
     """Sets ``ps.tree`` when a tree of the chosen proposer beats its linear draft."""
     req, draft = ps.req, ps.draft
     seqs = _seqs(loop, req)
     session = req.sessions.get(ps.used) if ps.used else None
-    cal = getattr(req.controller, "cal", None)
-    if len(seqs) < 2 or cal is None or not hasattr(session, "propose_tree"):
+    if len(seqs) < 2 or not isinstance(req.controller, _Calibrated) \
+            or not isinstance(session, TreeSession):
         return
+    cal = req.controller.cal
     if cal.source == "prior":
         # a prior's flat stretches are assumptions; on them trees lost to linear drafts in
         # the recorded replay (docs/trees.md): size trees on a measured curve only
@@ -60,9 +83,15 @@ def plan(loop, ps, limit: int) -> None:
         ps.batch_rows = len(choice.tree) + 1  # the controller times the whole pass
 
 
-def decode(loop, ps):
+def _tree(ps: Pass) -> DraftTree:
+    if ps.tree is None:
+        raise ValueError("a tree pass without a tree (plan() sets ps.tree)")
+    return ps.tree
+
+
+def decode(loop: Loop, ps: Pass) -> FloatArray:
     """One pass over the pending token and every node; rows in the tree's node order."""
-    req, tree = ps.req, ps.tree
+    req, tree = ps.req, _tree(ps)
     seqs = _seqs(loop, req)[:tree.width]
     prepare(loop.ctx, req.n_past, seqs)
     try:
@@ -73,36 +102,45 @@ def decode(loop, ps):
 
 
 class _Rows:
-    """Row i + 1 of a tree pass (i = -1: the pending token) as the target's greedy token or
-    distribution, with the history that node's path gives (penalties see it), computed
-    only when verification reads it."""
+    """Row i + 1 of a tree pass (i = -1: the pending token) with the history that node's
+    path gives (penalties see it); the subclasses compute the target's greedy token or
+    distribution only when verification reads it."""
 
-    def __init__(self, rows, history: list[int], tree: DraftTree, params, greedy: bool):
+    def __init__(self, rows: FloatArray, history: list[int], tree: DraftTree,
+                 params: SamplingParams) -> None:
         self.rows, self.history, self.tree, self.params = rows, history, tree, params
-        self.greedy = greedy
 
     def __len__(self) -> int:
         return len(self.tree) + 1
 
-    def __getitem__(self, i: int):
+    def _history(self, i: int) -> list[int]:
         node = i - 1
-        hist = self.history if node < 0 else \
+        return self.history if node < 0 else \
             [*self.history, *self.tree.path_tokens(self.tree.path(node))]
-        if self.greedy:
-            return sampling.greedy_token(self.rows[i], hist, self.params)
-        return sampling.distribution(self.rows[i], hist, self.params)
 
 
-def complete(loop, ps, rows, verify_seconds: float):
+class _GreedyRows(_Rows):
+    def __getitem__(self, i: int) -> int:
+        return sampling.greedy_token(self.rows[i], self._history(i), self.params)
+
+
+class _DistributionRows(_Rows):
+    def __getitem__(self, i: int) -> FloatArray:
+        return sampling.distribution(self.rows[i], self._history(i), self.params)
+
+
+def complete(loop: Loop, ps: Pass, rows: FloatArray, verify_seconds: float) -> Step:
     """Verify a tree pass, keep the accepted path's KV, and emit it: the tree counterpart
     of ``Loop.complete``."""
-    req, tree, used = ps.req, ps.tree, ps.used
+    req, tree, used = ps.req, _tree(ps), ps.used
     s = req.params.sampling
-    target = _Rows(rows, req.tokens, tree, s, s.greedy)
     if s.greedy:
-        path, nxt = verify.verify_tree_greedy(tree.tokens, tree.parents, target)
+        path, nxt = verify.verify_tree_greedy(tree.tokens, tree.parents,
+                                              _GreedyRows(rows, req.tokens, tree, s))
     else:
-        path, nxt = verify.verify_tree_sampling(tree.tokens, tree.parents, None, target, req.rng)
+        path, nxt = verify.verify_tree_sampling(tree.tokens, tree.parents, None,
+                                                _DistributionRows(rows, req.tokens, tree, s),
+                                                req.generator)
     commit(loop.ctx, tree, path, req.n_past, _seqs(loop, req)[:tree.width])
     n_acc = len(path)
     req.n_past += 1 + n_acc
@@ -121,7 +159,7 @@ def complete(loop, ps, rows, verify_seconds: float):
             match_length=ps.draft.match_length, batch_rows=ps.batch_rows))
     req.stats.observe_tree(nodes=len(tree), branches=tree.width, accepted=n_acc,
                            off_first=bool(path) and tree.branch_of()[path[-1]] != 0)
-    return loop._emit(req, new, rows[[0, *(i + 1 for i in path)]], n_acc=n_acc, proposer=used,
+    return loop.emit(req, new, rows[[0, *(i + 1 for i in path)]], n_acc=n_acc, proposer=used,
                       drafted=len(tree), draft_s=ps.draft_seconds, verify_s=verify_seconds)
 
 

@@ -39,11 +39,24 @@ make the rule above wrong; such a drafter must pass ``draft_probs=None``.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Protocol, Sequence, TypeVar
 
 import numpy as np
 
+from ..api.arrays import FloatArray
 from .sampling import sample
+
+
+_Row = TypeVar("_Row", covariant=True)
+
+
+class Rows(Protocol[_Row]):
+    """The target's rows as verification reads them: a list or an array, or a lazy view
+    that computes row ``i`` only when read (rows past a rejection are never read)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int, /) -> _Row: ...
 
 
 class Verdict(NamedTuple):
@@ -76,8 +89,8 @@ def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> 
 
 def verify_sampling(
     draft_tokens: Sequence[int],
-    draft_probs: np.ndarray | None,
-    target_probs: Sequence[np.ndarray],
+    draft_probs: FloatArray | None,
+    target_probs: Rows[FloatArray],
     rng: np.random.Generator,
     *,
     residual: bool = True,
@@ -146,7 +159,7 @@ def _children(parents: Sequence[int]) -> list[list[int]]:
 
 
 def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int],
-                       target_argmax: Sequence[int]) -> TreeVerdict:
+                       target_argmax: Rows[int]) -> TreeVerdict:
     """Follow the target's argmax down the tree; the first argmax no child holds is emitted.
 
     ``target_argmax`` has ``len(tokens) + 1`` entries (row 0: the root). Example, root
@@ -170,7 +183,7 @@ def verify_tree_greedy(tokens: Sequence[int], parents: Sequence[int],
 
 
 def verify_tree_sampling(tokens: Sequence[int], parents: Sequence[int],
-                         draft_probs: np.ndarray | None, target_probs: Sequence[np.ndarray],
+                         draft_probs: FloatArray | None, target_probs: Rows[FloatArray],
                          rng: np.random.Generator, *, residual: bool = True) -> TreeVerdict:
     """Recursive rejection sampling over siblings (SpecInfer's multi-step speculative
     sampling; Sequoia's for drafts without a distribution): the emitted tokens are
@@ -211,35 +224,35 @@ def verify_tree_sampling(tokens: Sequence[int], parents: Sequence[int],
     path: list[int] = []
     v = -1
     while True:
-        p = target_probs[v + 1]
-        children = kids[v + 1]
-        if draft_probs is None:
-            if residual:
-                y = sample(p, rng)
-                nxt = next((c for c in children if int(tokens[c]) == y), None)
-                if nxt is None:
-                    return TreeVerdict(tuple(path), y)
-                path.append(nxt)
-                v = nxt
-                continue
-            q_rows = [np.eye(1, p.shape[0], int(tokens[c]))[0] for c in children]
-        else:
-            q_rows = [draft_probs[c] for c in children]
-        p = np.asarray(p, dtype=np.float64)
-        p = p / p.sum()
-        nxt = None
-        for c, q in zip(children, q_rows):
-            x = int(tokens[c])
-            if rng.random() * q[x] < p[x]:  # P = min(1, p(x) / q(x))
-                nxt = c
-                break
-            if residual:
-                r = np.maximum(p - q, 0.0)
-                s = r.sum()
-                # s == 0 only when p == q, where rejection has probability 0 (a float tie)
-                if s > 0.0:
-                    p = r / s
+        nxt, y = _tree_node(tokens, kids[v + 1], draft_probs, target_probs[v + 1], rng, residual)
         if nxt is None:
-            return TreeVerdict(tuple(path), sample(p, rng))
+            return TreeVerdict(tuple(path), y)
         path.append(nxt)
         v = nxt
+
+
+def _tree_node(tokens: Sequence[int], children: list[int], draft_probs: FloatArray | None,
+               p: FloatArray, rng: np.random.Generator, residual: bool) -> tuple[int | None, int]:
+    """One node of :func:`verify_tree_sampling`: (the child to descend into, its token), or
+    (None, the token emitted here) when every child is rejected."""
+    if draft_probs is None:
+        if residual:
+            # one draw from p decides which child (if any) is accepted, or is the token
+            y = sample(p, rng)
+            return next((c for c in children if int(tokens[c]) == y), None), y
+        q_rows = [np.eye(1, p.shape[0], int(tokens[c]))[0] for c in children]
+    else:
+        q_rows = [draft_probs[c] for c in children]
+    p = np.asarray(p, dtype=np.float64)
+    p = p / p.sum()
+    for c, q in zip(children, q_rows):
+        x = int(tokens[c])
+        if rng.random() * q[x] < p[x]:  # P = min(1, p(x) / q(x))
+            return c, x
+        if residual:
+            r = np.maximum(p - q, 0.0)
+            s = r.sum()
+            # s == 0 only when p == q, where rejection has probability 0 (a float tie)
+            if s > 0.0:
+                p = r / s
+    return None, sample(p, rng)

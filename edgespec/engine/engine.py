@@ -31,7 +31,7 @@ from ..runtime.rpc import probe_all
 from ..chat import chat
 from .. import proposers as registry_of_proposers
 from ..decoding import sampling
-from ..api.labels import AUTO, PLAIN
+from ..api.labels import AUTO, PLAIN, canary_kind
 from .config import EngineConfig
 from ..runtime.kernel import KernelConfig
 from ..errors import ContextOverflowError, EdgespecError, InvalidInputError, UnsupportedError
@@ -512,7 +512,7 @@ class Engine:
                 out.append(Control(req.id, rec.kind, rec.reason, proposer=rec.proposer))
         out.append(ev)
         if isinstance(ev, RequestStarted) and route.reason:
-            kind = "canary" if route.arm == "canary" else f"canary_{route.arm}"
+            kind = canary_kind(route.arm)
             req.stats.observe_control(kind)
             out.append(Control(req.id, kind, route.reason, proposer=route.label))
         return out

@@ -11,12 +11,19 @@ no other module lists proposer names. The plain path is :data:`PLAIN`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..api.labels import AUTO, PLAIN
 from ..errors import InvalidInputError
 from ..runtime.kernel import KernelConfig
 from .base import EMPTY_DRAFT, Draft, Proposer, ProposerSession
+
+if TYPE_CHECKING:
+    from ..runtime.backend import Model
+
+#: a proposer's options, typed by its :class:`Option` specs (int, float, bool or str values)
+Options = dict[str, Any]
 
 __all__ = ["AUTO", "BuildContext", "check_draft", "check_label", "Draft", "EMPTY_DRAFT", "Option", "PLAIN", "Proposer",
            "ProposerSession", "ProposerSpec", "REGISTRY", "free_names", "names", "needs_model",
@@ -53,18 +60,18 @@ class Option:
 class BuildContext:
     """What a factory may use: the loaded target, the loaded draft model (if any), sizes."""
 
-    target: Any = None
-    draft_model: Any = None
+    target: Model | None = None
+    draft_model: Model | None = None
     n_ctx: int = 4096
     threads: int | None = None
     target_digest: str | None = None  # sha256 of the target file, keys persisted statistics
     kernel: KernelConfig | None = None  # the engine's (a draft model's context follows it)
     #: loads a GGUF file as the engine loads a draft (for a proposer deriving its own model)
-    load_model: Callable[[Any], Any] | None = None
+    load_model: Callable[[Path], Model] | None = None
     #: the registry's pin check of a cross-tokenizer pair (target, draft, bridge version) ->
     #: its PairSpec or UnqualifiedBridgeError (edgespec.registry.bridges.check_pair); handed
     #: in by the engine so that the proposers need not import the model registry
-    check_bridge_pair: Callable[[Any, Any, str], Any] | None = None
+    check_bridge_pair: Callable[[Model, Model, str], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,7 @@ class ProposerSpec:
     #: "native" (the C library built by `make install`)
     needs: tuple[str, ...]
     options: Mapping[str, Option] = field(default_factory=dict)
-    factory: Callable[[BuildContext, dict], Proposer] | None = None
+    factory: Callable[[BuildContext, Options], Proposer] | None = None
     #: False for a draft model with its own tokenizer (bridged): the engine then skips the
     #: same-vocabulary check (:func:`check_draft`)
     same_vocab: bool = True
@@ -88,9 +95,9 @@ class ProposerSpec:
         when asked for, and never weighed by auto."""
         return self.costly and not self.needs
 
-    def check_options(self, raw: Mapping[str, Any]) -> dict:
+    def check_options(self, raw: Mapping[str, Any]) -> Options:
         """Typed options, or an error naming the unknown key and the known ones."""
-        out = {}
+        out: Options = {}
         for key, value in raw.items():
             opt = self.options.get(key)
             if opt is None:
@@ -103,6 +110,8 @@ class ProposerSpec:
         opts = self.check_options(options or {})
         if "draft_model" in self.needs and ctx.draft_model is None:
             raise InvalidInputError(f"the {self.name} proposer needs a draft model (--draft NAME|PATH)")
+        if self.factory is None:
+            raise InvalidInputError(f"the {self.name} proposer has no factory to build it")
         try:
             return self.factory(ctx, opts)
         except ImportError as e:
@@ -110,7 +119,7 @@ class ProposerSpec:
                                     f"not built ({e}); run `make install`") from None
 
 
-def _ngram(ctx: BuildContext, opts: dict) -> Proposer:
+def _ngram(ctx: BuildContext, opts: Options) -> Proposer:
     # deferred, as in each factory: reading the registry builds nothing, and without the
     # native library only the proposers that need it are refused (build() says so)
     from .ngram import NgramProposer
@@ -122,31 +131,41 @@ def _ngram(ctx: BuildContext, opts: dict) -> Proposer:
     return NgramProposer(**opts)
 
 
-def _suffix(ctx: BuildContext, opts: dict) -> Proposer:
+def _suffix(ctx: BuildContext, opts: Options) -> Proposer:
     from .suffix import SuffixProposer  # deferred: see _ngram
     return SuffixProposer(**opts)
 
 
-def _draft(ctx: BuildContext, opts: dict) -> Proposer:
+def _loaded(model: Model | None, what: str, proposer: str) -> Model:
+    """The model a factory needs (build() refuses a missing draft model before this)."""
+    if model is None:
+        raise InvalidInputError(f"the {proposer} proposer needs {what}")
+    return model
+
+
+def _draft(ctx: BuildContext, opts: Options) -> Proposer:
     from .draft import DraftModelProposer  # deferred: see _ngram
     from .vocab_check import vocab_mismatch  # deferred: see _ngram
-    if ctx.target is not None and vocab_mismatch(ctx.target, ctx.draft_model) is not None:
+    draft = _loaded(ctx.draft_model, "a draft model (--draft NAME|PATH)", "draft")
+    if ctx.target is not None and vocab_mismatch(ctx.target, draft) is not None:
         # loaded for the bridge: this draft's token ids mean nothing to the target
-        raise InvalidInputError(f"draft {ctx.draft_model.path.name} does not share the target's "
+        raise InvalidInputError(f"draft {draft.path.name} does not share the target's "
                                 "vocabulary; use --proposer bridge")
-    return DraftModelProposer(ctx.draft_model, n_ctx=ctx.n_ctx, n_threads=ctx.threads,
+    return DraftModelProposer(draft, n_ctx=ctx.n_ctx, n_threads=ctx.threads,
                               kernel=ctx.kernel, **opts,
                               target_vocab=ctx.target.n_vocab if ctx.target is not None else None)
 
 
-def _self(ctx: BuildContext, opts: dict) -> Proposer:
+def _self(ctx: BuildContext, opts: Options) -> Proposer:
     from .selfchoice import build_self  # deferred: see _ngram
     return build_self(ctx, opts.get("layers", ""), n_batch=opts.get("n_batch", 0))
 
 
-def _bridge(ctx: BuildContext, opts: dict) -> Proposer:
+def _bridge(ctx: BuildContext, opts: Options) -> Proposer:
     from .bridged import BridgedDraftProposer  # deferred: see _ngram
-    return BridgedDraftProposer(ctx.draft_model, ctx.target, n_ctx=ctx.n_ctx,
+    return BridgedDraftProposer(_loaded(ctx.draft_model, "a draft model (--draft NAME|PATH)",
+                                        "bridge"),
+                                _loaded(ctx.target, "the loaded target", "bridge"), n_ctx=ctx.n_ctx,
                                 n_threads=ctx.threads, kernel=ctx.kernel,
                                 pin_check=ctx.check_bridge_pair, **opts)
 
@@ -222,7 +241,7 @@ def check_label(label: str) -> str:
     return label
 
 
-def check_draft(target, draft, label: str) -> None:
+def check_draft(target: Model, draft: Model, label: str) -> None:
     """A loaded draft model must share the target's vocabulary, unless every model-drafting
     proposer in ``label`` bridges vocabularies (``same_vocab=False``)."""
     drafting = [REGISTRY[n] for n in label.split("+") if needs_model(n)]
@@ -246,7 +265,7 @@ def needs_model(name: str) -> bool:
     return name in REGISTRY and "draft_model" in REGISTRY[name].needs
 
 
-def free_proposer(name: str, **options) -> Proposer:
+def free_proposer(name: str, **options: Any) -> Proposer:
     """Build a model-free proposer by name with its options (validated by its spec)."""
     s = spec(name)
     if s.costly:

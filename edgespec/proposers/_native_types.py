@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Sequence
+from typing import Optional, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -42,20 +42,24 @@ def _guard(ok: bool, message: str) -> None:
         raise InvalidInputError(message)
 
 
-def check_int(name: str, value, lo: int, hi: int) -> int:
-    _guard(isinstance(value, (int, np.integer)) and not isinstance(value, bool),
-           f"{name} must be an integer (got {value!r})")
-    _guard(lo <= value <= hi, f"{name} must be in [{lo}, {hi}] (got {value})")
+def check_int(name: str, value: object, lo: int, hi: int) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise InvalidInputError(f"{name} must be an integer (got {value!r})")
+    _guard(bool(lo <= value <= hi), f"{name} must be in [{lo}, {hi}] (got {value})")
     return int(value)
 
 
-def check_fraction(name: str, value) -> float:
-    _guard(isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0,
-           f"{name} must be a number in [0, 1] (got {value!r})")
+def check_fraction(name: str, value: object) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
+        raise InvalidInputError(f"{name} must be a number in [0, 1] (got {value!r})")
     return float(value)
 
 
-def draft_from_native(result: tuple) -> Draft:
+#: the binding's linear draft: (tokens, confidences, match length, score, source code)
+NativeDraft = tuple[tuple[int, ...], tuple[float, ...], int, float, int]
+
+
+def draft_from_native(result: NativeDraft) -> Draft:
     """The binding's (tokens, confidences, match_len, score, source) as a Draft."""
     toks, conf, m, score, src = result
     if not toks:
@@ -63,7 +67,14 @@ def draft_from_native(result: tuple) -> Draft:
     return Draft(tokens=toks, confidence=conf, source=SOURCES[src], match_length=m, score=score)
 
 
-def extend_or_drop(obj, tokens: Tokens):
+class _Extendable(Protocol):
+    def extend(self, tokens: Tokens) -> None: ...
+
+
+_E = TypeVar("_E", bound=_Extendable)
+
+
+def extend_or_drop(obj: Optional[_E], tokens: Tokens) -> Optional[_E]:
     """``obj.extend(tokens)``, returning obj; None when the native object could not keep
     up (over its byte cap, or the allocator refused): it no longer follows the context,
     so the session stops drafting from it (output is unaffected). Bad tokens still raise
@@ -170,7 +181,10 @@ class NgramStats:
     def count(self, gram: Tokens, token: int) -> int:
         """How often ``token`` followed ``gram``."""
         check_int("token", token, 0, 2**31 - 1)
-        return call_with_tokens(self._s.lookup, gram, token)
+
+        def lookup(g: _native.Tokens) -> int:
+            return self._s.lookup(g, token)
+        return call_with_tokens(lookup, gram)
 
     def records(self) -> np.ndarray:
         """Every count as an (n, NGSTAT_RECORD) int32 array: order, token, count, n-gram."""
@@ -316,11 +330,11 @@ class SuffixTree:
         every suffix, O(tokens * max_depth))."""
         self._t.check(deep=deep)
 
-    def save(self, path: str | os.PathLike) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the closed sequences to ``path`` (atomically)."""
         save_sequences(path, self.sequences(), self.max_depth)
 
-    def load(self, path: str | os.PathLike) -> int:
+    def load(self, path: str | os.PathLike[str]) -> int:
         """Adds the sequences stored at ``path``, oldest first (evicting as the
         budget requires); returns how many were read. Raises CacheFileError."""
         seqs = load_sequences(path)
@@ -382,7 +396,7 @@ def speculate(request: SuffixTree | None, cursor: SuffixCursor | None, max_token
 
 def speculate_tree(request: SuffixTree | None, cursor: SuffixCursor | None, max_tokens: int,
                    factor: float = 1.0, offset: float = 0.0, min_prob: float = 0.1,
-                   max_children: int = 4):
+                   max_children: int = 4) -> DraftTree:
     """The ``max_tokens`` most probable continuations of the match :func:`speculate` would
     draft from, as a :class:`~edgespec.decoding.tree.DraftTree` (grown best first over at most
     ``max_children`` children per branching node, depth-first order, the most probable
@@ -410,7 +424,7 @@ def ngram_alternatives(context: NgramStats, history: Sequence[int], max_children
     hist = [int(t) for t in history]
     top_n = context.max_n
 
-    def longest(h):
+    def longest(h: list[int]) -> tuple[int, tuple[int, int, int] | None]:
         for n in range(min(top_n, len(h)), context.min_n - 1, -1):
             e = context.lookup(h[len(h) - n:])
             if e is not None and e[0] >= min_count:
@@ -421,7 +435,7 @@ def ngram_alternatives(context: NgramStats, history: Sequence[int], max_children
     if e is None or max_children == 0:
         return []
     toks, counts, total = context.top(hist[len(hist) - n:], max_children)
-    out = []
+    out: list[tuple[tuple[int, ...], tuple[float, ...]]] = []
     for x, c in zip(toks, counts):
         prob = c / total
         if prob < min_prob:

@@ -77,3 +77,11 @@ class Proposer(Protocol):
     def close(self) -> None:
         """Release engine-lifetime resources."""
         ...
+
+
+@runtime_checkable
+class ReusesPrefix(Protocol):
+    """A proposer whose model keeps its KV cache between requests (draft, self, bridge):
+    the loop sets ``reuse_prefix`` per request, as the request reuses the target's."""
+
+    reuse_prefix: bool

@@ -179,7 +179,8 @@ class Bridge:
         self.pending = Proposal()
         self._end_map: dict[int, int | None] = {}
         self._text: dict[int, bool] = {}  # draft token -> is_text_token (attrs cost a C call)
-        self._cached: tuple | None = None  # (key, proposal) of the last proposal computed
+        # (key, proposal) of the last proposal computed; key: (text bytes, final, k)
+        self._cached: tuple[tuple[int, bool, int], tuple[list[int], list[float]]] | None = None
 
     # -- proposing
     @property

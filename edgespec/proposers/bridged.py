@@ -15,17 +15,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from .bridge import BRIDGE_VERSION, Bridge
+from ..api.arrays import FloatArray
 from ..errors import InvalidInputError
 from ..api.params import SamplingParams
 from .base import EMPTY_DRAFT, Draft
 from ..decoding.kvcache import common_prefix
 from ..runtime.kernel import KernelConfig
 from .vocab_check import vocab_mismatch
+
+if TYPE_CHECKING:
+    from ..runtime.backend import Model
+
+#: the registry's pin check of a pair (target, draft, bridge version) -> its pin record
+PinCheck = Callable[["Model", "Model", str], object]
 
 
 @dataclass
@@ -46,24 +53,16 @@ class BridgeTimes:
         for k in self.__dataclass_fields__:
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
-    @property
-    def bridge_us_per_step(self) -> float:
-        return 1e6 * self.bridge_seconds / self.steps if self.steps else 0.0
-
-    @property
-    def bridge_cpu_us_per_step(self) -> float:
-        return 1e6 * self.bridge_cpu_seconds / self.steps if self.steps else 0.0
-
 
 class BridgedDraftProposer:
     name = "bridge"
     costly = True
 
-    def __init__(self, model, target, n_ctx: int, n_threads: int | None = None,
-                 n_batch: int = 0, kernel=None, max_ratio: float = 2.0,
-                 check_pin: bool = True, pin_check=None) -> None:
+    def __init__(self, model: Model, target: Model, n_ctx: int, n_threads: int | None = None,
+                 n_batch: int = 0, kernel: KernelConfig | None = None, max_ratio: float = 2.0,
+                 check_pin: bool = True, pin_check: PinCheck | None = None) -> None:
         _refuse_shared_vocabulary(target, model)
-        self.pair = None
+        self.pair: object = None  # the pin record the check returned
         if check_pin:
             # the registry's check (edgespec.registry.bridges.check_pair), through BuildContext
             if pin_check is None:
@@ -149,17 +148,37 @@ class BridgedSession:
         if self.kv_len >= len(b.tokens):  # the last token's logits are needed: feed it again
             self.kv_len = len(b.tokens) - 1
             ctx.trim(0, self.kv_len)
-        t_bridge = c_bridge = 0.0
         t0 = time.perf_counter()
         b.begin()
         n_prev = len(b.tokens)
         logits = ctx.decode(b.tokens[self.kv_len:], self.kv_len, logits="last")[0]
         self.kv_len = n_prev
-        decoded = 0
         # Draft what the token ratio predicts before the bridge sees any of it: its work
         # right after a draft decode runs cache-cold (a target tokenize ~150 us instead of
         # ~15 us here), so it is done in one batch, then token by token only if short.
         need = min(steps, max(k, int(np.ceil((k + 1) * o.ratio))))
+        step = self._draft_text(logits, k, steps, need, n_prev)
+        # the drafted tokens fed so far (the last one is not)
+        self.kv_len = n_prev + step.draft_tokens - 1
+        tb, cb = time.perf_counter(), time.thread_time()
+        tokens, conf = b.proposal(k)
+        r = b.draft_per_target
+        if r is not None:
+            o.ratio = 0.8 * o.ratio + 0.2 * min(r, o.max_ratio)
+        step.bridge_cpu_seconds += time.thread_time() - cb
+        t_end = time.perf_counter()
+        step.bridge_seconds += t_end - tb
+        self._account(step, tokens, t_end - t0)
+        if not tokens:
+            return EMPTY_DRAFT
+        return Draft(tokens=tuple(tokens), probs=None, confidence=tuple(conf), source="bridge")
+
+    def _draft_text(self, logits: FloatArray, k: int, steps: int, need: int,
+                    n_prev: int) -> BridgeTimes:
+        """The draft's argmax continuation, pushed to the bridge in batches until it has
+        ``k`` target tokens (or the draft ends); the step's draft tokens and bridge time."""
+        b, ctx, model = self.bridge, self.owner.ctx, self.owner.model
+        step = BridgeTimes(draft_tokens=1)  # the last token fed with the prompt's rest
         drafted: list[tuple[int, float]] = []
         for i in range(steps):
             tok = int(np.argmax(logits))
@@ -167,41 +186,34 @@ class BridgedSession:
             # its softmax mass: the confidence the controller weighs (float32 exp: a 262k
             # vocabulary costs ~1 ms a token in float64 here)
             drafted.append((tok, 1.0 / float(np.exp(logits - m).sum(dtype=np.float64))))
-            if i + 1 >= need or o.model.is_eog(tok):
+            if i + 1 >= need or model.is_eog(tok):
                 tb, cb = time.perf_counter(), time.thread_time()
                 done = any([b.push(t, c) for t, c in drafted]) or b.enough(k, need)
                 drafted.clear()
-                c_bridge += time.thread_time() - cb
-                t_bridge += time.perf_counter() - tb
+                step.bridge_cpu_seconds += time.thread_time() - cb
+                step.bridge_seconds += time.perf_counter() - tb
                 if done:
                     break
             if i + 1 == steps:
                 break
             logits = ctx.decode([tok], n_prev + i, logits="last")[0]
-            decoded += 1
-        self.kv_len = n_prev + decoded  # the drafted tokens fed so far (the last one is not)
-        tb, cb = time.perf_counter(), time.thread_time()
-        tokens, conf = b.proposal(k)
-        r = b.draft_per_target
-        if r is not None:
-            o.ratio = 0.8 * o.ratio + 0.2 * min(r, o.max_ratio)
-        c_bridge += time.thread_time() - cb
-        t_end = time.perf_counter()
-        t_bridge += t_end - tb
-        t = self.times
+            step.draft_tokens += 1
+        return step
+
+    def _account(self, step: BridgeTimes, tokens: Sequence[int], seconds: float) -> None:
+        """File one proposal's times in the session's account and the proposer's estimate
+        of seconds per proposed target token (``seconds``: the whole proposal)."""
+        t, o = self.times, self.owner
         t.steps += 1
-        t.draft_tokens += decoded + 1
+        t.draft_tokens += step.draft_tokens
         t.target_tokens += len(tokens)
-        t.ends += bool(tokens) and tokens[-1] == b.pending.end_token
-        t.bridge_seconds += t_bridge
-        t.bridge_cpu_seconds += c_bridge
-        t.draft_seconds += (t_end - t0) - t_bridge
-        est = (t_end - t0) / max(len(tokens), 1)
+        t.ends += bool(tokens) and tokens[-1] == self.bridge.pending.end_token
+        t.bridge_seconds += step.bridge_seconds
+        t.bridge_cpu_seconds += step.bridge_cpu_seconds
+        t.draft_seconds += seconds - step.bridge_seconds
+        est = seconds / max(len(tokens), 1)
         o.seconds_per_token = est if o.seconds_per_token == 0 else \
             0.8 * o.seconds_per_token + 0.2 * est
-        if not tokens:
-            return EMPTY_DRAFT
-        return Draft(tokens=tuple(tokens), probs=None, confidence=tuple(conf), source="bridge")
 
     def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None:  # noqa: ARG002
         tb, cb = time.perf_counter(), time.thread_time()
@@ -225,7 +237,7 @@ class BridgedSession:
         self.owner._release(self.times)
 
 
-def _refuse_shared_vocabulary(target, draft) -> None:
+def _refuse_shared_vocabulary(target: Model, draft: Model) -> None:
     """A draft sharing the target's vocabulary needs no bridge: the 'draft' proposer is exact
     and cheaper."""
     if vocab_mismatch(target, draft) is not None:

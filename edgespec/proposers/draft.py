@@ -8,7 +8,7 @@ the last draft token) are fed with the next proposal.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
@@ -19,15 +19,22 @@ from ..decoding.kvcache import common_prefix
 from ..decoding.sampling import distribution, make_rng, sample
 from ..decoding.tree import DraftTree
 from ..runtime.kernel import KernelConfig
+from ..api.arrays import FloatArray
 from .vocab_check import vocab_mismatch
+
+if TYPE_CHECKING:
+    from ..runtime.backend import Model
+
+#: per drafted position: (the greedy logits row, or the sampling distribution), one is None
+_Row = tuple[Optional[FloatArray], Optional[FloatArray]]
 
 
 class DraftModelProposer:
     name = "draft"
     costly = True
 
-    def __init__(self, model, n_ctx: int, n_threads: int | None = None, n_batch: int = 0,
-                 kernel=None, target_vocab: int | None = None) -> None:
+    def __init__(self, model: Model, n_ctx: int, n_threads: int | None = None, n_batch: int = 0,
+                 kernel: KernelConfig | None = None, target_vocab: int | None = None) -> None:
         k = kernel or KernelConfig()
         self.model = model
         #: the target's vocabulary size: a padded pair differs by up to 128 ids
@@ -81,15 +88,16 @@ class DraftSession:
         self.kv_len = 0  # how many of seq are in the draft's KV cache
         self.sampling = sampling
         self.pending: list[int] = []  # last proposal, to match against accepted tokens
-        self._last = None  # (that Draft, its per-position (logits, distribution) rows)
-        self._rng = None
+        # that Draft, its per-position (logits, distribution) rows
+        self._last: tuple[Draft, list[_Row]] | None = None
+        self._rng: np.random.Generator | None = None
         if not sampling.greedy:
             self._rng = make_rng(sampling.seed, "draft")
 
     def propose(self, k: int) -> Draft:
         return self._propose(k, 0)[0]
 
-    def propose_tree(self, k: int, max_children: int = 4):
+    def propose_tree(self, k: int, max_children: int = 4) -> DraftTree:
         """The linear draft as the first branch, plus at every position the draft's next
         most probable tokens (up to ``max_children - 1``) as leaves beside it: where the
         draft hesitates, a second guess rides in the same target pass. Node confidences are
@@ -137,9 +145,9 @@ class DraftSession:
         logits = fit_row(ctx.decode(feed, self.kv_len, logits="last")[0], fit)
         self.kv_len = len(self.seq)
         tokens: list[int] = []
-        probs: list[np.ndarray] = []
+        probs: list[FloatArray] = []
         conf: list[float] = []
-        rows: list = []
+        rows: list[_Row] = []
         history = list(self.seq)
         for i in range(k):
             tok, p, c = self._choose(logits, history)
@@ -164,7 +172,8 @@ class DraftSession:
         self._last = (draft, rows)
         return draft, alts
 
-    def _choose(self, logits: np.ndarray, history: list[int]):
+    def _choose(self, logits: FloatArray,
+                history: list[int]) -> tuple[int, FloatArray | None, float]:
         if self._rng is None:
             # greedy verification only needs the draft's best guess; its softmax mass
             # at that token is the confidence the controller weighs
@@ -199,11 +208,13 @@ class DraftSession:
         self.owner._release()
 
 
-def _runners_up(logits: np.ndarray | None, p: np.ndarray | None, chosen: int,
+def _runners_up(logits: FloatArray | None, p: FloatArray | None, chosen: int,
                 n: int) -> list[tuple[int, float]]:
     """The ``n`` most probable tokens other than ``chosen``, with their probabilities (from
-    the sampling distribution ``p``, or the softmax of greedy ``logits``)."""
+    the sampling distribution ``p``, or the softmax of greedy ``logits``: one is given)."""
     if p is None:
+        if logits is None:
+            raise ValueError("_runners_up needs the logits or the distribution")
         x = logits.astype(np.float64)
         p = np.exp(x - x.max())
         p /= p.sum()
@@ -212,7 +223,7 @@ def _runners_up(logits: np.ndarray | None, p: np.ndarray | None, chosen: int,
     return [(int(t), float(p[t])) for t in idx if int(t) != chosen and p[t] > 0][:n]
 
 
-def check_compatible(target, draft) -> None:
+def check_compatible(target: Model, draft: Model) -> None:
     """Refuse a draft whose token ids do not mean the same text as the target's.
 
     llama.cpp's rule (:mod:`.vocab_check`): sizes within 128 (padded vocabularies pair),
@@ -227,7 +238,7 @@ def check_compatible(target, draft) -> None:
             "pinned across tokenizers, or --proposer ngram/suffix.")
 
 
-def fit_row(logits: np.ndarray, n_vocab: int) -> np.ndarray:
+def fit_row(logits: FloatArray, n_vocab: int) -> FloatArray:
     """A draft's logits row over the target's ``n_vocab`` ids: ids the target lacks are cut
     (a draft never proposes them), ids the draft lacks get -inf (it never proposes those
     either, and a target-sized logit bias or penalty still indexes the row)."""

@@ -20,7 +20,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from ..errors import InvalidInputError, ModelError
 
@@ -54,7 +54,8 @@ class LayerSet:
         return LayerSet.of(_ranges(text, text), n_layer, text)
 
     @staticmethod
-    def of(layers, n_layer: int, text: str = "", listed=None) -> "LayerSet":
+    def of(layers: Iterable[int], n_layer: int, text: str = "",
+           listed: Iterable[int] | None = None) -> "LayerSet":
         kept = sorted(set(int(i) for i in layers))
         bad = [i for i in (listed if listed is not None else kept) if not 0 <= i < n_layer]
         if bad:
@@ -106,7 +107,7 @@ def _ranges(s: str, text: str) -> list[int]:
     return out
 
 
-def block_count(path: str | os.PathLike) -> int:
+def block_count(path: str | os.PathLike[str]) -> int:
     """The target's transformer block count, from its GGUF header."""
     import gguf
     reader = gguf.GGUFReader(str(path))
@@ -117,7 +118,7 @@ def block_count(path: str | os.PathLike) -> int:
     return int(field.contents())
 
 
-def write_subset(src: str | os.PathLike, dst: str | os.PathLike, layers: LayerSet) -> Path:
+def write_subset(src: str | os.PathLike[str], dst: str | os.PathLike[str], layers: LayerSet) -> Path:
     """Write the self-draft of ``src`` keeping ``layers`` to ``dst`` (atomically)."""
     import gguf
     src, dst = Path(src), Path(dst)
@@ -164,7 +165,7 @@ def write_subset(src: str | os.PathLike, dst: str | os.PathLike, layers: LayerSe
     return dst
 
 
-def subset_layers(path: str | os.PathLike) -> str | None:
+def subset_layers(path: str | os.PathLike[str]) -> str | None:
     """The layer-set key a self-draft file was written with (None for any other GGUF)."""
     import gguf
     field = gguf.GGUFReader(str(path)).fields.get("edgespec.self_draft.layers")

@@ -33,7 +33,7 @@ from ..runtime.native import MAX_DRAFT, MAX_NGRAM, NGSTAT_MAX_N, as_tokens
 from ..api.params import SamplingParams
 from ._native_types import (DraftBar, NgramIndex, NgramStats, check_fraction, check_int,
                             extend_or_drop, ngram_alternatives, ngram_draft)
-from .base import EMPTY_DRAFT, Draft
+from .base import EMPTY_DRAFT, Draft, ProposerSession
 from ..decoding.tree import DraftTree
 from .ngram_stats import DynamicStats, stats_file
 
@@ -56,7 +56,7 @@ class NgramProposer:
                  max_bytes: int = 64 << 20, min_count: int = 1, min_share: float = 0.5,
                  count_step: int = 0, share_step: float = 0.1, dynamic_count: int = 2,
                  dynamic_share: float = 0.66, use_dynamic: bool = True,
-                 dynamic_bytes: int = 32 << 20, stats_path: str | os.PathLike | None = None,
+                 dynamic_bytes: int = 32 << 20, stats_path: str | os.PathLike[str] | None = None,
                  model_digest: str | None = None, statistics: bool = True):
         self.statistics = bool(statistics)
         top = NGSTAT_MAX_N if self.statistics else MAX_NGRAM
@@ -67,13 +67,13 @@ class NgramProposer:
         self.dynamic: DynamicStats | None = None
         if not self.statistics:
             return
-        bar = dict(min_count=check_int("ngram min_count", min_count, 1, 2**20),
-                   count_step=check_int("ngram count_step", count_step, 0, 2**20),
-                   min_share=check_fraction("ngram min_share", min_share),
-                   share_step=check_fraction("ngram share_step", share_step),
-                   dynamic_count=check_int("ngram dynamic_count", dynamic_count, 1, 2**20),
-                   dynamic_share=check_fraction("ngram dynamic_share", dynamic_share))
-        self.bar = _compile_bar(**bar)
+        self.bar = _compile_bar(
+            min_count=check_int("ngram min_count", min_count, 1, 2**20),
+            count_step=check_int("ngram count_step", count_step, 0, 2**20),
+            min_share=check_fraction("ngram min_share", min_share),
+            share_step=check_fraction("ngram share_step", share_step),
+            dynamic_count=check_int("ngram dynamic_count", dynamic_count, 1, 2**20),
+            dynamic_share=check_fraction("ngram dynamic_share", dynamic_share))
         if use_dynamic:
             path = stats_path if stats_path is not None else (
                 stats_file(model_digest) if model_digest is not None else None)
@@ -81,12 +81,12 @@ class NgramProposer:
                                         check_int("ngram dynamic_bytes", dynamic_bytes, 64 << 10,
                                                   2**62), path)
 
-    def open(self, prompt_tokens: Sequence[int], sampling: SamplingParams):
+    def open(self, prompt_tokens: Sequence[int], sampling: SamplingParams) -> ProposerSession:
         if not self.statistics:
             return LookupSession(self, prompt_tokens)
         return NgramSession(self, prompt_tokens)
 
-    def save(self, path: str | os.PathLike | None = None) -> None:
+    def save(self, path: str | os.PathLike[str] | None = None) -> None:
         """Writes the dynamic statistics (default: their keyed path)."""
         if self.dynamic is None:
             raise InvalidInputError("the ngram proposer keeps no dynamic statistics "
@@ -136,7 +136,7 @@ class NgramSession:
             return EMPTY_DRAFT
         return ngram_draft(self._context, self._dynamic, k, self._p.bar)
 
-    def propose_tree(self, k: int, max_children: int = 4):
+    def propose_tree(self, k: int, max_children: int = 4) -> DraftTree:
         """The linear draft as the first branch, the statistics' other continuations of the
         next position as the rest (see ``ngram_alternatives``): an
         :class:`edgespec.decoding.tree.DraftTree` with path probabilities as confidence."""
@@ -144,14 +144,15 @@ class NgramSession:
         if self._closed or self._context is None or k <= 0:
             return DraftTree((), ())
         k = min(k, self._p.max_draft)
-        paths, confs = [], []
+        paths: list[Sequence[int]] = []
+        confs: list[Sequence[float]] = []
         if lin.tokens:
-            run, probs = 1.0, []
+            run, path_p = 1.0, []
             for c in lin.confidence or (0.0,) * len(lin):
                 run *= c
-                probs.append(run)
+                path_p.append(run)
             paths.append(lin.tokens)
-            confs.append(tuple(probs))
+            confs.append(tuple(path_p))
         history = [*self._prompt[-self._p.max_n:], *self._output][-self._p.max_n:]
         for toks, probs in ngram_alternatives(self._context, history, max_children,
                                               depth=max(1, k // max(1, max_children))):

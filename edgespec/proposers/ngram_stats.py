@@ -24,7 +24,7 @@ from typing import Sequence
 
 from .. import paths
 from ..errors import InvalidInputError
-from ..runtime.native import CacheFileError, load_records, save_records
+from ..runtime.native import CacheFileError, Tokens, load_records, save_records
 from ._native_types import NgramStats
 
 __all__ = ["DynamicStats", "StatsFileWarning", "stats_file"]
@@ -51,25 +51,25 @@ class DynamicStats:
     first n-grams reach back into the prompt's tail, which is not counted).
     """
 
-    def __init__(self, min_n: int, max_n: int, max_bytes: int, path: str | os.PathLike | None):
+    def __init__(self, min_n: int, max_n: int, max_bytes: int, path: str | os.PathLike[str] | None):
         self.table = NgramStats(min_n, max_n, max_bytes)
         self.path = Path(path).expanduser() if path is not None else None
         self._dirty = False
         self._unusable = False  # the file on disk could not be read: keep it aside on save
         if self.path is not None and self.path.exists():
-            self._load()
+            self._load(self.path)
 
-    def _load(self) -> None:
+    def _load(self, path: Path) -> None:
         try:
-            self.table.add_records(load_records(self.path))
+            self.table.add_records(load_records(path))
         except (CacheFileError, InvalidInputError) as e:
             # InvalidInputError: a checksummed file whose records the native import refused
             self._unusable = True
-            warnings.warn(f"ignoring the n-gram statistics in {self.path}: {e}. Drafting starts "
-                          f"from empty statistics; the file is kept as {self.path.name}.bad when "
+            warnings.warn(f"ignoring the n-gram statistics in {path}: {e}. Drafting starts "
+                          f"from empty statistics; the file is kept as {path.name}.bad when "
                           "new statistics are saved", StatsFileWarning, stacklevel=3)
 
-    def remember(self, prompt: Sequence[int], output: Sequence[int]) -> None:
+    def remember(self, prompt: Tokens, output: Sequence[int]) -> None:
         if not output:
             return
         self.table.begin(prompt[-self.table.max_n:])
@@ -79,7 +79,7 @@ class DynamicStats:
             pass  # the allocator refused mid-way: a prefix was counted, the table is consistent
         self._dirty = True
 
-    def save(self, path: str | os.PathLike | None = None) -> None:
+    def save(self, path: str | os.PathLike[str] | None = None) -> None:
         """Writes the table atomically to ``path`` (default: the keyed path)."""
         target = Path(path).expanduser() if path is not None else self.path
         if target is None:

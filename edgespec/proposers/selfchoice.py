@@ -15,7 +15,7 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import InvalidInputError
 from ..paths import calibration_dir
@@ -23,6 +23,10 @@ from .layers import LayerSet, spread
 from .selfspec import SelfDraftProposer, ensure_self_draft
 from ..api.params import GenerationParams
 from ..calibration.calibration import model_identity
+
+if TYPE_CHECKING:
+    from ..engine.engine import Engine
+    from . import BuildContext
 
 _FORMAT = 1
 #: calibration prompts: an explanation, a code task, a rewrite (what drafts see most)
@@ -87,7 +91,7 @@ def layers_for(target_sha: str | None, n_layer: int, layers_text: str = "") -> L
     return chosen_layers(target_sha, n_layer) or LayerSet.of(spread(n_layer, n_layer // 2), n_layer)
 
 
-def build_self(ctx, layers_text: str, n_batch: int = 0) -> SelfDraftProposer:
+def build_self(ctx: BuildContext, layers_text: str, n_batch: int = 0) -> SelfDraftProposer:
     """The factory behind ``--proposer self`` (``ctx`` is the registry's BuildContext)."""
     if ctx.target is None or ctx.load_model is None:
         raise InvalidInputError("the self proposer drafts with the loaded target's layers; "
@@ -104,7 +108,7 @@ def build_self(ctx, layers_text: str, n_batch: int = 0) -> SelfDraftProposer:
         raise
 
 
-def measure(engine, layer_sets: Sequence[LayerSet], prompts: Sequence[str] = PROMPTS,
+def measure(engine: Engine, layer_sets: Sequence[LayerSet], prompts: Sequence[str] = PROMPTS,
             max_tokens: int = 64, say: Callable[[str], None] | None = None,
             timed: bool = True) -> list[Trial]:
     """Each layer set as a self-draft, every prompt run plain then with it (interleaved),
@@ -117,11 +121,14 @@ def measure(engine, layer_sets: Sequence[LayerSet], prompts: Sequence[str] = PRO
     params = GenerationParams(max_tokens=max_tokens)
     plain_runs = {p: engine.generate(p, params, proposer="none") for p in prompts}
     trials = []
+    n_ctx = engine.config.n_ctx
+    if n_ctx is None:  # a built engine's config holds the context size it resolved
+        raise InvalidInputError("measuring self-drafts needs a built engine")
     for ls in layer_sets:
         path = ensure_self_draft(Path(target.path), sha, ls, say)
         model = backend.load_model(path)
         name = f"self[{ls.key}]"
-        prop = SelfDraftProposer(model, ls, n_ctx=engine.config.n_ctx,
+        prop = SelfDraftProposer(model, ls, n_ctx=n_ctx,
                                  n_threads=engine.config.threads, kernel=engine.config.kernel,
                                  target_vocab=target.n_vocab)
         engine.add_proposer(name, prop)
@@ -147,7 +154,7 @@ def measure(engine, layer_sets: Sequence[LayerSet], prompts: Sequence[str] = PRO
     return trials
 
 
-def record(target_sha: str, trials: Sequence[Trial], trusted: bool) -> dict:
+def record(target_sha: str, trials: Sequence[Trial], trusted: bool) -> dict[str, Any]:
     """Write the measurement; the chosen set is the fastest one that beat plain, if any (and
     only from a trusted, quiet-machine run)."""
     best = max(trials, key=lambda t: t.speedup, default=None)
@@ -164,7 +171,7 @@ def record(target_sha: str, trials: Sequence[Trial], trusted: bool) -> dict:
     return rec
 
 
-def _agreement(prop, prompt: Sequence[int], output: Sequence[int]) -> tuple[int, int]:
+def _agreement(prop: SelfDraftProposer, prompt: Sequence[int], output: Sequence[int]) -> tuple[int, int]:
     """(hits, positions): where the draft's greedy token, given the target's own prefix,
     is the target's greedy token (one batched draft pass over prompt + output)."""
     import numpy as np

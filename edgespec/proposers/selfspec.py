@@ -18,12 +18,16 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import EdgespecError
 from ..paths import edgespec_home
 from .draft import DraftModelProposer
 from .layers import LayerSet, subset_layers, write_subset
+
+if TYPE_CHECKING:
+    from ..runtime.backend import Model
+    from ..runtime.kernel import KernelConfig
 
 Say = Callable[[str], None]
 _FORMAT = 1
@@ -97,8 +101,11 @@ class SelfDraftProposer(DraftModelProposer):
 
     name = "self"
 
-    def __init__(self, model, layers: LayerSet, **kw) -> None:
-        super().__init__(model, **kw)
+    def __init__(self, model: Model, layers: LayerSet, *, n_ctx: int,
+                 n_threads: int | None = None, n_batch: int = 0,
+                 kernel: KernelConfig | None = None, target_vocab: int | None = None) -> None:
+        super().__init__(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch,
+                         kernel=kernel, target_vocab=target_vocab)
         self.layers = layers
 
     def close(self) -> None:

@@ -50,7 +50,7 @@ class SuffixProposer:
 
     def __init__(self, factor: float = 1.0, offset: float = 0.0, min_token_prob: float = 0.1,
                  max_draft: int = 16, max_depth: int = 64, cache_bytes: int = 64 << 20,
-                 cache_tokens: int | None = None, cache_path: str | os.PathLike | None = None,
+                 cache_tokens: int | None = None, cache_path: str | os.PathLike[str] | None = None,
                  request_bytes: int = 256 << 20, use_global: bool = True):
         self.max_draft = check_int("suffix max_draft", max_draft, 1, MAX_DRAFT)
         check_spec_params(self.max_draft, factor, offset, min_token_prob)
@@ -92,10 +92,11 @@ class SuffixProposer:
     def _trim(self) -> None:
         if self.cache_tokens is None:
             return
-        while self._global.num_tokens > self.cache_tokens:
-            self._global.evict_oldest()
+        tree = self._global
+        while tree is not None and tree.num_tokens > self.cache_tokens:
+            tree.evict_oldest()
 
-    def save(self, path: str | os.PathLike | None = None) -> None:
+    def save(self, path: str | os.PathLike[str] | None = None) -> None:
         """Writes the global tree's responses to ``path`` (default: cache_path)."""
         target = Path(path) if path is not None else self.cache_path
         if target is None:
@@ -143,7 +144,7 @@ class SuffixSession:
             self._cursor._c if self._cursor is not None else None,
             k, p.factor, p.offset, p.min_token_prob))
 
-    def propose_tree(self, k: int, max_children: int = 4):
+    def propose_tree(self, k: int, max_children: int = 4) -> DraftTree:
         """The ``k`` most probable continuations as an :class:`edgespec.decoding.tree.DraftTree`
         (the first branch starts as :meth:`propose`'s draft; see ``speculate_tree``)."""
         p = self._p

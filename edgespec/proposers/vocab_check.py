@@ -7,11 +7,33 @@ text and attributes (as in llama.cpp's ``common_speculative_are_compatible``).
 """
 from __future__ import annotations
 
+from typing import Protocol, Sequence
+
+
+class VocabFacts(Protocol):
+    """What the check reads of a model (edgespec.runtime.backend.Model has it all)."""
+
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def add_bos(self) -> bool: ...
+    @property
+    def bos(self) -> int: ...
+    @property
+    def eos(self) -> int: ...
+    @property
+    def eog_tokens(self) -> Sequence[int]: ...
+
+    def token_text(self, token: int) -> str: ...
+
+    def token_attr(self, token: int) -> int: ...
+
+
 SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128
 SPEC_VOCAB_CHECK_START_TOKEN_ID = 5
 
 
-def vocab_mismatch(target, draft) -> str | None:
+def vocab_mismatch(target: VocabFacts, draft: VocabFacts) -> str | None:
     """The first reason ``draft`` cannot draft for ``target``, or None.
 
     Both need ``n_vocab``, ``bos``, ``eos``, ``add_bos``, ``eog_tokens``,
@@ -27,9 +49,9 @@ def vocab_mismatch(target, draft) -> str | None:
         if a != b:
             return f"the draft has {what} token {b}, the target {a}"
     for t in range(SPEC_VOCAB_CHECK_START_TOKEN_ID, min(nt, nd)):
-        a, b = target.token_text(t), draft.token_text(t)
-        if a != b or target.token_attr(t) != draft.token_attr(t):
-            return f"token {t} is {a!r} in the target but {b!r} in the draft"
+        ta, da = target.token_text(t), draft.token_text(t)
+        if ta != da or target.token_attr(t) != draft.token_attr(t):
+            return f"token {t} is {ta!r} in the target but {da!r} in the draft"
     if set(target.eog_tokens) != set(draft.eog_tokens):
         return "the draft and the target disagree on end-of-generation tokens"
     return None
