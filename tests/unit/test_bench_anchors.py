@@ -15,7 +15,8 @@ from edgespec.bench.prompts import (LONG_CODE, LONG_SUMMARY, SPEC_BENCH_CATEGORI
                                     long_code_prompt, long_summary_prompt, load_long)
 from edgespec.bench.report import render_markdown
 from edgespec.bench.results import pass_cost, speedup_table
-from edgespec.bench.runner import collect_prompts, tool_prompt_text, tool_record
+from edgespec.bench.records import tool_prompt_text, tool_record
+from edgespec.bench.runner import collect_prompts
 from edgespec.errors import InvalidInputError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "anchors"
