@@ -38,7 +38,7 @@ def check(scheduler, n: int) -> None:
 
 
 class _Tagged:
-    """A choice's stand-in for a bridge's queue: its events go to the shared queue as
+    """A choice's stand-in for a relay's queue: its events go to the shared queue as
     (index, event), so one consumer sees every choice in the order they happened."""
 
     def __init__(self, queue: asyncio.Queue, index: int) -> None:
