@@ -31,3 +31,10 @@ class InvalidInputError(EdgespecError):
 
 class Cancelled(EdgespecError):
     """The request was cancelled by the caller."""
+
+
+def ensure(ok: object, message: str) -> None:
+    """Raise InvalidInputError(message) unless ``ok``: the one-line check that settings and
+    parameter classes validate their fields with."""
+    if not ok:
+        raise InvalidInputError(message)

@@ -236,47 +236,16 @@ def attribute(before: Sequence[Req], after: Sequence[Req], config: str) -> Attri
                                 "pick one with --config")
     b, a = pool(rb), pool(ra)
     effects = dict.fromkeys(CAUSES, 0.0)
-    lines: list[str] = []
     total = math.log(a.rate / b.rate) if a.rate > 0 and b.rate > 0 else 0.0
     residual = total
-    sizes = set(a.share) & set(b.cost)
-    if a.share and b.share and sizes == set(a.share):
-        ea = sum(w * a.expected(n) for n, w in a.share.items())
-        ea_b = sum(w * b.expected(n) for n, w in a.share.items())
-        eb = sum(w * b.expected(n) for n, w in b.share.items())
-        ca = sum(w * a.cost[n] for n, w in a.share.items())
-        ca_b = sum(w * b.cost[n] for n, w in a.share.items())
-        cb = sum(w * b.cost[n] for n, w in b.share.items())
-        effects["proposer_quality"] = math.log(ea / ea_b)
-        effects["verification_cost"] = -math.log(ca / ca_b)
-        effects["scheduling"] = math.log(ea_b / eb) - math.log(ca_b / cb)
+    lines = _pass_effects(b, a, effects)
+    if lines:
         residual = total - effects["proposer_quality"] - effects["verification_cost"] \
             - effects["scheduling"]
-        lines += [
-            f"proposer quality: {ea_b:.2f} -> {ea:.2f} tokens per pass at the same pass sizes "
-            f"(acceptance by position {_pcts(b.acceptance)} -> {_pcts(a.acceptance)})",
-            f"verification cost: {ca_b * 1000:.1f} -> {ca * 1000:.1f} ms per pass at the same "
-            f"pass sizes ({_costs(b.cost, a.cost, a.share)})",
-            f"scheduling: plain steps {b.share.get(1, 0):.0%} -> {a.share.get(1, 0):.0%} of "
-            f"passes, mean pass {_mean(b.share):.2f} -> {_mean(a.share):.2f} tokens; control "
-            f"events {_events(b.control_events)} -> {_events(a.control_events)}",
-        ]
     else:
         lines.append("pass sizes of the after side were not measured before: proposer, "
                      "verification and scheduling effects cannot be separated")
-    # numerical drift: the change over all requests less that over requests that kept parity
-    keep_b = {r.key for r in rb if r.parity is not False and r.error is None}
-    keep_a = {r.key for r in ra if r.parity is not False and r.error is None}
-    both = keep_a & keep_b - {None}
-    if (a.diverged or b.diverged) and both:
-        pb = pool(r for r in rb if r.key in both)
-        pa = pool(r for r in ra if r.key in both)
-        if pa.rate > 0 and pb.rate > 0:
-            effects["numerical_drift"] = total - math.log(pa.rate / pb.rate)
-        lines.append(f"numerical drift: outputs that left the plain path {b.diverged}/"
-                     f"{b.with_parity} -> {a.diverged}/{a.with_parity} (near-ties {b.near_ties} -> "
-                     f"{a.near_ties}); goodput over the {len(both)} requests that kept parity "
-                     f"changed {math.exp(total - effects['numerical_drift']):.2f}x")
+    lines += _drift(rb, ra, b, a, total, effects)
     # feature incompatibility: requests refused are not served
     if a.refused or b.refused:
         effects["feature_incompatibility"] = math.log(max(a.served, 1e-9) / max(b.served, 1e-9))
@@ -285,20 +254,70 @@ def attribute(before: Sequence[Req], after: Sequence[Req], config: str) -> Attri
                      f"{a.refused}/{a.requests} requests" + (f"; new: {new[0]}" if new else ""))
     lines.append(f"residual (time outside target passes: drafting, the loop): "
                  f"{math.exp(residual):.2f}x")
-    drift = effects["numerical_drift"]
-    if abs(drift) >= max(NEGLIGIBLE, 0.5 * abs(total)):
-        # most of the change lives in requests whose text changed: the acceptance and pass
-        # effects measured over them are its consequences, not separate causes
-        cause = "numerical_drift"
-    else:
-        cause = max(CAUSES, key=lambda c: abs(effects[c]))
-        if abs(effects[cause]) < NEGLIGIBLE:
-            cause = "none"
+    cause = _cause(effects, total)
     head = (f"{config}: goodput {b.rate:.1f} -> {a.rate:.1f} tok/s ({math.exp(total):.2f}x)"
             + (f"; explained mostly by {cause.replace('_', ' ')} "
                f"({math.exp(effects[cause]):.2f}x)" if cause != "none" else
                "; no cause above 2%"))
     return Attribution(config, b, a, math.exp(total), effects, residual, cause, [head, *lines])
+
+
+def _pass_effects(b: Side, a: Side, effects: dict[str, float]) -> list[str]:
+    """Proposer quality, verification cost and scheduling, set in ``effects``, and their
+    lines; none (an empty list) when the after side's pass sizes were not measured before."""
+    sizes = set(a.share) & set(b.cost)
+    if not (a.share and b.share and sizes == set(a.share)):
+        return []
+    ea = sum(w * a.expected(n) for n, w in a.share.items())
+    ea_b = sum(w * b.expected(n) for n, w in a.share.items())
+    eb = sum(w * b.expected(n) for n, w in b.share.items())
+    ca = sum(w * a.cost[n] for n, w in a.share.items())
+    ca_b = sum(w * b.cost[n] for n, w in a.share.items())
+    cb = sum(w * b.cost[n] for n, w in b.share.items())
+    effects["proposer_quality"] = math.log(ea / ea_b)
+    effects["verification_cost"] = -math.log(ca / ca_b)
+    effects["scheduling"] = math.log(ea_b / eb) - math.log(ca_b / cb)
+    return [
+        f"proposer quality: {ea_b:.2f} -> {ea:.2f} tokens per pass at the same pass sizes "
+        f"(acceptance by position {_pcts(b.acceptance)} -> {_pcts(a.acceptance)})",
+        f"verification cost: {ca_b * 1000:.1f} -> {ca * 1000:.1f} ms per pass at the same "
+        f"pass sizes ({_costs(b.cost, a.cost, a.share)})",
+        f"scheduling: plain steps {b.share.get(1, 0):.0%} -> {a.share.get(1, 0):.0%} of "
+        f"passes, mean pass {_mean(b.share):.2f} -> {_mean(a.share):.2f} tokens; control "
+        f"events {_events(b.control_events)} -> {_events(a.control_events)}",
+    ]
+
+
+def _drift(rb: Sequence[Req], ra: Sequence[Req], b: Side, a: Side, total: float,
+           effects: dict[str, float]) -> list[str]:
+    """Numerical drift, set in ``effects``: the change over all requests less that over
+    requests that kept parity; its line, or none."""
+    keep_b = {r.key for r in rb if r.parity is not False and r.error is None}
+    keep_a = {r.key for r in ra if r.parity is not False and r.error is None}
+    both = keep_a & keep_b - {None}
+    if not ((a.diverged or b.diverged) and both):
+        return []
+    pb = pool(r for r in rb if r.key in both)
+    pa = pool(r for r in ra if r.key in both)
+    if pa.rate > 0 and pb.rate > 0:
+        effects["numerical_drift"] = total - math.log(pa.rate / pb.rate)
+    return [f"numerical drift: outputs that left the plain path {b.diverged}/"
+            f"{b.with_parity} -> {a.diverged}/{a.with_parity} (near-ties {b.near_ties} -> "
+            f"{a.near_ties}); goodput over the {len(both)} requests that kept parity "
+            f"changed {math.exp(total - effects['numerical_drift']):.2f}x"]
+
+
+def _cause(effects: dict[str, float], total: float) -> str:
+    """The largest effect, or "none" when every one is negligible."""
+    drift = effects["numerical_drift"]
+    if abs(drift) >= max(NEGLIGIBLE, 0.5 * abs(total)):
+        # most of the change lives in requests whose text changed: the acceptance and pass
+        # effects measured over them are its consequences, not separate causes
+        return "numerical_drift"
+    cause = max(CAUSES, key=lambda c: abs(effects[c]))
+    if abs(effects[cause]) < NEGLIGIBLE:
+        cause = "none"
+    return cause
 
 
 def compared_configs(before: Sequence[Req], after: Sequence[Req]) -> list[str]:

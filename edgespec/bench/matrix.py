@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
 from ..api.labels import PLAIN
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, ensure
 from . import anchors as anchor_specs
 from .anchors import ANCHOR_KIND, ANCHORS
 from .prompts import HUMANEVALFIX, SPEC_BENCH_CATEGORIES
@@ -184,34 +184,34 @@ class Matrix:
         return [c for c in self.configs if c.kind == ANCHOR_KIND]
 
     def validate(self) -> "Matrix":
-        _guard(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
-        _guard(self.temperature >= 0, f"temperature must be >= 0 (got {self.temperature})")
-        _guard(self.per_category is None or self.per_category >= 1,
+        ensure(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        ensure(self.temperature >= 0, f"temperature must be >= 0 (got {self.temperature})")
+        ensure(self.per_category is None or self.per_category >= 1,
                f"per_category must be >= 1 (got {self.per_category})")
-        _guard(self.humanevalfix >= 0, f"humanevalfix must be >= 0 (got {self.humanevalfix})")
-        _guard(self.warmup >= 0, f"warmup must be >= 0 (got {self.warmup})")
-        _guard(self.n_gpu_layers >= -1, f"n_gpu_layers must be >= -1 (got {self.n_gpu_layers})")
-        _guard(0 <= self.tree_width <= 32,
+        ensure(self.humanevalfix >= 0, f"humanevalfix must be >= 0 (got {self.humanevalfix})")
+        ensure(self.warmup >= 0, f"warmup must be >= 0 (got {self.warmup})")
+        ensure(self.n_gpu_layers >= -1, f"n_gpu_layers must be >= -1 (got {self.n_gpu_layers})")
+        ensure(0 <= self.tree_width <= 32,
                f"tree_width must be between 0 and 32 branches (got {self.tree_width})")
-        _guard(0 < self.confidence < 1, f"confidence must be in (0, 1) (got {self.confidence})")
-        _guard(all(b > 0 for b in self.buckets), "bucket edges must be positive token counts")
+        ensure(0 < self.confidence < 1, f"confidence must be in (0, 1) (got {self.confidence})")
+        ensure(all(b > 0 for b in self.buckets), "bucket edges must be positive token counts")
         unknown = [c for c in self.spec_bench if c not in SPEC_BENCH_CATEGORIES]
-        _guard(not unknown, f"unknown Spec-Bench categories {', '.join(unknown)}; choose from "
+        ensure(not unknown, f"unknown Spec-Bench categories {', '.join(unknown)}; choose from "
                             f"{', '.join(SPEC_BENCH_CATEGORIES)}")
-        _guard(bool(self.spec_bench or self.humanevalfix or self.long or self.jsonl),
+        ensure(bool(self.spec_bench or self.humanevalfix or self.long or self.jsonl),
                "no prompts selected: pick Spec-Bench categories, --humanevalfix N or --jsonl FILE")
-        _guard(all(n >= 256 for n in self.long), "long prompts must be at least 256 tokens")
+        ensure(all(n >= 256 for n in self.long), "long prompts must be at least 256 tokens")
         labels = self.labels
         dupes = sorted({x for x in labels if labels.count(x) > 1})
-        _guard(not dupes, f"configuration listed twice: {', '.join(dupes)}")
-        _guard(labels and labels[0] == BASELINE, "the plain path must be the first configuration")
-        _guard(self.draft is not None or all(c.proposer != "draft" for c in self.configs),
+        ensure(not dupes, f"configuration listed twice: {', '.join(dupes)}")
+        ensure(labels and labels[0] == BASELINE, "the plain path must be the first configuration")
+        ensure(self.draft is not None or all(c.proposer != "draft" for c in self.configs),
                "the 'draft' proposer needs a draft model: pass --draft NAME (e.g. qwen-0.5b)")
-        _guard(self.draft is not None or all(
+        ensure(self.draft is not None or all(
             not (c.kind == ANCHOR_KIND and ANCHORS[c.proposer].needs_draft) for c in self.configs),
             "the llama-speculative-simple anchor needs a draft model: pass --draft NAME")
         missing = sorted({c.baseline for c in self.configs} - set(labels))
-        _guard(not missing, f"an anchor's own plain path is missing: {', '.join(missing)} "
+        ensure(not missing, f"an anchor's own plain path is missing: {', '.join(missing)} "
                             "(with_baseline() adds it)")
         return self
 
@@ -240,11 +240,6 @@ class Matrix:
         return d
 
 
-def _guard(ok: bool, message: str) -> None:
-    if not ok:
-        raise InvalidInputError(message)
-
-
 # --- TOML --------------------------------------------------------------------
 _SCALARS = {"target", "draft", "max_new_tokens", "temperature", "seed", "threads", "n_ctx",
             "n_gpu_layers", "tree_width", "anchor_n_ctx", "warmup", "warmup_tokens",
@@ -257,13 +252,13 @@ def apply_overrides(m: Matrix, data: Mapping[str, Any], source: str = "matrix") 
     """Apply a TOML-shaped mapping onto a matrix; unknown keys are errors (typos must not pass)."""
     known = _SCALARS | {"preset", "buckets", "prompts", "config", "anchor"}
     unknown = sorted(set(data) - known)
-    _guard(not unknown, f"{source}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    ensure(not unknown, f"{source}: unknown keys {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     changes: dict[str, Any] = {k: data[k] for k in _SCALARS if k in data}
     if "buckets" in data:
         changes["buckets"] = tuple(int(b) for b in data["buckets"])
     prompts = data.get("prompts", {})
     bad = sorted(set(prompts) - _PROMPT_KEYS)
-    _guard(not bad, f"{source}: unknown [prompts] keys {', '.join(bad)}; known: {', '.join(sorted(_PROMPT_KEYS))}")
+    ensure(not bad, f"{source}: unknown [prompts] keys {', '.join(bad)}; known: {', '.join(sorted(_PROMPT_KEYS))}")
     for k, v in prompts.items():
         if k == "spec_bench":
             changes[k] = spec_bench_selection(v)
@@ -299,5 +294,5 @@ def spec_bench_selection(value: str | Sequence[str]) -> tuple[str, ...]:
         return SPEC_BENCH_CATEGORIES
     if items in (["none"], []):
         return ()
-    _guard(HUMANEVALFIX not in items, "HumanEvalFix is chosen with --humanevalfix N, not as a category")
+    ensure(HUMANEVALFIX not in items, "HumanEvalFix is chosen with --humanevalfix N, not as a category")
     return tuple(items)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from .report import slice_results
+from .results import slice_results
 
 
 def qualification_records(data: Mapping, config: str, m, evidence: str) -> dict[str, dict]:

@@ -25,34 +25,26 @@ Protocol (why each rule exists):
 from __future__ import annotations
 
 import math
-import resource
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from ..api.labels import AUTO
 from ..errors import EdgespecError, InvalidInputError
 from ..api.events import Finished, Step
 from ..api.params import GenerationParams, SamplingParams
-from ..api.stats import RequestStats
 from . import tools
 from .anchor import trace_to_stats
 from .anchors import ANCHORS
+from .engines import control_settings, load_engine, plan_engine
 from .matrix import ANCHOR_KIND, BASELINE, ConfigSpec, Matrix
 from .prompts import (BenchPrompt, bucket_label, load_humanevalfix, load_jsonl_prompts,
                       load_long, load_spec_bench)
+from .records import (error_record, mark_parity, process, rss_of, stats_record,
+                      tool_prompt_text, tool_record)
 from ..analysis.parity import TOP_N, attribute_divergence
 from .identity import collect_identity
-from ..proposers import REGISTRY, free_proposer
 from ..replay.depth import depths_for, measure_depths
 from ..replay.record import Recorder
-
-# Knobs that configure the engine as a whole (Engine.load arguments), not one proposer.
-# Knobs of the speculation controller: per request (Engine.stream(control=...)), so fixed
-# draft lengths and adaptive control compare on one loaded model. Besides these three, the
-# controller's tunables (TUNABLE_KNOBS) can be A/B-tested against the default in one run.
-TUNABLE_KNOBS = ("margin", "window", "min_draft", "position_calibration", "ramp", "policy")
-CONTROL_KNOBS = ("draft_len", "adaptive", "exact", *TUNABLE_KNOBS)
 
 # Not one of the measured prompts: a proposer that learns across requests (the suffix tree)
 # must not see the start of a measured answer before it is measured.
@@ -78,159 +70,6 @@ def collect_prompts(m: Matrix) -> list[BenchPrompt]:
     if len(set(ids)) != len(ids):
         raise InvalidInputError("two prompts share an id; give JSONL records distinct 'id' fields")
     return prompts
-
-
-# --- how engine configurations map onto one loaded engine ----------------------
-@dataclass(frozen=True)
-class EnginePlan:
-    """Engine.load arguments and the proposer name each configuration requests with."""
-
-    proposer_options: dict[str, dict]  # for the engine's own instance of each proposer
-    extra: dict[str, tuple[str, dict]]  # label -> (proposer, options) loaded under the label
-    request_name: dict[str, str | None]  # label -> stream(proposer=...); None: the engine's default
-    control: dict[str, dict] = field(default_factory=dict)  # label -> CONTROL_KNOBS it sets
-    auto: bool = False  # load the engine as `--proposer auto` (the planner picks its default)
-    # a second engine with exact mode's batch-invariant kernel for the exact configurations
-    # (the default engine runs the fastest kernel, on which exact mode cannot speculate)
-    exact: bool = False
-
-
-def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
-    """The first configuration of each proposer uses the engine's instance (with its knobs);
-    every later one gets its own instance under its label, so a proposer that learns across
-    requests (the suffix tree) never sees another configuration's answer to the same prompt."""
-    options: dict[str, dict] = {}
-    extra: dict[str, tuple[str, dict]] = {}
-    names: dict[str, str] = {}
-    control: dict[str, dict] = {}
-    for c in configs:
-        if c.kind != "engine":
-            continue
-        own = {k: v for k, v in c.knob_dict.items() if k not in CONTROL_KNOBS}
-        ctl = {k: v for k, v in c.knob_dict.items() if k in CONTROL_KNOBS}
-        if ctl:
-            control[c.label] = ctl
-        if c.proposer == BASELINE:
-            if set(c.knob_dict) - {"exact"}:
-                raise InvalidInputError("the plain path ('none') takes no knobs but exact")
-            names[c.label] = BASELINE
-        elif c.proposer == AUTO or "+" in c.proposer:
-            # the engine's default ("auto") or several free proposers consulted together
-            if own:
-                raise InvalidInputError(f"{c.label}: a combined configuration takes only control "
-                                        f"knobs ({', '.join(CONTROL_KNOBS)}); set proposer "
-                                        "options on a single-proposer configuration")
-            names[c.label] = None if c.proposer == AUTO else c.proposer
-        elif c.proposer not in options:
-            options[c.proposer] = own
-            names[c.label] = c.proposer
-        else:
-            if c.proposer == "draft":
-                if options["draft"] != own:
-                    raise InvalidInputError("one engine holds one draft model: give every 'draft' "
-                                            "configuration the same model knobs")
-                names[c.label] = "draft"
-                continue
-            # an instance name of its own (a knob-less label would collide with the engine's)
-            name = c.label if c.label != c.proposer else f"{c.label}#{len(extra) + 2}"
-            extra[name] = (c.proposer, own)
-            names[c.label] = name
-    if options.get("draft"):
-        raise InvalidInputError(f"the draft proposer takes only control knobs ({', '.join(CONTROL_KNOBS)}); "
-                                f"got {', '.join(options['draft'])}")
-
-    # self: the engine builds a proposer deriving its own model only when its options name it
-    return EnginePlan(proposer_options={k: v for k, v in options.items()
-                                        if v or (k in REGISTRY and REGISTRY[k].own_model)},
-                      extra=extra, request_name=names, control=control,
-                      auto=any(c.proposer == AUTO for c in configs if c.kind == "engine"),
-                      exact=any(c.exact for c in configs))
-
-
-def control_settings(base, knobs: dict):
-    """The engine's default ControlSettings with a configuration's control knobs applied
-    (each tunable converted to the type of the default it replaces)."""
-    from dataclasses import replace
-    if not knobs:
-        return None
-    adaptive = bool(knobs.get("adaptive", base.adaptive))
-    changes: dict = {"adaptive": adaptive}
-    if "draft_len" in knobs:
-        n = int(knobs["draft_len"])
-        changes.update(draft_length=n, **({"max_draft": n} if adaptive else {}))
-    for k in TUNABLE_KNOBS:
-        if k in knobs:
-            kind = type(getattr(base, k))
-            v = knobs[k]
-            if kind is bool and isinstance(v, str):
-                if v.lower() not in ("true", "false", "1", "0"):
-                    raise InvalidInputError(f"control knob {k} takes true or false (got {v!r})")
-                v = v.lower() in ("true", "1")
-            try:
-                changes[k] = kind(v)
-            except (TypeError, ValueError):
-                raise InvalidInputError(f"control knob {k} takes a {kind.__name__} (got {v!r})") from None
-    return replace(base, **changes).validate()
-
-
-def load_engine(m: Matrix, plan: EnginePlan) -> tuple[dict, dict[str, str]]:
-    """Load the engine (and, for exact configurations, an exact one beside it), then give
-    every configuration its own instances of the free proposers it consults: a proposer
-    that learns across requests (suffix trees, n-gram statistics) must not see another
-    configuration's answer to the same prompt, nor the statistics an earlier run saved on
-    disk. Returns the engines by exactness and, per configuration, the proposer label its
-    requests use."""
-    from ..engine.engine import Engine  # deferred: it loads llama.cpp
-
-    kw = dict(draft=m.draft, proposer=AUTO if plan.auto else BASELINE, n_ctx=m.n_ctx,
-              threads=m.threads, proposer_options=plan.proposer_options,
-              n_gpu_layers=m.n_gpu_layers, draft_gpu_layers=m.n_gpu_layers,
-              tree_width=m.tree_width)
-    engines = {False: Engine.load(m.target, **kw)}
-    names = dict(plan.request_name)
-    try:
-        if plan.exact:
-            engines[True] = Engine.load(m.target, exact=True, **kw)
-        for label, (name, options) in plan.extra.items():
-            for eng in engines.values():
-                eng.add_proposer(label, _free(name, options))
-        for c in m.engine_configs:
-            if plan.request_name[c.label] != BASELINE:
-                names[c.label] = _own_instances(engines[c.exact and plan.exact], c,
-                                                plan.request_name[c.label])
-    except BaseException:
-        for eng in engines.values():
-            eng.close()
-        raise
-    return engines, names
-
-
-def _free(name: str, options: dict):
-    return free_proposer(name, **options)
-
-
-def _own_instances(engine, c: ConfigSpec, asked: str | None) -> str:
-    from ..engine.engine import split_proposers  # deferred: it loads llama.cpp
-    label = asked or engine.default_proposer
-    missing = [n for n in split_proposers(label) if n not in engine.proposers]
-    if missing:
-        raise EdgespecError(
-            f"the engine could not load {c.label} ({', '.join(missing)}; loaded: "
-            f"{', '.join(engine.proposers) or 'none'}); is the native library built "
-            "(`make install`)?")
-    parts = []
-    for n in split_proposers(label):
-        if engine.proposers[n].costly:
-            parts.append(n)  # one model; it learns nothing across requests
-        else:
-            parts.append(engine.clone_proposer(n, f"{c.label}/{n}", **_no_persistence(
-                getattr(engine.proposers[n], "name", n))))
-    return "+".join(parts) if parts else BASELINE
-
-
-def _no_persistence(kind: str) -> dict:
-    """Options that keep a fresh instance from reading or writing statistics on disk."""
-    return {"stats_path": ""} if kind == "ngram" else {}
 
 
 def total_requests(m: Matrix, prompts: Sequence[BenchPrompt]) -> int:
@@ -279,7 +118,7 @@ class Runner:
         self.anchors = anchors or {}
         self.request_name = request_name or {c.label: c.proposer for c in m.engine_configs}
         self.progress = progress or (lambda done, total, rec: None)
-        self._proc = _process()
+        self._proc = process()
 
     def run(self, prompts: Sequence[BenchPrompt], run: BenchRun) -> BenchRun:
         total = total_requests(self.m, prompts)
@@ -305,7 +144,7 @@ class Runner:
                     for pos, cfg in enumerate(order):
                         history = answers[cfg.label]
                         if history is None:  # an earlier turn failed: no history to continue
-                            rec = _error_record("skipped: an earlier turn of this prompt failed")
+                            rec = error_record("skipped: an earlier turn of this prompt failed")
                         else:
                             messages = prompt.messages(history)
                             if cfg.label == BASELINE:
@@ -329,7 +168,7 @@ class Runner:
                         run.records.append(rec)
                         done += 1
                         self.progress(done, total, rec)
-                    _mark_parity(unit_records, greedy=self.m.temperature == 0, baseline=baseline)
+                    mark_parity(unit_records, greedy=self.m.temperature == 0, baseline=baseline)
                     unit += 1
             self._attribute(run.records, plain_messages)
         except KeyboardInterrupt:
@@ -393,7 +232,7 @@ class Runner:
                 return self._anchor_request(cfg, messages, max_tokens, seed)
             return self._engine_request(cfg, messages, max_tokens, seed)
         except EdgespecError as e:
-            return _error_record(str(e))
+            return error_record(str(e))
 
     def _params(self, max_tokens: int, seed: int) -> GenerationParams:
         return GenerationParams(max_tokens=max_tokens, sampling=SamplingParams(
@@ -401,7 +240,7 @@ class Runner:
 
     def _engine_request(self, cfg: ConfigSpec, messages: list[dict], max_tokens: int,
                         seed: int) -> dict:
-        rss = _rss(self._proc)
+        rss = rss_of(self._proc)
         t0 = time.perf_counter()
         fin = None
         ctl = self.control.get(cfg.label)
@@ -426,7 +265,7 @@ class Runner:
                 if rr is not None:
                     rr.on_event(ev)
                 if isinstance(ev, Step):
-                    rss = max(rss, _rss(self._proc))
+                    rss = max(rss, rss_of(self._proc))
                     # a pass holds the pending token plus the drafts (a plain step is 1)
                     cell = sizes.setdefault(ev.drafted + 1, [0, 0.0])
                     cell[0] += 1
@@ -442,7 +281,7 @@ class Runner:
         wall = time.perf_counter() - t0
         if fin is None:
             raise EdgespecError("the engine stream ended without a Finished event")
-        rec = _record(fin.stats, list(fin.tokens), fin.text, wall, rss)
+        rec = stats_record(fin.stats, list(fin.tokens), fin.text, wall, rss)
         rec["pass_size_hist"] = {str(k): int(v[0]) for k, v in sorted(sizes.items())}
         rec["pass_seconds"] = {str(k): v[1] for k, v in sorted(sizes.items())}
         if rr is not None and "passes" in rr.rec:
@@ -453,18 +292,18 @@ class Runner:
                         seed: int = 0) -> dict:
         anchor = self.anchors.get(cfg.label)
         if anchor is None:
-            return _error_record("anchor not loaded (is llama-cpp-python's high-level API available?)")
+            return error_record("anchor not loaded (is llama-cpp-python's high-level API available?)")
         if isinstance(anchor, tools.ToolAnchor):
             return self._tool_request(anchor, messages, max_tokens, seed)
         # Tokenized by the engine, so the anchor sees exactly the plain path's prompt.
         tokens = self.engine.prompt_tokens(messages, self._params(max_tokens, 0))
-        rss = _rss(self._proc)
+        rss = rss_of(self._proc)
         t0 = time.perf_counter()
         trace = anchor.generate(tokens, max_tokens, temperature=self.m.temperature)
         wall = time.perf_counter() - t0
-        rss = max(rss, _rss(self._proc))
+        rss = max(rss, rss_of(self._proc))
         text = self.engine.target.detokenize(trace.tokens).decode("utf-8", "replace")
-        return _record(trace_to_stats(trace, cfg.label), list(trace.tokens), text, wall, rss)
+        return stats_record(trace_to_stats(trace, cfg.label), list(trace.tokens), text, wall, rss)
 
     def _tool_request(self, anchor: "tools.ToolAnchor", messages: list[dict], max_tokens: int,
                       seed: int) -> dict:
@@ -476,92 +315,6 @@ class Runner:
             raise EdgespecError(f"{anchor.tool} read {run.timing.prompt_tokens} prompt tokens where "
                                 f"the engine has {len(tokens)}: not the same prompt")
         return tool_record(run, max_tokens)
-
-
-def tool_prompt_text(target, tokens: Sequence[int]) -> str:
-    """Text that llama.cpp's tools tokenize (add_special, parse_special) into exactly ``tokens``:
-    the rendered prompt, less a leading BOS when the tokenizer adds one itself."""
-    try:
-        text = target.detokenize(list(tokens), special=True).decode("utf-8")
-    except UnicodeDecodeError:
-        raise EdgespecError("the prompt is not valid UTF-8 once detokenized; llama.cpp's tools "
-                            "cannot be given the same tokens") from None
-    if target.tokenize(text, add_special=True, parse_special=True) == list(tokens):
-        return text
-    bos = target.detokenize([target.bos], special=True).decode("utf-8", "replace")
-    if bos and text.startswith(bos):
-        rest = text[len(bos):]
-        if target.tokenize(rest, add_special=True, parse_special=True) == list(tokens):
-            return rest
-    raise EdgespecError("the prompt's text does not tokenize back into the engine's prompt "
-                        "tokens, so llama.cpp's tools would see another prompt (skipped for them)")
-
-
-def tool_record(run: "tools.ToolRun", max_tokens: int) -> dict:
-    """A llama.cpp tool's run in the shape of an engine record (per-token fields empty: the
-    tools report totals only)."""
-    t = run.timing
-    nan = float("nan")
-    acc = (t.accepted / t.drafted) if t.drafted else nan
-    return {
-        "proposer": None, "prompt_tokens": t.prompt_tokens, "generated_tokens": t.generated,
-        "stop_reason": "length" if t.generated >= max_tokens else "eos",
-        "drafted": t.drafted or 0, "accepted": t.accepted or 0, "acceptance_rate": acc,
-        "verify_passes": t.passes, "plain_steps": None,
-        "mean_accepted_length": (t.decode_tokens / t.passes) if t.passes else nan,
-        "accepted_length_hist": {}, "position_acceptance": [], "proposer_share": {},
-        "control_events": {}, "prefill_seconds": t.prefill_seconds, "ttft_seconds": t.prefill_seconds,
-        "decode_seconds": t.decode_seconds, "decode_tokens_per_second": t.decode_tokens_per_second,
-        "e2e_seconds": t.prefill_seconds + t.decode_seconds, "wall_seconds": run.wall_seconds,
-        "itl_p50": None, "itl_p95": None, "itl_p99": None, "token_times": [],
-        "position_drafted": [], "position_accepted": [], "rss_peak_bytes": 0,
-        "process_peak_rss_bytes": 0, "tokens": [], "text": run.text,
-        "system_info": run.system_info,
-    }
-
-
-def _record(stats: RequestStats, tokens: list[int], text: str, wall: float, rss: int) -> dict:
-    d = stats.to_dict()
-    d.update(e2e_seconds=stats.total_seconds, wall_seconds=wall, rss_peak_bytes=rss,
-             process_peak_rss_bytes=_max_rss(), token_times=list(stats.token_times),
-             position_drafted=list(stats.position_drafted),
-             position_accepted=list(stats.position_accepted),
-             tokens=tokens, text=text)
-    return d
-
-
-def _error_record(message: str) -> dict:
-    return {"error": message}
-
-
-def _mark_parity(records: list[dict], greedy: bool, baseline: dict[str, str] | None = None) -> None:
-    """Same output tokens as its plain path (ours, or an anchor's own) on this unit? Only for
-    greedy runs, and only where tokens are known (llama.cpp's tools report text)."""
-    by_label = {r.get("config"): r for r in records if "tokens" in r}
-    for r in records:
-        base = by_label.get((baseline or {}).get(r.get("config"), BASELINE))
-        if (r.get("config") == BASELINE or base is None or base is r or not greedy
-                or not r.get("tokens") or not base.get("tokens")):
-            r["parity"] = None
-        else:
-            r["parity"] = r["tokens"] == base["tokens"]
-
-
-def _process():
-    try:
-        import psutil
-        return psutil.Process()
-    except ImportError:  # pragma: no cover - psutil is a dependency
-        return None
-
-
-def _rss(proc) -> int:
-    return int(proc.memory_info().rss) if proc is not None else 0
-
-
-def _max_rss() -> int:
-    # ru_maxrss is the process high-water mark, in KiB on Linux.
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 # --- load everything, run, close ---------------------------------------------------

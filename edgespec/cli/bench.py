@@ -55,7 +55,8 @@ class _Progress:
 
 def run_and_write(m, out_dir: Path, label: str):
     """Run the matrix with a progress bar; always write JSON + report (also after Ctrl-C)."""
-    from ..bench.report import write_json, write_report  # deferred: `edgespec` starts without what other commands need
+    from ..bench.report import write_report  # deferred: `edgespec` starts without what other commands need
+    from ..bench.results import write_json  # deferred: `edgespec` starts without what other commands need
     from ..bench.runner import collect_prompts, run_bench, total_requests  # deferred: `edgespec` starts without what other commands need
 
     m = m.validate()
@@ -85,7 +86,7 @@ def run_and_write(m, out_dir: Path, label: str):
 
 
 def _echo_overall(data) -> None:
-    from ..bench.report import OVERALL, PLAIN_LLAMA, speedup_table, vs_llama_table  # deferred: `edgespec` starts without what other commands need
+    from ..bench.results import OVERALL, PLAIN_LLAMA, speedup_table, vs_llama_table  # deferred: `edgespec` starts without what other commands need
 
     table = speedup_table(data)
     for config, cell in table.get(OVERALL, {}).items():
@@ -166,7 +167,8 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
     from ..bench.compose import Flags, compose  # deferred: `edgespec` starts without what other commands need
 
     if report_from:
-        from ..bench.report import load_run, write_report  # deferred: `edgespec` starts without what other commands need
+        from ..bench.report import write_report  # deferred: `edgespec` starts without what other commands need
+        from ..bench.results import load_run  # deferred: `edgespec` starts without what other commands need
 
         data = load_run(report_from)
         path = write_report(data, Path(out) if out else Path(report_from).parent)

@@ -173,10 +173,9 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
         click.echo(resolved_config(click.get_current_context()), nl=False)
         return
     require("server", "serve")
-    from ..engine.engine import Engine  # deferred: it loads llama.cpp
     from ..server import ServerSettings, create_pool_app  # deferred: `edgespec` starts without what other commands need
     from ..server.run import check_bind, is_loopback, serve as run_server  # deferred: `edgespec` starts without what other commands need
-    from ..serving import ModelPool, PoolModel, Scheduler  # deferred: `edgespec` starts without what other commands need
+    from ..serving import ModelPool  # deferred: `edgespec` starts without what other commands need
 
     check_bind(host, allow_remote)
     if not is_loopback(host) and api_key is None:
@@ -193,21 +192,9 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
                               reasoning_format=reasoning_format).validate()
     # every model is resolved and sized before anything loads: a bad name fails now
     models, budget = _pool_models(config, served, aliases, extra_models)
-
-    def build(m: PoolModel):
-        engine = Engine.from_config(m.config)
-        try:
-            if canary is not None:
-                from ..control.guard import CanarySettings  # deferred: `edgespec` starts without what other commands need
-                engine.guard.configure_canary(CanarySettings(fraction=canary).validate())
-            return engine, Scheduler(engine, parallel=parallel, max_queue=max_queue)
-        except BaseException:
-            engine.close()
-            raise
-
     pool = ModelPool(models, budget=budget,
                      keep_alive=None if len(models) == 1 or keep_alive < 0 else keep_alive,
-                     load=build)
+                     load=_loader(canary, parallel, max_queue))
     pool.acquire(served).release()  # the target loads now; the others on their first request
     engine = models[0].engine
     try:
@@ -226,6 +213,25 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
         click.echo("edgespec serve: stopped (open requests finished)", err=True)
     finally:
         pool.close()
+
+
+def _loader(canary: float | None, parallel: int, max_queue: int):
+    """The pool's ``load``: a model's engine (with the canary, if any) and its scheduler."""
+    from ..engine.engine import Engine  # deferred: it loads llama.cpp
+    from ..serving import PoolModel, Scheduler  # deferred: `edgespec` starts without what other commands need
+
+    def build(m: PoolModel):
+        engine = Engine.from_config(m.config)
+        try:
+            if canary is not None:
+                from ..control.guard import CanarySettings  # deferred: `edgespec` starts without what other commands need
+                engine.guard.configure_canary(CanarySettings(fraction=canary).validate())
+            return engine, Scheduler(engine, parallel=parallel, max_queue=max_queue)
+        except BaseException:
+            engine.close()
+            raise
+
+    return build
 
 
 def _pool_models(config, served: str, aliases: tuple[str, ...], extra: tuple[str, ...]):

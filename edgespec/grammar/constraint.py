@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NoReturn
 
 from ..errors import InvalidInputError, UnsupportedError
 
@@ -130,76 +131,94 @@ def _check(node, root, path: tuple, seen: set) -> None:
         _unsupported(path, "false", "a schema that admits nothing")
     if not isinstance(node, dict):
         raise GrammarError(f"the JSON schema at {_where(path)} is not an object")
-    t = node.get("type")
-    if "$ref" in node:
-        ok = {"$ref"}
-        ref = node["$ref"]
-        if not isinstance(ref, str) or not ref.startswith("#/"):
-            _unsupported(path, "$ref", f"the reference {ref!r} (only local '#/...' references)")
-        if ref not in seen:
-            seen.add(ref)
-            target = root
-            for part in ref[2:].split("/"):
-                if not isinstance(target, dict) or part not in target:
-                    raise GrammarError(f"the JSON schema's reference {ref!r} points nowhere")
-                target = target[part]
-            _check(target, root, (ref,), seen)
-    elif "oneOf" in node:
-        _unsupported(path, "oneOf", "oneOf", "the grammar would admit any branch, so an output "
-                     "could match two; use anyOf")
-    elif "anyOf" in node:
-        ok = {"anyOf"}
-        for i, sub in enumerate(node["anyOf"]):
-            _check(sub, root, (*path, "anyOf", i), seen)
-    elif isinstance(t, list):
-        ok = {"type"}
-        for name in t:
-            if name not in _PRIMITIVES:
-                _unsupported(path, "type", f"the type {name!r}")
-    elif "const" in node or "enum" in node:
-        ok = {"const" if "const" in node else "enum", "type"}
-    elif t in (None, "object") and ("properties" in node or (
-            "additionalProperties" in node and node["additionalProperties"] is not True)):
-        ok = {"type", "properties", "required", "additionalProperties"}
-        props = node.get("properties", {})
-        missing = [r for r in node.get("required", []) if r not in props]
-        if missing:
-            _unsupported(path, "required", f"required properties without a schema ({missing})")
-        for name, sub in props.items():
-            _check(sub, root, (*path, name), seen)
-        extra = node.get("additionalProperties")
-        if isinstance(extra, dict):
-            _check(extra, root, (*path, "additionalProperties"), seen)
-    elif t in (None, "object") and "allOf" in node:
-        _unsupported(path, "allOf", "allOf", "the converter merges only their properties; merge "
-                     "the subschemas into one")
-    elif t in (None, "array") and ("items" in node or "prefixItems" in node):
-        items = node.get("items") or node["prefixItems"]
-        if isinstance(items, list):
-            ok = {"type", "items" if "items" in node else "prefixItems"}
-            for i, sub in enumerate(items):
-                _check(sub, root, (*path, i), seen)
-        else:
-            ok = {"type", "items", "minItems", "maxItems"}
-            _check(items, root, (*path, "items"), seen)
-    elif t in (None, "string") and "pattern" in node:
-        ok = {"type", "pattern"}
-    elif t in (None, "string") and node.get("format") in _FORMATS:
-        ok = {"type", "format"}
-    elif t == "string" and ("minLength" in node or "maxLength" in node):
-        ok = {"type", "minLength", "maxLength"}
-    elif t in _PRIMITIVES or (t is None and not (set(node) & _VALIDATION_KEYWORDS)):
-        ok = {"type"}
-    else:
-        kw = sorted((set(node) & _VALIDATION_KEYWORDS) - {"type"}) or ["type"]
-        _unsupported(path, kw[0], f"the keyword {kw[0]!r}")
+    ok = _honoured(node, root, path, seen)
     dropped = sorted((set(node) & _VALIDATION_KEYWORDS) - ok)
     if dropped:
         _unsupported(path, dropped[0], f"the keyword {dropped[0]!r}"
                      + (f" (with {node.get('format')!r})" if dropped[0] == "format" else ""))
 
 
-def _unsupported(path: tuple, keyword: str, what: str, hint: str = "") -> None:
+def _honoured(node: dict, root, path: tuple, seen: set) -> set[str]:
+    """The keywords the converter honours for this kind of schema (its subschemas checked
+    on the way); a kind it cannot enforce is refused."""
+    t = node.get("type")
+    if "$ref" in node:
+        _check_ref(node["$ref"], root, path, seen)
+        return {"$ref"}
+    if "oneOf" in node:
+        _unsupported(path, "oneOf", "oneOf", "the grammar would admit any branch, so an output "
+                     "could match two; use anyOf")
+    if "anyOf" in node:
+        for i, sub in enumerate(node["anyOf"]):
+            _check(sub, root, (*path, "anyOf", i), seen)
+        return {"anyOf"}
+    if isinstance(t, list):
+        for name in t:
+            if name not in _PRIMITIVES:
+                _unsupported(path, "type", f"the type {name!r}")
+        return {"type"}
+    if "const" in node or "enum" in node:
+        return {"const" if "const" in node else "enum", "type"}
+    if t in (None, "object") and ("properties" in node or (
+            "additionalProperties" in node and node["additionalProperties"] is not True)):
+        _check_object(node, root, path, seen)
+        return {"type", "properties", "required", "additionalProperties"}
+    if t in (None, "object") and "allOf" in node:
+        _unsupported(path, "allOf", "allOf", "the converter merges only their properties; merge "
+                     "the subschemas into one")
+    if t in (None, "array") and ("items" in node or "prefixItems" in node):
+        return _check_array(node, root, path, seen)
+    if t in (None, "string") and "pattern" in node:
+        return {"type", "pattern"}
+    if t in (None, "string") and node.get("format") in _FORMATS:
+        return {"type", "format"}
+    if t == "string" and ("minLength" in node or "maxLength" in node):
+        return {"type", "minLength", "maxLength"}
+    if t in _PRIMITIVES or (t is None and not (set(node) & _VALIDATION_KEYWORDS)):
+        return {"type"}
+    kw = sorted((set(node) & _VALIDATION_KEYWORDS) - {"type"}) or ["type"]
+    _unsupported(path, kw[0], f"the keyword {kw[0]!r}")
+
+
+def _check_ref(ref, root, path: tuple, seen: set) -> None:
+    """A local reference, followed once (the schema it points to checked)."""
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        _unsupported(path, "$ref", f"the reference {ref!r} (only local '#/...' references)")
+    if ref not in seen:
+        seen.add(ref)
+        target = root
+        for part in ref[2:].split("/"):
+            if not isinstance(target, dict) or part not in target:
+                raise GrammarError(f"the JSON schema's reference {ref!r} points nowhere")
+            target = target[part]
+        _check(target, root, (ref,), seen)
+
+
+def _check_object(node: dict, root, path: tuple, seen: set) -> None:
+    """An object's properties and additional properties."""
+    props = node.get("properties", {})
+    missing = [r for r in node.get("required", []) if r not in props]
+    if missing:
+        _unsupported(path, "required", f"required properties without a schema ({missing})")
+    for name, sub in props.items():
+        _check(sub, root, (*path, name), seen)
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict):
+        _check(extra, root, (*path, "additionalProperties"), seen)
+
+
+def _check_array(node: dict, root, path: tuple, seen: set) -> set[str]:
+    """An array's items (one schema, or one per position); the keywords honoured with them."""
+    items = node.get("items") or node["prefixItems"]
+    if isinstance(items, list):
+        for i, sub in enumerate(items):
+            _check(sub, root, (*path, i), seen)
+        return {"type", "items" if "items" in node else "prefixItems"}
+    _check(items, root, (*path, "items"), seen)
+    return {"type", "items", "minItems", "maxItems"}
+
+
+def _unsupported(path: tuple, keyword: str, what: str, hint: str = "") -> NoReturn:
     raise UnsupportedError(
         f"the JSON schema at {_where(path)} uses {what}, which the grammar converter cannot "
         "enforce; an output could then break the schema, so it is refused. "

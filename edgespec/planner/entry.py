@@ -40,24 +40,8 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
     forces the KV cache type (no quantizing further to fit).
     """
     cfg = config.validate()
-    tpath, tname, tsha = resolve_model(cfg.target, pull=cfg.pull)
-    tfacts = read_facts(tpath)
-    draft_arg = cfg.draft
-    if draft_arg is None and cfg.proposer == AUTO and tname is not None:
-        draft_arg = registered_draft(tname)
-    dfacts = dname = dpath = dsha = None
-    if draft_arg is not None:
-        dpath, dname, dsha = resolve_model(draft_arg, pull=cfg.pull)
-        dfacts = read_facts(dpath)
-        dname = dname or str(draft_arg)
-    if dfacts is None and "self" in cfg.proposer.split("+"):
-        # self-speculation loads a model made of some of the target's blocks: counted as
-        # its draft (memory, speed), never loaded as one
-        from ..proposers.selfchoice import layers_for
-        from .selfdraft import self_draft_facts
-        layers = layers_for(tsha, tfacts.n_layers,
-                            str(cfg.proposer_options.get("self", {}).get("layers", "") or ""))
-        dfacts = self_draft_facts(tfacts, layers.layers)
+    tpath, tname, tsha, tfacts = _model(cfg.target, cfg.pull)
+    dpath, dname, dsha, dfacts = _draft(cfg, tname, tsha, tfacts)
     dev = device or devmod.probe()
 
     def calib(path, sha, kernel: KernelConfig, measure: bool):
@@ -85,12 +69,9 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
                     calibrations=cals, base=base)
 
     # Exact mode under each weight layout (the asked one first): its probed cap, and the
-    # plan it would give. The other layout is measured only when exact mode may pick it.
-    layouts = []
-    for repack in (exact_kernel.repack, not exact_kernel.repack):
-        kernel = replace(exact_kernel, repack=repack)
-        cal = calib(tpath, tsha, kernel, measure and (repack == exact_kernel.repack or cfg.exact))
-        layouts.append((kernel, cal, getattr(cal, "exact_max_drafts", None)))
+    # plan it would give.
+    layouts = _exact_layouts(exact_kernel, lambda k, m: calib(tpath, tsha, k, m), measure,
+                             cfg.exact)
     exact_plans = {k.repack: plan_with(k, True, cap, cal) for k, cal, cap in layouts if cap is not None}
     asked_cal = layouts[0][1]
     if not cfg.exact:
@@ -106,6 +87,45 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
     if cfg.rpc:
         chosen = _with_rpc(chosen, tfacts, dfacts)
     return chosen
+
+
+def _exact_layouts(exact_kernel: KernelConfig, calib, measure: bool, exact: bool) -> list:
+    """(kernel, calibration, probed cap) under each weight layout, the asked one first;
+    the other layout is measured only when exact mode may pick it."""
+    layouts = []
+    for repack in (exact_kernel.repack, not exact_kernel.repack):
+        kernel = replace(exact_kernel, repack=repack)
+        cal = calib(kernel, measure and (repack == exact_kernel.repack or exact))
+        layouts.append((kernel, cal, getattr(cal, "exact_max_drafts", None)))
+    return layouts
+
+
+def _model(name, pull: bool):
+    """(path, registry name or None, sha256, facts) of a model named or given by path."""
+    path, name, sha = resolve_model(name, pull=pull)
+    return path, name, sha, read_facts(path)
+
+
+def _draft(cfg: EngineConfig, tname, tsha, tfacts):
+    """(path, name, sha256, facts) of the draft to weigh: the one asked, or for "auto" the
+    registered target's own draft when pulled; for "self" the facts of the model derived
+    from the target (no path). All None without one."""
+    draft_arg = cfg.draft
+    if draft_arg is None and cfg.proposer == AUTO and tname is not None:
+        draft_arg = registered_draft(tname)
+    dfacts = dname = dpath = dsha = None
+    if draft_arg is not None:
+        dpath, dname, dsha, dfacts = _model(draft_arg, cfg.pull)
+        dname = dname or str(draft_arg)
+    if dfacts is None and "self" in cfg.proposer.split("+"):
+        # self-speculation loads a model made of some of the target's blocks: counted as
+        # its draft (memory, speed), never loaded as one
+        from ..proposers.selfchoice import layers_for
+        from .selfdraft import self_draft_facts
+        layers = layers_for(tsha, tfacts.n_layers,
+                            str(cfg.proposer_options.get("self", {}).get("layers", "") or ""))
+        dfacts = self_draft_facts(tfacts, layers.layers)
+    return dpath, dname, dsha, dfacts
 
 
 def _kernel_choice(path, sha, cfg: EngineConfig, measure: bool, force: bool):

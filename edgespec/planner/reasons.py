@@ -35,6 +35,27 @@ def _kernel_reasons(chosen: KernelConfig, asked: KernelConfig) -> list[str]:
 def explain_choice(best, cands: Sequence, dev: Device, budgets, target: ModelFacts,
                    draft: ModelFacts | None, ctx: int, explicit_ctx: bool, budget_given: bool,
                    asked_kernel: KernelConfig, label: str) -> list[str]:
+    r = _fit_reasons(best, dev, budgets, target, draft, ctx, explicit_ctx, budget_given,
+                     asked_kernel)
+    r.append(f"chosen {_pitch(best)}")
+    if best.proposer == PLAIN and label != PLAIN:
+        r.append(f"runs {label} anyway: free proposers cost microseconds, and the adaptive "
+                 "controller drafts only where this request's measured acceptance beats a plain "
+                 "step on the verify-cost curve (input-grounded text: summaries, code edits)")
+    elif "+" in label:
+        r.append(f"runs {label}: the engine asks each of them every step and verifies the "
+                 "better-scoring draft")
+    for c in cands:
+        if c is best:
+            continue
+        r.append(f"not {c.proposer}: {c.note}" if not c.fits else f"not {_why_not(c, best)}")
+    return r
+
+
+def _fit_reasons(best, dev: Device, budgets, target: ModelFacts, draft: ModelFacts | None,
+                 ctx: int, explicit_ctx: bool, budget_given: bool,
+                 asked_kernel: KernelConfig) -> list[str]:
+    """How the chosen configuration fits: device, budget, context, kernel, offload, costs."""
     host_budget, vram = budgets
     cfg = best.config
     sm: SpeedModel = cfg["speed"]
@@ -62,51 +83,43 @@ def explain_choice(best, cands: Sequence, dev: Device, budgets, target: ModelFac
     r.append(f"verify cost: {sm.describe()}")
     if draft is not None and sm.draft_ratio is not None:
         r.append(f"draft cost: one draft token costs {sm.draft_ratio:.2f} of a target step ({sm.draft_source})")
-
-    def pitch(c) -> str:
-        if c.proposer == PLAIN:
-            return f"{PLAIN}: 1.00x (plain decoding, the baseline)"
-        a = c.acceptance
-        acc = (f"acceptance {a.alpha:.0%}" + (f", drafts on {a.coverage:.0%} of steps" if a.coverage < 1 else "")
-               + f" [{a.source}]") if a else ""
-        bridge = c.config.get("speed").draft_source if c.config.get("speed") is not None and \
-            "bridged:" in c.config["speed"].draft_source else ""
-        return (f"{c.proposer}: {c.speedup:.2f}x at draft length {c.best_k} "
-                f"(range {c.draft_len[0]}-{c.draft_len[1]}; {acc})"
-                + (f" [{bridge[bridge.index('bridged:'):]}]" if bridge else ""))
-
-    r.append(f"chosen {pitch(best)}")
-    if best.proposer == PLAIN and label != PLAIN:
-        r.append(f"runs {label} anyway: free proposers cost microseconds, and the adaptive "
-                 "controller drafts only where this request's measured acceptance beats a plain "
-                 "step on the verify-cost curve (input-grounded text: summaries, code edits)")
-    elif "+" in label:
-        r.append(f"runs {label}: the engine asks each of them every step and verifies the "
-                 "better-scoring draft")
-    for c in cands:
-        if c is best:
-            continue
-        if not c.fits:
-            r.append(f"not {c.proposer}: {c.note}")
-            continue
-        why = pitch(c)
-        csm: SpeedModel = c.config["speed"]
-        if csm.draft_ratio is not None and c.acceptance is not None and c.acceptance.coverage >= 1 \
-                and c.speedup < best.speedup:
-            need = break_even_alpha(best.speedup, csm.cost, csm.draft_ratio or 0.0, kind=c.proposer)
-            if need is None:
-                why += "; no acceptance rate could make it win: drafting plus verifying costs more than it saves"
-            else:
-                why += f"; it would need {need:.0%} acceptance to match {best.proposer}"
-            if csm.draft_ratio and csm.draft_ratio > 0.2:
-                why += (f" (each draft token costs {csm.draft_ratio:.2f} of a target step, and verifying "
-                        f"k tokens costs {csm.cost(2):.2f}x at k=1)")
-        elif c.speedup < best.speedup:
-            why += f"; predicted slower than {best.proposer}"
-        else:
-            why += f"; ties with {best.proposer}, which is cheaper or loses less when wrong"
-        if c.config.get("n_ctx") != cfg["n_ctx"] or c.config.get("kernel") != cfg["kernel"]:
-            ck = c.config["kernel"]
-            why += f" (and only fits at ctx {c.config['n_ctx']}, KV {ck.kv_type}, batch {ck.n_batch})"
-        r.append(f"not {why}")
     return r
+
+
+def _pitch(c) -> str:
+    """A candidate's predicted speedup, draft length and acceptance, in one phrase."""
+    if c.proposer == PLAIN:
+        return f"{PLAIN}: 1.00x (plain decoding, the baseline)"
+    a = c.acceptance
+    acc = (f"acceptance {a.alpha:.0%}" + (f", drafts on {a.coverage:.0%} of steps" if a.coverage < 1 else "")
+           + f" [{a.source}]") if a else ""
+    bridge = c.config.get("speed").draft_source if c.config.get("speed") is not None and \
+        "bridged:" in c.config["speed"].draft_source else ""
+    return (f"{c.proposer}: {c.speedup:.2f}x at draft length {c.best_k} "
+            f"(range {c.draft_len[0]}-{c.draft_len[1]}; {acc})"
+            + (f" [{bridge[bridge.index('bridged:'):]}]" if bridge else ""))
+
+
+def _why_not(c, best) -> str:
+    """Why the fitting candidate ``c`` lost to ``best``."""
+    cfg = best.config
+    why = _pitch(c)
+    csm: SpeedModel = c.config["speed"]
+    if csm.draft_ratio is not None and c.acceptance is not None and c.acceptance.coverage >= 1 \
+            and c.speedup < best.speedup:
+        need = break_even_alpha(best.speedup, csm.cost, csm.draft_ratio or 0.0, kind=c.proposer)
+        if need is None:
+            why += "; no acceptance rate could make it win: drafting plus verifying costs more than it saves"
+        else:
+            why += f"; it would need {need:.0%} acceptance to match {best.proposer}"
+        if csm.draft_ratio and csm.draft_ratio > 0.2:
+            why += (f" (each draft token costs {csm.draft_ratio:.2f} of a target step, and verifying "
+                    f"k tokens costs {csm.cost(2):.2f}x at k=1)")
+    elif c.speedup < best.speedup:
+        why += f"; predicted slower than {best.proposer}"
+    else:
+        why += f"; ties with {best.proposer}, which is cheaper or loses less when wrong"
+    if c.config.get("n_ctx") != cfg["n_ctx"] or c.config.get("kernel") != cfg["kernel"]:
+        ck = c.config["kernel"]
+        why += f" (and only fits at ctx {c.config['n_ctx']}, KV {ck.kv_type}, batch {ck.n_batch})"
+    return why

@@ -256,18 +256,7 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
     dev = device or devmod.probe()
     budgets = default_budgets(dev, budget)
     kernel = (kernel or (base.layout() if base is not None else KernelConfig())).validate()
-    if kv_type is not None:
-        if kv_type not in KV_TYPES:
-            raise InvalidInputError(f"unknown KV cache type {kv_type!r}; choose one of {', '.join(KV_TYPES)}")
-        kernel = replace(kernel, kv_type=kv_type)
-    explicit_ctx = ctx is not None
-    if ctx is None:
-        ctx = min(DEFAULT_CTX, target.n_ctx_train)
-    if ctx <= 0:
-        raise InvalidInputError(f"context size must be positive (got {ctx})")
-    if ctx > target.n_ctx_train:
-        raise InvalidInputError(f"--ctx {ctx} exceeds what {Path(target.path).name} was trained for "
-                                f"({target.n_ctx_train})")
+    kernel, ctx, explicit_ctx = _checked(target, kernel, kv_type, ctx)
     may_quantize = not exact and kv_type is None
     configs = _configs(ctx, explicit_ctx, kernel, may_quantize)
     cals = dict(calibrations or {})
@@ -282,6 +271,51 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
 
     search = _Search(target, draft, dev, budgets, suffix_cap, n_gpu_layers, speed_for, k_max)
     search.sequences = base.parallel if base is not None else 1
+    cands = _candidates(search, proposer, configs, target_name, draft_name)
+    fitting = [c for c in cands if c.fits]
+    if not fitting:
+        raise BudgetError(search.smallest_fit_message(ctx, explicit_ctx, kernel, may_quantize))
+    best, draft_len, free = _best(cands, fitting)
+    cfg = best.config
+    # a derived draft (self) is counted in memory and speed, but the engine builds it from
+    # the target: it is no --draft to load (_costly is False for it)
+    chosen_draft = draft if _costly(best.proposer) else None
+    label, config = _engine_config(base, target, draft, draft_name, proposer, best, free,
+                                   chosen_draft, exact)
+    reasons = explain_choice(best, cands, dev, budgets, target, draft, ctx, explicit_ctx,
+                             budget is not None, kernel, label)
+    return Plan(
+        target=target.path, draft=draft.path if chosen_draft is not None else None,
+        proposer=best.proposer, draft_len=draft_len, n_gpu_layers=cfg["n_gpu_layers"],
+        draft_gpu_layers=cfg["draft_gpu_layers"], n_ctx=cfg["n_ctx"], kernel=cfg["kernel"],
+        predicted_speedup=best.speedup, memory=best.memory, budget_host=budgets[0],
+        budget_device=budgets[1], device=dev, candidates=tuple(cands), speed=cfg["speed"],
+        reasons=tuple(reasons), config=config)
+
+
+def _checked(target: ModelFacts, kernel: KernelConfig, kv_type: str | None,
+             ctx: int | None) -> tuple[KernelConfig, int, bool]:
+    """The kernel with the forced KV type, the context (default: DEFAULT_CTX within what
+    the target was trained for) and whether it was given; bad values refused."""
+    if kv_type is not None:
+        if kv_type not in KV_TYPES:
+            raise InvalidInputError(f"unknown KV cache type {kv_type!r}; choose one of {', '.join(KV_TYPES)}")
+        kernel = replace(kernel, kv_type=kv_type)
+    explicit_ctx = ctx is not None
+    if ctx is None:
+        ctx = min(DEFAULT_CTX, target.n_ctx_train)
+    if ctx <= 0:
+        raise InvalidInputError(f"context size must be positive (got {ctx})")
+    if ctx > target.n_ctx_train:
+        raise InvalidInputError(f"--ctx {ctx} exceeds what {Path(target.path).name} was trained for "
+                                f"({target.n_ctx_train})")
+    return kernel, ctx, explicit_ctx
+
+
+def _candidates(search: _Search, proposer: str, configs: Sequence[tuple[int, KernelConfig]],
+                target_name: str | None, draft_name: str | None) -> list[Candidate]:
+    """Every proposer weighed, in the order _kinds gives (fitting or not, with its note)."""
+    target, draft = search.target, search.draft
     cands: list[Candidate] = []
     for kind, costly in _kinds(proposer, draft is not None):
         if proposer == AUTO and costly and _bridged(kind) and _sizes_pair(target, draft):
@@ -290,22 +324,30 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
         bad = _draft_incompatibility(target, draft, kind) if costly else ""
         cands.append(Candidate(kind, False, acceptance=acc, note=bad) if bad else
                      search.evaluate(kind, costly, configs, acc))
-    fitting = [c for c in cands if c.fits]
-    if not fitting:
-        raise BudgetError(search.smallest_fit_message(ctx, explicit_ctx, kernel, may_quantize))
+    return cands
+
+
+def _best(cands: Sequence[Candidate], fitting: Sequence[Candidate]
+          ) -> tuple[Candidate, int, list[Candidate]]:
+    """The winner, the draft length to run and the free proposers that fit."""
     # Highest predicted speedup wins; on a tie the cheaper one (plain, free, then costly).
     order = {c.proposer: i for i, c in enumerate(cands)}
     best = max(fitting, key=lambda c: (round(c.speedup, 3), -order[c.proposer]))
-    cfg = best.config
     draft_len = best.draft_len
     free = [c for c in fitting if c.proposer != PLAIN and not _costly(c.proposer)]
     if best.proposer == PLAIN and free:
         # Requests may still name a free proposer (the engine loads them all): give them the
         # range their own prediction prefers rather than a draft length of zero.
         draft_len = max(free, key=lambda c: c.speedup).draft_len
-    # a derived draft (self) is counted in memory and speed, but the engine builds it from
-    # the target: it is no --draft to load (_costly is False for it)
-    chosen_draft = draft if _costly(best.proposer) else None
+    return best, draft_len, free
+
+
+def _engine_config(base: EngineConfig | None, target: ModelFacts, draft: ModelFacts | None,
+                   draft_name: str | None, proposer: str, best: Candidate,
+                   free: Sequence[Candidate], chosen_draft: ModelFacts | None,
+                   exact: bool) -> tuple[str, EngineConfig]:
+    """The proposer label and the EngineConfig the plan resolves ``base`` to."""
+    cfg = best.config
     base = base or EngineConfig(target=target.path, draft=draft.path if draft is not None
                                 and not _own_model_names() & set(proposer.split("+")) else None)
     adaptive = base.control.adaptive if base.control is not None else base.adaptive
@@ -316,15 +358,7 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
         (base.draft if proposer != AUTO else None),
         n_gpu_layers=cfg["n_gpu_layers"], draft_gpu_layers=cfg["draft_gpu_layers"],
         n_ctx=cfg["n_ctx"], kernel=cfg["kernel"], exact=exact)
-    reasons = explain_choice(best, cands, dev, budgets, target, draft, ctx, explicit_ctx,
-                             budget is not None, kernel, label)
-    return Plan(
-        target=target.path, draft=draft.path if chosen_draft is not None else None,
-        proposer=best.proposer, draft_len=draft_len, n_gpu_layers=cfg["n_gpu_layers"],
-        draft_gpu_layers=cfg["draft_gpu_layers"], n_ctx=cfg["n_ctx"], kernel=cfg["kernel"],
-        predicted_speedup=best.speedup, memory=best.memory, budget_host=budgets[0],
-        budget_device=budgets[1], device=dev, candidates=tuple(cands), speed=cfg["speed"],
-        reasons=tuple(reasons), config=config)
+    return label, config
 
 
 def _own_model_names() -> set[str]:

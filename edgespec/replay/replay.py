@@ -216,13 +216,7 @@ def replay_request(r: Mapping, controller, model: CostModel, over: Overheads) ->
     gen = len(r.get("first_token") or [])
     if gen == 0 or (eog_at is not None and eog_at == 0):
         return res
-    ctl_info = r.get("controller") or {}
-    costly = {n for n, c in (ctl_info.get("proposers") or {}).items() if c}
-    free = [n for n in (ctl_info.get("proposers") or {}) if n not in costly]
-    max_draft = 0
-    if ctl_info:
-        s = ctl_info["settings"]
-        max_draft = int(s["max_draft"] if s["adaptive"] else s["draft_length"])
+    costly, free, max_draft = _proposers(r.get("controller") or {})
     cands = _Candidates(r, ref)
     n_prompt, n_ctx, max_tokens = int(r["n_prompt"]), int(r["n_ctx"]), int(r["max_tokens"])
     i, faithful = 0, True
@@ -236,24 +230,10 @@ def replay_request(r: Mapping, controller, model: CostModel, over: Overheads) ->
         rec = rec_passes[i] if faithful and i < len(rec_passes) else None
         draft, used, consulted = EMPTY_DRAFT, None, False
         if controller is not None:
-            view_c = cands.get(gen, limit, free) if limit > 0 else {}
-            consulted = bool(free) and limit > 0
-            d = controller.decide(StepView(generated=gen, remaining=min(remaining, room + 1),
-                                           candidates=view_c))
-            controller.drain_events()
-            k = max(0, min(d.k, limit))
-            if not d.plain and k > 0:
-                used = d.proposer
-                if used in view_c:
-                    draft = truncate(view_c[used], k)
-                else:
-                    draft = _costly_draft(rec, ref, gen, k, used)
+            draft, used, consulted = _decide(controller, cands, ref, rec, gen, limit, free,
+                                             min(remaining, room + 1))
         k = len(draft.tokens)
-        a = 0
-        while a < k and gen + a < len(ref) and draft.tokens[a] == ref[gen + a]:
-            a += 1
-        if gen + a >= len(ref):  # nothing left to verify against (cannot happen with a
-            a = len(ref) - gen - 1  # recorded end token; kept for malformed input)
+        a = _accepted(draft.tokens, ref, gen)
         new = (*draft.tokens[:a], ref[gen + a])
         same = (rec is not None and int(rec["drafted"]) == k and int(rec["accepted"]) == a
                 and (rec.get("proposer") if k else None) == (used if k else None))
@@ -273,21 +253,65 @@ def replay_request(r: Mapping, controller, model: CostModel, over: Overheads) ->
                 tokens=tuple(new), confidence=draft.confidence if k else None,
                 match_length=draft.match_length if k else 0,
                 batch_rows=int(rec.get("batch_rows") or 0) if same else 0))
-        stop = False
-        for j in range(len(new)):
-            if eog_at is not None and gen == eog_at:
-                stop = True
-                break
-            gen += 1
-            if gen >= max_tokens:
-                stop = True
-                break
+        gen, stop = _advance(gen, len(new), eog_at, max_tokens)
         i += 1
         if stop:
             break
     res.seconds += over.tail
     res.decode_tokens = max(gen - 1, 0)
     return res
+
+
+def _proposers(ctl_info: Mapping) -> tuple[set[str], list[str], int]:
+    """The recorded controller's costly proposers, its free ones and its longest draft."""
+    costly = {n for n, c in (ctl_info.get("proposers") or {}).items() if c}
+    free = [n for n in (ctl_info.get("proposers") or {}) if n not in costly]
+    max_draft = 0
+    if ctl_info:
+        s = ctl_info["settings"]
+        max_draft = int(s["max_draft"] if s["adaptive"] else s["draft_length"])
+    return costly, free, max_draft
+
+
+def _decide(controller, cands: _Candidates, ref: Sequence[int], rec: Mapping | None, gen: int,
+            limit: int, free: list[str], remaining: int) -> tuple[Draft, str | None, bool]:
+    """The controller's step at ``gen``: (the draft, the proposer it came from, whether the
+    free proposers were consulted)."""
+    draft, used = EMPTY_DRAFT, None
+    view_c = cands.get(gen, limit, free) if limit > 0 else {}
+    consulted = bool(free) and limit > 0
+    d = controller.decide(StepView(generated=gen, remaining=remaining, candidates=view_c))
+    controller.drain_events()
+    k = max(0, min(d.k, limit))
+    if not d.plain and k > 0:
+        used = d.proposer
+        if used in view_c:
+            draft = truncate(view_c[used], k)
+        else:
+            draft = _costly_draft(rec, ref, gen, k, used)
+    return draft, used, consulted
+
+
+def _accepted(tokens: Sequence[int], ref: Sequence[int], gen: int) -> int:
+    """How many of the drafted ``tokens`` the target's choices at ``gen`` accept."""
+    k, a = len(tokens), 0
+    while a < k and gen + a < len(ref) and tokens[a] == ref[gen + a]:
+        a += 1
+    if gen + a >= len(ref):  # nothing left to verify against (cannot happen with a
+        a = len(ref) - gen - 1  # recorded end token; kept for malformed input)
+    return a
+
+
+def _advance(gen: int, n_new: int, eog_at: int | None, max_tokens: int) -> tuple[int, bool]:
+    """``gen`` after emitting a pass's ``n_new`` tokens, and whether the request stops
+    (its end token reached, or max_tokens)."""
+    for _ in range(n_new):
+        if eog_at is not None and gen == eog_at:
+            return gen, True
+        gen += 1
+        if gen >= max_tokens:
+            return gen, True
+    return gen, False
 
 
 def _costly_draft(rec: Mapping | None, ref: Sequence[int], gen: int, k: int, name: str) -> Draft:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .cost import Overheads
 from .replay import MAIN, PLAIN_LABEL, VARIANTS, Comparison, Traces, geomean
@@ -47,6 +47,23 @@ def anchor_rows(run_dir: Path) -> dict[str, dict[int, float]]:
 
 def format_report(comp: Comparison, over: Mapping[str, Overheads], traces: Traces,
                   run_dir: Path | None = None) -> str:
+    lines = _intro(comp, traces)
+    lines += _per_prompt(comp, run_dir)
+    lines += _by_variant(comp)
+    lines += _overheads(over)
+    return "\n".join(lines) + "\n"
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _head(cells: Sequence[str]) -> list[str]:
+    return [_row(cells), "|" + "---|" * len(cells)]
+
+
+def _intro(comp: Comparison, traces: Traces) -> list[str]:
+    """What was replayed, how much of it reproduced, and each engine's depth curve."""
     lines: list[str] = []
     n_units = len({r.get("unit") for r in traces.measured})
     lines.append(f"Replay of {len(traces.measured)} recorded requests ({n_units} prompts, "
@@ -71,60 +88,64 @@ def format_report(comp: Comparison, over: Mapping[str, Overheads], traces: Trace
         busy = f"; others used {curve.busy:.0%} of the CPUs while it was measured" if curve.busy > 0.25 else ""
         lines.append(f"- {key} engine's depth curve, ms for a 1-token / 4-token pass at "
                      f"cached cells {steps}{busy}")
-    lines.append("")
-    lines.append(f"## Per prompt ({MAIN.lstrip('+ ')} model: depth curve + fitted overheads)")
+    return lines
+
+
+def _per_prompt(comp: Comparison, run_dir: Path | None) -> list[str]:
+    """One table per configuration: each prompt's measured and predicted speedup."""
+    lines = ["", f"## Per prompt ({MAIN.lstrip('+ ')} model: depth curve + fitted overheads)"]
     anchors = anchor_rows(run_dir) if run_dir is not None else {}
     for cfg, units in comp.rows.items():
         lines.append("")
         lines.append(f"### {cfg}")
-        head = ["prompt", "measured", "predicted", "error", "passes", "reproduced"]
-        head += list(anchors)
-        lines.append("| " + " | ".join(head) + " |")
-        lines.append("|" + "---|" * len(head))
+        lines += _head(["prompt", "measured", "predicted", "error", "passes", "reproduced"]
+                       + list(anchors))
         for unit, row in sorted(units.items(), key=lambda x: (x[0] is None, x[0])):
             cells = [str(row["prompt"]), f"{row['measured']:.3f}", f"{row['predicted']:.3f}",
                      _pct(row["error"]), f"{row['passes']}/{row['replayed_passes']}",
                      "yes" if row["reproduced"] else "no"]
             cells += [f"{a[unit]:.3f}" if unit in a else "-" for a in anchors.values()]
-            lines.append("| " + " | ".join(cells) + " |")
+            lines.append(_row(cells))
         ms = geomean(r["measured"] for r in units.values())
         ps = geomean(r["predicted"] for r in units.values())
         errs = [abs(r["error"]) for r in units.values()]
         cells = ["**geomean**", f"{ms:.3f}", f"{ps:.3f}", _pct(ps / ms - 1.0),
                  f"mean abs error {sum(errs) / len(errs) * 100:.1f}%" if errs else "-", ""]
         cells += [f"{geomean(a.values()):.3f}" for a in anchors.values()]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append("## Geomean speedup error per configuration, by what the cost model includes")
-    lines.append("")
-    lines.append("flat curve: the controller's calibration (64 cached cells) and nothing else, "
-                 "what `edgespec.analysis.simulate` charges; + depth: the curve measured at several "
-                 "depths, interpolated; + overheads: the loop's per-pass costs fitted from the "
-                 "recorded gaps (the model above); + pass scale: the run-wide measured/curve "
-                 "pass-time ratio, plain and verify passes apart (fitted on this run).")
-    lines.append("")
-    head = ["configuration", "measured geomean"] + [f"{v}" for v in VARIANTS]
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "---|" * len(head))
+        lines.append(_row(cells))
+    return lines
+
+
+def _by_variant(comp: Comparison) -> list[str]:
+    """The geomean error per configuration under each cost model variant."""
+    lines = ["", "## Geomean speedup error per configuration, by what the cost model includes",
+             "",
+             "flat curve: the controller's calibration (64 cached cells) and nothing else, "
+             "what `edgespec.analysis.simulate` charges; + depth: the curve measured at several "
+             "depths, interpolated; + overheads: the loop's per-pass costs fitted from the "
+             "recorded gaps (the model above); + pass scale: the run-wide measured/curve "
+             "pass-time ratio, plain and verify passes apart (fitted on this run).", ""]
+    lines += _head(["configuration", "measured geomean"] + [f"{v}" for v in VARIANTS])
     for cfg in comp.rows:
         m = comp.variants[MAIN].get(cfg, (float("nan"),))[0]
         cells = [cfg, f"{m:.3f}"]
         for v in VARIANTS:
             mm, pp = comp.variants.get(v, {}).get(cfg, (float("nan"), float("nan")))
             cells.append(f"{pp:.3f} ({_pct(pp / mm - 1.0)})")
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.append("## Fitted overheads per configuration (ms; medians over its recorded passes)")
-    lines.append("")
-    head = ["configuration", "passes", "plain pass", "verify pass", "per drafted row",
-            "free proposers", "costly/token", "tail"]
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "---|" * len(head))
+        lines.append(_row(cells))
+    return lines
+
+
+def _overheads(over: Mapping[str, Overheads]) -> list[str]:
+    """The loop's fitted per-pass costs per configuration."""
+    lines = ["", "## Fitted overheads per configuration (ms; medians over its recorded passes)",
+             ""]
+    lines += _head(["configuration", "passes", "plain pass", "verify pass", "per drafted row",
+                    "free proposers", "costly/token", "tail"])
     for cfg, o in over.items():
-        lines.append("| " + " | ".join([cfg, str(o.passes), _ms(o.plain), _ms(o.verify),
-                                        _ms(o.per_row), _ms(o.propose), _ms(o.costly_token),
-                                        _ms(o.tail)]) + " |")
-    return "\n".join(lines) + "\n"
+        lines.append(_row([cfg, str(o.passes), _ms(o.plain), _ms(o.verify), _ms(o.per_row),
+                           _ms(o.propose), _ms(o.costly_token), _ms(o.tail)]))
+    return lines
 
 
 def comparison_json(comp: Comparison, over: Mapping[str, Overheads]) -> dict:

@@ -110,6 +110,8 @@ def block_index(tensor_name: str) -> int | None:
     """The block a tensor belongs to (``blk.<i>.*``), None for the rest."""
     m = _BLK.match(tensor_name)
     return int(m.group(1)) if m else None
+
+
 _ATTN_K = re.compile(r"^blk\.(\d+)\.attn_k\.weight$")
 
 
@@ -151,37 +153,10 @@ def read_facts(path: str | os.PathLike) -> ModelFacts:
         raise ModelError(f"{path}: the GGUF header gives no usable attention head size "
                          f"(head_count {n_head}, key_length {head_k})")
     kv_default = _num(meta, f"{arch}.attention.head_count_kv", n_head) or 0
-    kv_heads = [kv_default] * n_layers
-
     window = _num(meta, f"{arch}.attention.sliding_window", 0) or 0
-    swa_layers = (False,) * n_layers
-    if window > 0:
-        pattern = _num(meta, f"{arch}.attention.sliding_window_pattern")
-        if pattern is None:  # absent, or a per-layer array whose values are not kept
-            pattern = _DEFAULT_SWA_PATTERN.get(arch, 0)
-        # llama.cpp: pattern 0 = every layer windowed, else the last of every `pattern` is global
-        swa_layers = tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(n_layers))
-
-    by_type: dict[str, int] = {}
-    layer_bytes = [0] * n_layers
-    token_embd = output = other = total = 0
-    for t in info.tensors:
-        nb = t.nbytes
-        total += nb
-        tname = gguf.GGMLQuantizationType(t.ggml_type).name
-        by_type[tname] = by_type.get(tname, 0) + nb
-        il = block_index(t.name)
-        if il is not None and il < n_layers:
-            layer_bytes[il] += nb
-            if _ATTN_K.match(t.name) and len(t.shape) >= 2:
-                kv_heads[il] = t.shape[1] // head_k
-        elif t.name == "token_embd.weight":
-            token_embd += nb
-        elif t.name == "output.weight":
-            output += nb
-        else:
-            other += nb
-    if total == 0:
+    swa_layers = _swa_layers(meta, arch, n_layers, window)
+    sizes = _TensorBytes(info.tensors, n_layers, head_k, kv_default)
+    if sizes.total == 0:
         raise ModelError(f"{path}: the GGUF file holds no tensors; it is not a model")
 
     merges = meta.get("tokenizer.ggml.merges")
@@ -191,13 +166,54 @@ def read_facts(path: str | os.PathLike) -> ModelFacts:
         path=path, file_bytes=info.file_size, arch=arch,
         name=name if isinstance(name, str) else "",
         n_layers=n_layers, n_embd=n_embd, n_ff=n_ff, n_head=n_head,
-        n_head_kv_per_layer=tuple(kv_heads), head_dim_k=head_k, head_dim_v=head_v,
+        n_head_kv_per_layer=tuple(sizes.kv_heads), head_dim_k=head_k, head_dim_v=head_v,
         n_ctx_train=n_ctx_train, n_vocab=info.vocab_size or 0, n_merges=n_merges,
         sliding_window=window,
-        swa_layers=swa_layers, weight_bytes=total,
-        bytes_by_type=dict(sorted(by_type.items(), key=lambda kv: -kv[1])),
-        layer_bytes=tuple(layer_bytes), token_embd_bytes=token_embd, output_bytes=output,
-        other_bytes=other, n_tensors=len(info.tensors),
+        swa_layers=swa_layers, weight_bytes=sizes.total,
+        bytes_by_type=dict(sorted(sizes.by_type.items(), key=lambda kv: -kv[1])),
+        layer_bytes=tuple(sizes.layer_bytes), token_embd_bytes=sizes.token_embd,
+        output_bytes=sizes.output, other_bytes=sizes.other, n_tensors=len(info.tensors),
         metadata={k: v for k, v in meta.items() if not isinstance(v, ArrayInfo)},
         tensors=info.tensors, data_offset=info.data_offset,
     )
+
+
+def _swa_layers(meta: dict, arch: str, n_layers: int, window: int) -> tuple[bool, ...]:
+    """Which layers attend through the sliding window (none without one)."""
+    if window <= 0:
+        return (False,) * n_layers
+    pattern = _num(meta, f"{arch}.attention.sliding_window_pattern")
+    if pattern is None:  # absent, or a per-layer array whose values are not kept
+        pattern = _DEFAULT_SWA_PATTERN.get(arch, 0)
+    # llama.cpp: pattern 0 = every layer windowed, else the last of every `pattern` is global
+    return tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(n_layers))
+
+
+class _TensorBytes:
+    """The weights' bytes by quantization type, per block and outside the blocks, and each
+    block's KV heads (from its attn_k shape; ``kv_default`` where it has none)."""
+
+    def __init__(self, tensors, n_layers: int, head_k: int, kv_default: int) -> None:
+        self.by_type: dict[str, int] = {}
+        self.layer_bytes = [0] * n_layers
+        self.kv_heads = [kv_default] * n_layers
+        self.token_embd = self.output = self.other = self.total = 0
+        for t in tensors:
+            self._add(t, n_layers, head_k)
+
+    def _add(self, t, n_layers: int, head_k: int) -> None:
+        nb = t.nbytes
+        self.total += nb
+        tname = gguf.GGMLQuantizationType(t.ggml_type).name
+        self.by_type[tname] = self.by_type.get(tname, 0) + nb
+        il = block_index(t.name)
+        if il is not None and il < n_layers:
+            self.layer_bytes[il] += nb
+            if _ATTN_K.match(t.name) and len(t.shape) >= 2:
+                self.kv_heads[il] = t.shape[1] // head_k
+        elif t.name == "token_embd.weight":
+            self.token_embd += nb
+        elif t.name == "output.weight":
+            self.output += nb
+        else:
+            self.other += nb

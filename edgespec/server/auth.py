@@ -24,3 +24,24 @@ def check(api_key: str | None, path: str, authorization: str | None) -> None:
         raise APIError(401, "missing or invalid API key: send 'Authorization: Bearer KEY' with "
                             "the key the server was started with (--api-key)",
                        type="invalid_request_error", code="invalid_api_key")
+
+
+class Middleware:
+    """Pure ASGI middleware that runs :func:`check` (streaming responses and disconnects
+    pass through untouched); a refusal is counted in ``metrics``."""
+
+    def __init__(self, app, api_key: str | None, metrics) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.api_key is not None:
+            header = dict(scope.get("headers") or ()).get(b"authorization", b"")
+            try:
+                check(self.api_key, scope.get("path", ""), header.decode("latin-1"))
+            except APIError as e:
+                self.metrics.reject(e.status, e.code)
+                await e.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -22,7 +22,8 @@ from sse_starlette import EventSourceResponse
 from ..errors import ContextOverflowError, EdgespecError, UnsupportedError
 from ..api.events import Finished, Step
 from ..serving import DONE
-from .errors import APIError, bad_request, unsupported
+from .errors import bad_request, context_overflow, unsupported
+from .relay import check_ended, chunks, failure, finished_chunks, watch_disconnect, whole
 from .responses import Shape, extension, usage
 
 
@@ -37,7 +38,7 @@ def check(scheduler, n: int) -> None:
 
 
 class _Tagged:
-    """A choice's stand-in for a bridge's queue: its events go to the shared queue as
+    """A choice's stand-in for a relay's queue: its events go to the shared queue as
     (index, event), so one consumer sees every choice in the order they happened."""
 
     def __init__(self, queue: asyncio.Queue, index: int) -> None:
@@ -48,21 +49,19 @@ class _Tagged:
 
 
 async def generate(request, kind: str, req, prompt, params, turn, *, n: int, scheduler, engine,
-                   identity, new_bridge, traffic: str, watch, failure):
-    """The response to an n-choice request. ``new_bridge()`` makes app's per-request
-    event bridge (metrics included); ``watch(request, ticket, gone)`` cancels on a client
-    disconnect; ``failure(exc)`` maps a scheduler error to an APIError."""
+                   identity, new_relay, traffic: str):
+    """The response to an n-choice request. ``new_relay()`` makes a per-request
+    :class:`~edgespec.server.relay.Relay` (metrics included)."""
     check(scheduler, n)
     shared: asyncio.Queue = asyncio.Queue()
-    bridges = [new_bridge() for _ in range(n)]
-    for i, b in enumerate(bridges):
-        b.queue = _Tagged(shared, i)
+    relays = [new_relay() for _ in range(n)]
+    for i, r in enumerate(relays):
+        r.queue = _Tagged(shared, i)
     try:
         choices = await run_in_threadpool(lambda: scheduler.submit_n(
-            prompt, params, n, on_event=lambda i, ev: bridges[i](ev), traffic=traffic))
+            prompt, params, n, on_event=lambda i, ev: relays[i](ev), traffic=traffic))
     except ContextOverflowError as e:
-        raise APIError(400, str(e), param="messages" if kind == "chat" else "prompt",
-                       code="context_length_exceeded") from None
+        raise context_overflow(kind, e) from None
     first = Shape(kind, req.model, identity.short, engine.target.token_piece)
     shapes = [first] + [Shape(kind, req.model, identity.short, engine.target.token_piece,
                               id=first.id, created=first.created) for _ in range(n - 1)]
@@ -70,16 +69,9 @@ async def generate(request, kind: str, req, prompt, params, turn, *, n: int, sch
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return EventSourceResponse(_stream(choices, shared, shapes, outs, include_usage,
-                                           identity, failure), sep="\n", ping=15)
-    fins = await _collect(request, choices, shared, n, watch, failure)
-    bodies = []
-    for shape, out, fin in zip(shapes, outs, fins):
-        if out is None:
-            bodies.append(shape.whole(fin, identity.hash))
-        else:
-            out.feed(fin.text)
-            final = out.finish(fin.stop_reason)
-            bodies.append(shape.whole(fin, identity.hash, out.message(), final.finish_reason))
+                                           identity), sep="\n", ping=15)
+    fins = await _collect(request, choices, shared, n)
+    bodies = [whole(shape, out, fin, identity.hash) for shape, out, fin in zip(shapes, outs, fins)]
     body = bodies[0]
     body["choices"] = [dict(b["choices"][0], index=i) for i, b in enumerate(bodies)]
     body["usage"] = _usage(fins)
@@ -95,12 +87,11 @@ def _usage(fins: list[Finished]) -> dict:
     return u
 
 
-async def _collect(request, choices, shared: asyncio.Queue, n: int, watch, failure
-                   ) -> list[Finished]:
+async def _collect(request, choices, shared: asyncio.Queue, n: int) -> list[Finished]:
     fins: list[Finished | None] = [None] * n
     done = 0
     gone = asyncio.Event()
-    watcher = asyncio.create_task(watch(request, choices, gone))
+    watcher = asyncio.create_task(watch_disconnect(request, choices, gone))
     try:
         while done < n:
             i, ev = await shared.get()
@@ -116,11 +107,7 @@ async def _collect(request, choices, shared: asyncio.Queue, n: int, watch, failu
         raise
     finally:
         watcher.cancel()
-    if gone.is_set():
-        raise APIError(499, "the client closed the connection", code="client_closed")
-    if any(f is None for f in fins):
-        raise APIError(503, "the request was dropped before it ran; retry",
-                       type="server_error", code="dropped")
+    check_ended(gone, all(f is not None for f in fins))
     return fins
 
 
@@ -130,20 +117,8 @@ def _indexed(body: dict, i: int) -> str:
     return json.dumps(body)
 
 
-def _chunks(shape: Shape, out, text: str, lps, include_usage: bool) -> list[dict]:
-    """Stream chunks for one step's text: as content, or through the turn's parsers (which
-    may hold it back: a step's logprobs then travel in a chunk with an empty delta)."""
-    if out is None:
-        return [shape.chunk(text, lps, include_usage=include_usage)]
-    deltas = out.feed(text)
-    if not deltas:
-        return [shape.chunk("", lps, delta={}, include_usage=include_usage)] if lps else []
-    return [shape.chunk("", lps if i == 0 else (), delta=d, include_usage=include_usage)
-            for i, d in enumerate(deltas)]
-
-
 async def _stream(choices, shared: asyncio.Queue, shapes: list[Shape], outs,
-                  include_usage: bool, identity, failure):
+                  include_usage: bool, identity):
     n = len(shapes)
     complete = False
     sent = [""] * n
@@ -164,21 +139,13 @@ async def _stream(choices, shared: asyncio.Queue, shapes: list[Shape], outs,
                 return
             elif isinstance(ev, Step) and (ev.text or ev.logprobs):
                 sent[i] += ev.text
-                for body in _chunks(shape, out, ev.text, ev.logprobs, include_usage):
+                for body in chunks(shape, out, ev.text, ev.logprobs, include_usage):
                     yield _indexed(body, i)
             elif isinstance(ev, Finished):
                 fins[i] = ev
-                if ev.text.startswith(sent[i]) and len(ev.text) > len(sent[i]):
-                    for body in _chunks(shape, out, ev.text[len(sent[i]):], (), include_usage):
-                        yield _indexed(body, i)
-                reason = None
-                if out is not None:
-                    final = out.finish(ev.stop_reason)
-                    for delta in final.deltas:
-                        yield _indexed(shape.chunk("", delta=delta,
-                                                   include_usage=include_usage), i)
-                    reason = final.finish_reason
-                yield _indexed(shape.final_chunk(ev, identity.hash, include_usage, reason), i)
+                for body in finished_chunks(shape, out, ev, sent[i], identity.hash,
+                                            include_usage):
+                    yield _indexed(body, i)
         if include_usage and all(f is not None for f in fins):
             body = shapes[0].usage_chunk(fins[0])
             body["usage"] = _usage(fins)

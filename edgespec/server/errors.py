@@ -54,6 +54,12 @@ def unsupported(param: str, message: str) -> APIError:
     return APIError(400, message, param=param, code="unsupported_parameter")
 
 
+def context_overflow(kind: str, e: ContextOverflowError) -> APIError:
+    """A prompt that does not fit, named by the endpoint's field (``kind`` chat or not)."""
+    return APIError(400, str(e), param="messages" if kind == "chat" else "prompt",
+                    code="context_length_exceeded")
+
+
 def from_edgespec(e: EdgespecError) -> APIError:
     """The client-facing form of an error the engine or the scheduler raised."""
     if isinstance(e, QueueFullError):

@@ -13,8 +13,10 @@ from edgespec.bench.matrix import BASELINE, ConfigSpec, Matrix
 from edgespec.bench.presets import preset
 from edgespec.bench.prompts import (LONG_CODE, LONG_SUMMARY, SPEC_BENCH_CATEGORIES,
                                     long_code_prompt, long_summary_prompt, load_long)
-from edgespec.bench.report import pass_cost, render_markdown, speedup_table
-from edgespec.bench.runner import collect_prompts, tool_prompt_text, tool_record
+from edgespec.bench.report import render_markdown
+from edgespec.bench.results import pass_cost, speedup_table
+from edgespec.bench.records import tool_prompt_text, tool_record
+from edgespec.bench.runner import collect_prompts
 from edgespec.errors import InvalidInputError
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "anchors"
@@ -296,7 +298,7 @@ def test_markdown_shows_anchors_pass_sizes_plain_paths_and_divergences():
 
 
 def test_markdown_shows_draft_tree_figures_only_where_trees_ran():
-    from edgespec.bench.report import tree_summary
+    from edgespec.bench.results import tree_summary
     assert "## Draft trees" not in render_markdown(_run(RECORDS))
     tree = _rec("suffix", "p2", "summarization", 16.0, drafted=12, accepted=6, verify_passes=3,
                 tree_passes=2, tree_nodes=10, tree_branches=4, tree_accepted=5,
@@ -310,7 +312,7 @@ def test_markdown_shows_draft_tree_figures_only_where_trees_ran():
 
 
 def test_every_configuration_is_also_reported_against_llama_completion():
-    from edgespec.bench.report import OVERALL, vs_llama_table
+    from edgespec.bench.results import OVERALL, vs_llama_table
     t = vs_llama_table(_run(RECORDS))
     row = t["summarization"]
     assert row["none"].decode.estimate == pytest.approx(10 / 12)  # our plain path

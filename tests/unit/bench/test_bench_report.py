@@ -4,8 +4,9 @@ import math
 
 import pytest
 
-from edgespec.bench.report import (OVERALL, config_summary, load_run, render_markdown, slice_results,
-                                   speedup_table, write_json, write_report)
+from edgespec.bench.report import render_markdown, write_report
+from edgespec.bench.results import (OVERALL, config_summary, load_run, slice_results, speedup_table,
+                                    write_json)
 from edgespec.errors import InvalidInputError
 
 

@@ -4,7 +4,8 @@ import pytest
 from edgespec.bench.anchor import AnchorTrace, trace_to_stats
 from edgespec.bench.matrix import ConfigSpec, Matrix
 from edgespec.bench.prompts import BenchPrompt
-from edgespec.bench.runner import BenchRun, Runner, control_settings, plan_engine, total_requests
+from edgespec.bench.engines import control_settings, plan_engine
+from edgespec.bench.runner import BenchRun, Runner, total_requests
 from edgespec.control import ControlSettings
 from edgespec.errors import ContextOverflowError, InvalidInputError
 from edgespec.api.events import Finished, Step, TokenLogprob
