@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..errors import InvalidInputError
+from ..errors import ensure
 
 if TYPE_CHECKING:  # the one edge above api (see constraint() below)
     from ..grammar.constraint import Constraint
@@ -40,13 +40,13 @@ class SamplingParams:
                 or self.frequency_penalty != 0.0)
 
     def validate(self) -> "SamplingParams":
-        _guard(self.temperature >= 0.0, f"temperature must be >= 0 (got {self.temperature})")
-        _guard(self.top_k >= 0, f"top_k must be >= 0, 0 disables it (got {self.top_k})")
-        _guard(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1] (got {self.top_p})")
-        _guard(0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1) (got {self.min_p})")
-        _guard(self.repeat_penalty > 0.0, f"repeat_penalty must be > 0 (got {self.repeat_penalty})")
-        _guard(self.repeat_last_n >= 0, f"repeat_last_n must be >= 0 (got {self.repeat_last_n})")
-        _guard(self.seed is None or 0 <= self.seed < 2 ** 64,
+        ensure(self.temperature >= 0.0, f"temperature must be >= 0 (got {self.temperature})")
+        ensure(self.top_k >= 0, f"top_k must be >= 0, 0 disables it (got {self.top_k})")
+        ensure(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1] (got {self.top_p})")
+        ensure(0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1) (got {self.min_p})")
+        ensure(self.repeat_penalty > 0.0, f"repeat_penalty must be > 0 (got {self.repeat_penalty})")
+        ensure(self.repeat_last_n >= 0, f"repeat_last_n must be >= 0 (got {self.repeat_last_n})")
+        ensure(self.seed is None or 0 <= self.seed < 2 ** 64,
                f"seed must be between 0 and 2**64 - 1 (got {self.seed})")
         return self
 
@@ -71,8 +71,8 @@ class GenerationParams:
     template_vars: Mapping[str, Any] | None = None
 
     def validate(self) -> "GenerationParams":
-        _guard(self.max_tokens >= 1, f"max_tokens must be >= 1 (got {self.max_tokens})")
-        _guard(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty")
+        ensure(self.max_tokens >= 1, f"max_tokens must be >= 1 (got {self.max_tokens})")
+        ensure(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty")
         self.sampling.validate()
         # an unparsable grammar, an invalid schema or one with keywords the converter would
         # drop is refused here, before any model loads: never an unconstrained answer
@@ -89,6 +89,3 @@ class GenerationParams:
         return constraint_of(self.grammar, self.json_schema, self.json_mode)
 
 
-def _guard(ok: bool, message: str) -> None:
-    if not ok:
-        raise InvalidInputError(message)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, NamedTuple, Protocol
 
 from ..api.labels import ControlKind
-from ..errors import InvalidInputError
+from ..errors import ensure
 from ..proposers.base import Draft
 
 if TYPE_CHECKING:
@@ -71,34 +71,30 @@ class ControlSettings:
     policy_min: int = 6  # scored steps before the first switch
 
     def validate(self) -> "ControlSettings":
-        _guard(self.draft_length >= 1, f"draft length must be >= 1 (got {self.draft_length})")
-        _guard(self.min_draft >= 1, f"min draft length must be >= 1 (got {self.min_draft})")
-        _guard(self.max_draft >= self.min_draft,
+        ensure(self.draft_length >= 1, f"draft length must be >= 1 (got {self.draft_length})")
+        ensure(self.min_draft >= 1, f"min draft length must be >= 1 (got {self.min_draft})")
+        ensure(self.max_draft >= self.min_draft,
                f"max draft length ({self.max_draft}) must be >= min draft length ({self.min_draft})")
-        _guard(self.floor is None or 0.0 <= self.floor < 1.0,
+        ensure(self.floor is None or 0.0 <= self.floor < 1.0,
                f"the acceptance floor must be in [0, 1) (got {self.floor})")
-        _guard(self.floor_window >= self.floor_min >= 1,
+        ensure(self.floor_window >= self.floor_min >= 1,
                "floor window must be >= floor_min >= 1")
-        _guard(self.window >= 1, f"window must be >= 1 (got {self.window})")
-        _guard(self.margin >= 0.0, f"margin must be >= 0 (got {self.margin})")
-        _guard(self.ramp >= 0, f"ramp must be >= 0 (got {self.ramp})")
-        _guard(self.guard_threshold > 0.0,
+        ensure(self.window >= 1, f"window must be >= 1 (got {self.window})")
+        ensure(self.margin >= 0.0, f"margin must be >= 0 (got {self.margin})")
+        ensure(self.ramp >= 0, f"ramp must be >= 0 (got {self.ramp})")
+        ensure(self.guard_threshold > 0.0,
                f"guard threshold is a speedup ratio and must be > 0 (got {self.guard_threshold})")
-        _guard(self.guard_window >= self.guard_min_steps >= 2,
+        ensure(self.guard_window >= self.guard_min_steps >= 2,
                "guard window must be >= guard_min_steps >= 2")
-        _guard(self.guard_probe_every >= 1, "guard_probe_every must be >= 1")
-        _guard(self.probe_after >= 1 and self.probe_after_max >= self.probe_after,
+        ensure(self.guard_probe_every >= 1, "guard_probe_every must be >= 1")
+        ensure(self.probe_after >= 1 and self.probe_after_max >= self.probe_after,
                "probe_after must be >= 1 and <= probe_after_max")
-        _guard(self.probe_draft >= 1, "probe_draft must be >= 1")
-        _guard(self.policy_window >= self.policy_min >= 2,
+        ensure(self.probe_draft >= 1, "probe_draft must be >= 1")
+        ensure(self.policy_window >= self.policy_min >= 2,
                "policy window must be >= policy_min >= 2")
-        _guard(self.policy_z >= 0.0, f"policy_z must be >= 0 (got {self.policy_z})")
+        ensure(self.policy_z >= 0.0, f"policy_z must be >= 0 (got {self.policy_z})")
         return self
 
-
-def _guard(ok: bool, message: str) -> None:
-    if not ok:
-        raise InvalidInputError(message)
 
 
 @dataclass(frozen=True)

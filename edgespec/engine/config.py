@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from .. import proposers
 from ..api.labels import AUTO, PLAIN
-from ..errors import InvalidInputError
+from ..errors import ensure
 from ..runtime.kernel import KV_GGML_TYPE, KV_TYPES, KernelConfig
 from ..runtime.rpc import parse_endpoints
 
@@ -25,10 +25,6 @@ if TYPE_CHECKING:
 # re-exported for callers that know them as configuration; the modules import them from home
 __all__ = ["AUTO", "EngineConfig", "KV_GGML_TYPE", "KV_TYPES", "KernelConfig", "PLAIN"]
 
-
-def _guard(ok: bool, message: str) -> None:
-    if not ok:
-        raise InvalidInputError(message)
 
 
 @dataclass(frozen=True)
@@ -72,38 +68,38 @@ class EngineConfig:
     kv_cache_ram: int | None = None
 
     def validate(self) -> "EngineConfig":
-        _guard(bool(self.target), "a target model is required (a registry name or a .gguf path)")
+        ensure(bool(self.target), "a target model is required (a registry name or a .gguf path)")
         proposers.check_label(self.proposer)
         for name, opts in self.proposer_options.items():
             proposers.spec(name).check_options(opts)
         if any(proposers.needs_model(n) for n in self.proposer.split("+")):
-            _guard(self.draft is not None,
+            ensure(self.draft is not None,
                    f"--proposer {self.proposer} needs --draft NAME|PATH (for draft: a model "
                    "that shares the target's vocabulary; for bridge: a pinned bridge pair; see "
                    "`edgespec models list`)")
-        _guard(self.draft_len is None or self.draft_len >= 1,
+        ensure(self.draft_len is None or self.draft_len >= 1,
                f"--draft-len must be >= 1 (got {self.draft_len})")
-        _guard(self.n_ctx is None or self.n_ctx >= 16,
+        ensure(self.n_ctx is None or self.n_ctx >= 16,
                f"--ctx must be at least 16 tokens (got {self.n_ctx})")
-        _guard(1 <= self.parallel <= 64,
+        ensure(1 <= self.parallel <= 64,
                f"--parallel must be between 1 and 64 sequences (got {self.parallel})")
-        _guard(0 <= self.tree_width <= 32,
+        ensure(0 <= self.tree_width <= 32,
                f"--tree-width must be between 0 and 32 branches (got {self.tree_width})")
-        _guard(not (self.tree_width and self.exact and self.parallel > 1),
+        ensure(not (self.tree_width and self.exact and self.parallel > 1),
                "draft trees share KV cells between sequences, which an exact engine with "
                "--parallel > 1 keeps apart (docs/parity.md); drop --tree-width, --exact or "
                "--parallel")
-        _guard(self.threads is None or self.threads >= 1,
+        ensure(self.threads is None or self.threads >= 1,
                f"--threads must be >= 1 (got {self.threads})")
-        _guard(self.kv_cache_ram is None or self.kv_cache_ram >= 0,
+        ensure(self.kv_cache_ram is None or self.kv_cache_ram >= 0,
                f"the KV state cache's RAM must be >= 0 bytes (got {self.kv_cache_ram})")
-        _guard(self.n_gpu_layers >= -1 and self.draft_gpu_layers >= -1,
+        ensure(self.n_gpu_layers >= -1 and self.draft_gpu_layers >= -1,
                "GPU layer counts must be >= 0 (or -1 for all)")
         if self.rpc:
             parse_endpoints(self.rpc)
         if self.tensor_split is not None:
-            _guard(bool(self.rpc), "--tensor-split shares layers between RPC servers: give --rpc too")
-            _guard(all(x >= 0 for x in self.tensor_split) and sum(self.tensor_split) > 0,
+            ensure(bool(self.rpc), "--tensor-split shares layers between RPC servers: give --rpc too")
+            ensure(all(x >= 0 for x in self.tensor_split) and sum(self.tensor_split) > 0,
                    f"--tensor-split shares must be >= 0 and not all 0 (got {self.tensor_split})")
         if self.kernel is not None:
             self.kernel.validate()

@@ -22,7 +22,7 @@ from typing import Optional, Protocol, Sequence, TypeVar
 import numpy as np
 
 from .. import _native
-from ..errors import InvalidInputError
+from ..errors import InvalidInputError, ensure
 from ..runtime.native import (MAX_DEPTH, MAX_DRAFT, MAX_NGRAM, NGSTAT_MAX_N, NGSTAT_RECORD,
                               CapacityError, Tokens, call_with_tokens, load_sequences,
                               save_sequences)
@@ -37,15 +37,11 @@ __all__ = ["NgramIndex", "NgramStats", "SuffixTree", "SuffixCursor", "DraftBar",
 SOURCES = ("", "request", "global", "context", "dynamic")
 
 
-def _guard(ok: bool, message: str) -> None:
-    if not ok:
-        raise InvalidInputError(message)
-
 
 def check_int(name: str, value: object, lo: int, hi: int) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
         raise InvalidInputError(f"{name} must be an integer (got {value!r})")
-    _guard(bool(lo <= value <= hi), f"{name} must be in [{lo}, {hi}] (got {value})")
+    ensure(bool(lo <= value <= hi), f"{name} must be in [{lo}, {hi}] (got {value})")
     return int(value)
 
 
@@ -122,7 +118,7 @@ class NgramIndex:
         call_with_tokens(self._ix.extend, tokens)
 
     def propose(self, k: int) -> Draft:
-        _guard(0 <= k <= MAX_DRAFT, f"k must be in [0, {MAX_DRAFT}] (got {k})")
+        ensure(0 <= k <= MAX_DRAFT, f"k must be in [0, {MAX_DRAFT}] (got {k})")
         toks, n = self._ix.propose(k)
         return Draft(tokens=toks, source="ngram", match_length=n) if toks else EMPTY_DRAFT
 
@@ -193,7 +189,7 @@ class NgramStats:
     def add_records(self, records: np.ndarray) -> None:
         """Adds exported records (validated first: a bad batch changes nothing)."""
         arr = np.ascontiguousarray(records, dtype=np.int32)
-        _guard(arr.ndim == 2 and arr.shape[1] == NGSTAT_RECORD,
+        ensure(arr.ndim == 2 and arr.shape[1] == NGSTAT_RECORD,
                f"records must be an (n, {NGSTAT_RECORD}) array (got shape {arr.shape})")
         call_with_tokens(self._s.add_records, arr.ravel())
 
@@ -352,7 +348,7 @@ class SuffixCursor:
     __slots__ = ("_c", "tree")
 
     def __init__(self, tree: SuffixTree):
-        _guard(isinstance(tree, SuffixTree), "SuffixCursor needs a SuffixTree")
+        ensure(isinstance(tree, SuffixTree), "SuffixCursor needs a SuffixTree")
         self.tree = tree
         self._c = _native.SuffixCursor(tree._t)
 
@@ -369,9 +365,9 @@ class SuffixCursor:
 
 def check_spec_params(max_tokens: int, factor: float, offset: float, min_prob: float) -> None:
     check_int("max draft tokens", max_tokens, 0, MAX_DRAFT)
-    _guard(isinstance(factor, (int, float)) and math.isfinite(factor) and factor >= 0,
+    ensure(isinstance(factor, (int, float)) and math.isfinite(factor) and factor >= 0,
            f"factor must be a finite number >= 0 (got {factor!r})")
-    _guard(isinstance(offset, (int, float)) and math.isfinite(offset),
+    ensure(isinstance(offset, (int, float)) and math.isfinite(offset),
            f"offset must be a finite number (got {offset!r})")
     check_fraction("min_token_prob", min_prob)
 

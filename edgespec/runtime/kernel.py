@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InvalidInputError
+from ..errors import ensure
 
 KV_TYPES = ("f16", "q8_0", "q4_0")
 #: enum ggml_type values, for llama_context_params.type_k/type_v
 KV_GGML_TYPE = {"f16": 1, "q8_0": 8, "q4_0": 2}
 
-
-def _guard(ok: bool, message: str) -> None:
-    if not ok:
-        raise InvalidInputError(message)
 
 
 @dataclass(frozen=True)
@@ -33,10 +29,10 @@ class KernelConfig:
     use_mmap: bool = True
 
     def validate(self) -> "KernelConfig":
-        _guard(self.kv_type in KV_TYPES,
+        ensure(self.kv_type in KV_TYPES,
                f"unknown KV cache type {self.kv_type!r}; choose one of {', '.join(KV_TYPES)}")
-        _guard(self.n_batch >= 1, f"batch size must be >= 1 (got {self.n_batch})")
-        _guard(self.flash_attn or self.kv_type == "f16",
+        ensure(self.n_batch >= 1, f"batch size must be >= 1 (got {self.n_batch})")
+        ensure(self.flash_attn or self.kv_type == "f16",
                f"a {self.kv_type} KV cache needs flash attention (llama.cpp refuses a quantized "
                "V cache without it); use kv_type f16 or keep flash attention on")
         return self
