@@ -459,7 +459,7 @@ def load_or_measure(model_path: str | os.PathLike, *, n_threads: int | None = No
 
     Pass the already loaded ``model`` (loaded with ``kernel.repack``) to avoid loading it
     twice, and the registry's ``sha256`` to avoid hashing the file. ``loader`` replaces
-    ``backend.load_model`` (tests). A curve measured while the machine was
+    ``runtime.model.load_model`` (tests). A curve measured while the machine was
     oversubscribed is used until the machine is found quiet, then measured again: on a
     shared CPU, contention (OpenMP threads waiting on descheduled siblings) can inflate a
     pass a hundredfold.
@@ -483,7 +483,7 @@ def load_or_measure(model_path: str | os.PathLike, *, n_threads: int | None = No
     owned = model is None
     if owned:
         if loader is None:
-            from ..runtime.backend import load_model as loader  # deferred: it loads llama.cpp
+            from ..runtime.model import load_model as loader  # deferred: it loads llama.cpp
         model = loader(model_path, n_gpu_layers=n_gpu_layers, use_extra_bufts=kernel.repack)
     try:
         cal = measure(model, n_threads=n_threads, ks=ks, repeats=repeats, kernel=kernel)

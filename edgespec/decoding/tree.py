@@ -219,7 +219,7 @@ class DraftTree:
 
 
 class TreeBatch(NamedTuple):
-    """What :meth:`edgespec.runtime.backend.Context.decode_tree` takes, in its argument order."""
+    """What :meth:`edgespec.runtime.context.Context.decode_tree` takes, in its argument order."""
 
     tokens: tuple[int, ...]
     positions: tuple[int, ...]

@@ -26,7 +26,9 @@ from ..decoding.kvcache import PrefixCache, StateCache
 from ..identity import identity as release_identity
 from ..planner import calibration_trust, kernels, usable_shape
 from ..registry import bridges
-from ..runtime import backend
+from ..runtime import model as runtime_model
+from ..runtime.context import Context
+from ..runtime.model import Model
 from ..runtime.rpc import probe_all
 from ..chat import chat
 from .. import proposers as registry_of_proposers
@@ -91,7 +93,7 @@ class Engine:
     at the next step boundary with ``stop_reason == "cancelled"``.
     """
 
-    def __init__(self, target: backend.Model, ctx: backend.Context, *, config: EngineConfig,
+    def __init__(self, target: Model, ctx: Context, *, config: EngineConfig,
                  proposers: Mapping[str, Proposer], calibration=None,
                  sinks: Sequence[StatsSink] = (), plan=None, resources: ExitStack | None = None,
                  default_proposer: str | None = None) -> None:
@@ -163,7 +165,7 @@ class Engine:
                                      n_seq_max=config.parallel + config.tree_width,
                                      full_seqs=config.parallel,
                                      # several requests: exact mode keeps each one's KV
-                                     # cells in order (backend.new_context says why)
+                                     # cells in order (Model.new_context says why)
                                      kv_unified=not (config.exact and config.parallel > 1),
                                      flash_attn=int(k.flash_attn), type_k=k.kv_ggml_type,
                                      type_v=k.kv_ggml_type)
@@ -181,7 +183,7 @@ class Engine:
                 kernel=config.kernel,
                 target_digest=tsha, check_bridge_pair=bridges.check_pair,
                 # a proposer that derives its own draft (self) loads it as a draft is loaded
-                load_model=lambda path: backend.load_model(
+                load_model=lambda path: runtime_model.load_model(
                     path, n_gpu_layers=config.draft_gpu_layers, use_extra_bufts=layout.repack,
                     use_mmap=layout.use_mmap)))
             default = config.proposer  # never "auto" here: the plan resolved it
@@ -543,7 +545,7 @@ class Engine:
 
 # --- builder steps -------------------------------------------------------------------
 def _load(name: str, config: EngineConfig, gpu_layers: int, stack: ExitStack,
-          rpc: tuple[str, ...] = ()) -> backend.Model:
+          rpc: tuple[str, ...] = ()) -> Model:
     """Resolve (pull), check the header, load with the engine's kernel configuration (the
     last ``gpu_layers`` layers on the ``rpc`` servers, probed again first: llama.cpp aborts
     on one that went away); the stack frees it if a later step fails."""
@@ -554,13 +556,13 @@ def _load(name: str, config: EngineConfig, gpu_layers: int, stack: ExitStack,
         probe_all(rpc)
         split = {"rpc": rpc, "tensor_split": config.tensor_split}
     layout = config.layout()
-    model = backend.load_model(path, n_gpu_layers=gpu_layers, use_extra_bufts=layout.repack,
+    model = runtime_model.load_model(path, n_gpu_layers=gpu_layers, use_extra_bufts=layout.repack,
                                use_mmap=layout.use_mmap, **split)
     stack.callback(model.close)
     return model
 
 
-def _default_kernel(model: backend.Model, sha: str, config: EngineConfig, pick: bool,
+def _default_kernel(model: Model, sha: str, config: EngineConfig, pick: bool,
                     planned: KernelConfig | None) -> KernelConfig:
     """The kernel configuration the context is made with. ``pick`` (the default mode, no
     configuration asked): the fastest candidate measured on this device, measured now when
@@ -632,7 +634,7 @@ def _build_proposers(config: EngineConfig, options: Mapping[str, dict], stack: E
     return out
 
 
-def _calibration(model: backend.Model, threads: int | None, kernel: KernelConfig):
+def _calibration(model: Model, threads: int | None, kernel: KernelConfig):
     """The measured verify-cost curve: trusted, or jittery but quiet (its shape is still the
     device's); a noise curve is measured again on a quiet machine; the CPU prior stands in
     only when neither gives a usable one."""

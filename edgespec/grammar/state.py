@@ -5,7 +5,7 @@ A request may carry one constraint (``GenerationParams.grammar`` GBNF text,
 refuses, before any model loads, what cannot be enforced exactly: text llama.cpp's
 parser rejects, a schema that is not a valid JSON schema, a schema keyword the
 converter (llama-cpp-python's port of llama.cpp's ``json_schema_to_grammar``) would
-silently drop. Grammars are llama.cpp's own engine (``backend.Grammar``); nothing here
+silently drop. Grammars are llama.cpp's own engine (``runtime.grammar_binding.Grammar``); nothing here
 parses GBNF.
 
 Semantics (the same on the plain and the speculative path, so greedy output is equal):

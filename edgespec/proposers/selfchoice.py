@@ -110,7 +110,7 @@ def measure(engine, layer_sets: Sequence[LayerSet], prompts: Sequence[str] = PRO
     """Each layer set as a self-draft, every prompt run plain then with it (interleaved),
     plus the draft's agreement with the plain output; ``timed=False`` measures agreement
     only (one plain run per prompt, shared by every candidate)."""
-    from ..runtime import backend  # deferred: it loads llama.cpp
+    from ..runtime.model import load_model  # deferred: it loads llama.cpp
     say = say or (lambda _m: None)
     target = engine.target
     sha = model_identity(Path(target.path))["sha256"]
@@ -119,7 +119,7 @@ def measure(engine, layer_sets: Sequence[LayerSet], prompts: Sequence[str] = PRO
     trials = []
     for ls in layer_sets:
         path = ensure_self_draft(Path(target.path), sha, ls, say)
-        model = backend.load_model(path)
+        model = load_model(path)
         name = f"self[{ls.key}]"
         prop = SelfDraftProposer(model, ls, n_ctx=engine.config.n_ctx,
                                  n_threads=engine.config.threads, kernel=engine.config.kernel,

@@ -69,10 +69,10 @@ def check_pair(target, draft, version: str) -> PairSpec:
 
 def pin_entry(target: str, draft: str, version: str | None = None) -> str:
     """The TOML [[pairs]] entry pinning registry models ``target`` and ``draft``."""
-    from ..runtime import backend  # deferred: it loads llama.cpp (a maintainer's tool)
+    from ..runtime.model import load_model  # deferred: it loads llama.cpp (a maintainer's tool)
     digests = []
     for name in (target, draft):
-        model = backend.load_model(resolve(name))
+        model = load_model(resolve(name))
         try:
             digests.append(vocab_digest(model))
         finally:

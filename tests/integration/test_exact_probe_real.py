@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.runtime import backend
+from edgespec.runtime.model import load_model
 from edgespec.calibration import calibration
 from edgespec.runtime.kernel import KernelConfig
 
 
 @pytest.fixture(scope="module")
 def smollm(model_path):
-    m = backend.load_model(model_path("smollm2-135m"), use_extra_bufts=True)
+    m = load_model(model_path("smollm2-135m"), use_extra_bufts=True)
     yield m
     m.close()
 
@@ -38,7 +38,7 @@ def test_exact_cap_is_probed_once_and_cached_with_the_calibration(smollm, tmp_pa
 @pytest.mark.slow
 def test_qwen_repacked_weights_are_exact_below_the_4_column_gemm(model_path):
     # Q4_K/Q6_K repacked: gemv below 4 columns, gemm from 4 (docs/parity.md)
-    m = backend.load_model(model_path("qwen-1.5b"), use_extra_bufts=True)
+    m = load_model(model_path("qwen-1.5b"), use_extra_bufts=True)
     try:
         assert calibration.probe_exactness(m, n_threads=2, kernel=KernelConfig()) == 3
     finally:

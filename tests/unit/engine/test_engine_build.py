@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.runtime import backend
+from edgespec.runtime import model as runtime_model
 from edgespec import registry
 from edgespec.engine.config import EngineConfig
 from edgespec.engine.engine import Engine
@@ -47,7 +47,7 @@ def world(monkeypatch):
 
     monkeypatch.setattr(registry, "resolve", lambda name, pull=True: name)
     monkeypatch.setattr(registry, "check_gguf", lambda path: None)
-    monkeypatch.setattr(backend, "load_model", load_model)
+    monkeypatch.setattr(runtime_model, "load_model", load_model)
     monkeypatch.setattr("edgespec.calibration.calibration.model_identity", lambda path, *a, **k: {"sha256": "0" * 64})
     return closed, models
 
