@@ -19,8 +19,9 @@ from dataclasses import dataclass, replace
 from typing import Iterator, Mapping, Sequence
 
 from .. import planner, registry
-from ..calibration import calibration
-from ..calibration.calibration import Calibration, prior_step_seconds
+from ..calibration import cache as calibration_cache, cpu
+from ..calibration.curve import Calibration, CalibrationWarning, prior_step_seconds
+from ..identity import digests
 from ..control import ControlSettings, GoodputGuard, make_controller
 from ..decoding.kvcache import PrefixCache, StateCache
 from ..identity import identity as release_identity
@@ -153,7 +154,7 @@ class Engine:
         with ExitStack() as stack:
             tmodel = _load(config.target, config, config.n_gpu_layers, stack, rpc=config.rpc)
             tpath = tmodel.path
-            tsha = calibration.model_identity(tpath)["sha256"]  # digested once: the kernel cache and proposers
+            tsha = digests.model_identity(tpath)["sha256"]  # digested once: the kernel cache and proposers
             config = replace(config, kernel=_default_kernel(tmodel, tsha, config, pick_kernel,
                                                             plan.kernel if plan else None))
             n_ctx = config.n_ctx or min(DEFAULT_CTX, tmodel.n_ctx_train)
@@ -249,7 +250,7 @@ class Engine:
         if self._exact_cap is None and not self.config.layout().exact_capable:
             self._exact_cap = 0  # an F16 KV cache or no flash attention: never bitwise at length
         if self._exact_cap is None:
-            self._exact_cap = int(calibration.exact_cap(self.target, self.config.kernel,
+            self._exact_cap = int(calibration_cache.exact_cap(self.target, self.config.kernel,
                                                         self.ctx.n_threads))
         return self._exact_cap
 
@@ -638,21 +639,21 @@ def _calibration(model: Model, threads: int | None, kernel: KernelConfig):
     """The measured verify-cost curve: trusted, or jittery but quiet (its shape is still the
     device's); a noise curve is measured again on a quiet machine; the CPU prior stands in
     only when neither gives a usable one."""
-    cal = calibration.load_or_measure(model.path, n_threads=threads, model=model,
+    cal = calibration_cache.load_or_measure(model.path, n_threads=threads, model=model,
                                       n_gpu_layers=model.n_gpu_layers, kernel=kernel)
     expected = prior_step_seconds(model.size_bytes)
     ok, why = calibration_trust(cal, expected)
     ok = ok or usable_shape(cal, expected)
-    if not ok and calibration.machine_busy() <= calibration.BUSY_LIMIT / 2:
+    if not ok and cpu.machine_busy() <= cpu.BUSY_LIMIT / 2:
         # A cached curve that is noise stays wrong for every later load unless it is
         # measured again; the prior it would otherwise fall back to is another CPU's
         # curve, far flatter than a compute-bound one (a 16-token pass priced at 3.4
         # steps where this CPU takes 8), which sends the controller into long drafts.
         # A merely jittery one (a VM's) keeps the device's shape and is used as it is.
         warnings.warn(f"the calibration of {model.path} is not trusted ({why}); the machine "
-                      "is quiet now, measuring it again", calibration.CalibrationWarning,
+                      "is quiet now, measuring it again", CalibrationWarning,
                       stacklevel=2)
-        cal = calibration.load_or_measure(model.path, n_threads=threads, model=model,
+        cal = calibration_cache.load_or_measure(model.path, n_threads=threads, model=model,
                                           n_gpu_layers=model.n_gpu_layers, kernel=kernel,
                                           force=True)
         ok, why = calibration_trust(cal, expected)
@@ -660,7 +661,7 @@ def _calibration(model: Model, threads: int | None, kernel: KernelConfig):
     if not ok:
         warnings.warn(f"the calibration of {model.path} is not usable ({why}); pricing drafts "
                       "with the CPU prior until `edgespec plan --recalibrate` on a quiet "
-                      "machine", calibration.CalibrationWarning, stacklevel=2)
+                      "machine", CalibrationWarning, stacklevel=2)
         cal = Calibration.prior_cpu(step_seconds=expected)
     return cal
 

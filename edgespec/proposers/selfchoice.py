@@ -22,7 +22,7 @@ from ..paths import calibration_dir
 from .layers import LayerSet, spread
 from .selfspec import SelfDraftProposer, ensure_self_draft
 from ..api.params import GenerationParams
-from ..calibration.calibration import model_identity
+from ..identity.digests import model_identity
 
 _FORMAT = 1
 #: calibration prompts: an explanation, a code task, a rewrite (what drafts see most)

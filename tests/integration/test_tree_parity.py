@@ -13,7 +13,7 @@ import os
 import pytest
 
 from edgespec import GenerationParams
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.engine.config import EngineConfig
 from edgespec.engine.engine import Engine
 from edgespec.runtime.kernel import KernelConfig

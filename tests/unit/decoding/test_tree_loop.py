@@ -9,7 +9,7 @@ from typing import Sequence
 
 import pytest
 
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.control import ControlSettings
 from edgespec.api.events import Finished, Step
 from edgespec.api.params import GenerationParams, SamplingParams

@@ -9,7 +9,7 @@ import pytest
 
 from edgespec.runtime import device as devmod
 from edgespec import planner
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.engine.config import EngineConfig
 from edgespec.runtime.kernel import KernelConfig
 from edgespec.runtime.device import Device, parse_size

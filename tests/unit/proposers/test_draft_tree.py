@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.control import ControlSettings
 from edgespec.api.params import GenerationParams, SamplingParams as SP
 from edgespec.proposers.draft import DraftModelProposer, _runners_up
