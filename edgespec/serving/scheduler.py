@@ -173,7 +173,7 @@ class Scheduler:
                 f"the {costly[0]} proposer runs a draft model with one sequence: serve it with "
                 "--parallel 1, or use the free proposers (ngram, suffix) with --parallel N")
         self.engine = engine
-        self.loop = engine._loop
+        self.loop = engine.loop
         self.parallel = parallel
         self.max_queue = max_queue
         # sequences 0..parallel-1 serve requests; draft trees use scratch sequences past them
@@ -340,7 +340,7 @@ class Scheduler:
                 if not self._queue and not self._active:
                     return  # closing, and nothing left to finish
                 joining = self._take_joining()
-            with self.engine._lock:  # a direct Engine.stream() call waits for the step
+            with self.engine.exclusive():  # a direct Engine.stream() call waits for the step
                 for t, slot in joining:
                     self._start(t, slot)
                 if self._active:

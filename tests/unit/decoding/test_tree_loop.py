@@ -77,7 +77,7 @@ def engine(cal, tree_seqs=(1, 2), parallel=3):
     prop = Branchy(model)
     eng = fake_engine(model, {"branchy": prop}, calibration=cal, parallel=parallel,
                       control=ControlSettings(adaptive=True))
-    eng._loop.tree_seqs = tree_seqs  # what the engine would set aside for branches
+    eng.loop.tree_seqs = tree_seqs  # what the engine would set aside for branches
     return eng, prop
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from edgespec.calibration import cache, cpu
 from edgespec.calibration.curve import Calibration, CalibrationWarning
-from edgespec.engine import engine as engmod
+from edgespec.engine import build as engmod
 from edgespec.runtime.kernel import KernelConfig
 
 STEEP = {1: 1.0, 2: 1.7, 4: 2.9, 8: 6.6, 16: 8.0}
@@ -37,7 +37,7 @@ def test_a_jittery_cached_curve_is_used_as_it_is(measured, monkeypatch):
     calls, queue = measured
     queue.append(_cal(0.22))
     monkeypatch.setattr(cpu, "machine_busy", lambda *a: 0.0)
-    cal = engmod._calibration(MODEL, 2, KernelConfig())
+    cal = engmod.trusted_calibration(MODEL, 2, KernelConfig())
     assert cal.source == "measured" and cal.cost(16) == pytest.approx(8.0)
     assert calls == [False]  # not measured again at every load
 
@@ -47,7 +47,7 @@ def test_a_noise_curve_is_measured_again_when_the_machine_is_quiet(measured, mon
     queue += [_cal(0.8), _cal(0.02)]
     monkeypatch.setattr(cpu, "machine_busy", lambda *a: 0.0)
     with pytest.warns(CalibrationWarning, match="measuring it again"):
-        cal = engmod._calibration(MODEL, 2, KernelConfig())
+        cal = engmod.trusted_calibration(MODEL, 2, KernelConfig())
     assert calls == [False, True]
     assert cal.source == "measured" and cal.cost(8) == pytest.approx(6.6)
 
@@ -57,5 +57,5 @@ def test_a_noise_curve_on_a_busy_machine_falls_back_to_the_prior_and_says_so(mea
     queue.append(_cal(0.8))
     monkeypatch.setattr(cpu, "machine_busy", lambda *a: 0.9)
     with pytest.warns(CalibrationWarning, match="CPU prior"):
-        cal = engmod._calibration(MODEL, 2, KernelConfig())
+        cal = engmod.trusted_calibration(MODEL, 2, KernelConfig())
     assert calls == [False] and cal.source == "prior"
