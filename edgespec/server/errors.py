@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import (ContextOverflowError, EdgespecError, InvalidInputError, ModelError,
                       UnsupportedError)
-from ..serving.scheduler import QueueFullError, ShuttingDownError
+from ..serving.tickets import QueueFullError, ShuttingDownError
 
 log = logging.getLogger("edgespec.server")
 
