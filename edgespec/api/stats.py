@@ -8,7 +8,6 @@ the target's own token: bonus after a full accept, correction otherwise).
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -278,16 +277,6 @@ def _pct(sorted_values: list[float], q: float) -> float:
 # --- sinks -------------------------------------------------------------------
 class StatsSink(Protocol):
     def emit(self, stats: RequestStats) -> None: ...
-
-
-class LogSink:
-    """Writes the human summary to a stream (stderr by default)."""
-
-    def __init__(self, stream=None) -> None:
-        self.stream = stream or sys.stderr
-
-    def emit(self, stats: RequestStats) -> None:
-        print(stats.summary(), file=self.stream)
 
 
 class JsonlSink:

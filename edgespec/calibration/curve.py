@@ -137,10 +137,6 @@ class Calibration:
         return self.step_seconds * self.cost(n)
 
     @property
-    def max_measured(self) -> int:
-        return self.points[-1][0]
-
-    @property
     def exact_max_drafts(self) -> int | None:
         """Drafts a verify pass may hold and stay bitwise exact (None: not probed)."""
         return None if self.exact_max_tokens is None else max(self.exact_max_tokens - 1, 0)

@@ -253,12 +253,6 @@ class Context:
                                 "(n_seq_max > 1, unified: not an exact-mode engine)")
         _ll.llama_memory_seq_cp(self._mem, int(src), int(dst), int(p0), int(p1))
 
-    def seq_keep(self, seq_id: int) -> None:
-        """Drops every sequence but ``seq_id`` (all of the context: only for a context that
-        serves one request)."""
-        self._check_seq(seq_id)
-        _ll.llama_memory_seq_keep(self._mem, int(seq_id))
-
     def _check_seq(self, seq_id: int) -> None:
         if not 0 <= int(seq_id) < self.n_seq_max:
             raise EdgespecError(f"sequence {seq_id} outside 0..{self.n_seq_max - 1}: the context "

@@ -312,9 +312,3 @@ class FakeContext:
                              f"holds {len(cache)} positions, {src} holds {len(source)}")
         self.calls.append(f"seq_cp {src}->{dst} {p0}:{end}")
         cache.extend(source[p0:end])
-
-    def seq_keep(self, seq_id: int) -> None:
-        if not 0 <= seq_id < self.n_seq_max:
-            raise EdgespecError(f"sequence {seq_id} outside 0..{self.n_seq_max - 1}")
-        self.calls.append(f"seq_keep {seq_id}")
-        self.kv = {seq_id: self.kv.get(seq_id, [])}
