@@ -17,11 +17,11 @@ by the ``d`` drafts), so its cost is ``cost(d + 1)``, which
 How a curve is measured (and its exactness probed) is edgespec.calibration.measuring; where
 it is cached, edgespec.calibration.cache.
 
-    cal = load_or_measure("~/.cache/edgespec/models/qwen-1.5b.gguf", n_threads=2)
+    cal = cache.load_or_measure("~/.cache/edgespec/models/qwen-1.5b.gguf", n_threads=2)
     cal.cost(4)            # relative cost of a 4-token pass (3 drafts)
     cal.verify_cost(3)     # the same, named by the number of drafts
     cal.seconds(1)         # one plain step, in seconds
-    exact_cap(model, KernelConfig(), 2)   # drafts per pass that keep logits bitwise exact
+    cache.exact_cap(model, KernelConfig(), 2)   # drafts per pass that keep logits bitwise exact
 """
 from __future__ import annotations
 
