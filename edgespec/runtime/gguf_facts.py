@@ -121,6 +121,52 @@ def _num(meta: dict, key: str, default=None):
     return int(v)
 
 
+def _swa_layers(meta: dict, arch: str, window: int, n_layers: int) -> tuple[bool, ...]:
+    """Which layers attend through the sliding window (none without a window)."""
+    if window <= 0:
+        return (False,) * n_layers
+    pattern = _num(meta, f"{arch}.attention.sliding_window_pattern")
+    if pattern is None:  # absent, or a per-layer array whose values are not kept
+        pattern = _DEFAULT_SWA_PATTERN.get(arch, 0)
+    # llama.cpp: pattern 0 = every layer windowed, else the last of every `pattern` is global
+    return tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(n_layers))
+
+
+@dataclass
+class _Weights:
+    """Where a model's weight bytes are: per block, per type, embeddings, output, the rest."""
+
+    layer_bytes: list[int]
+    by_type: dict[str, int] = field(default_factory=dict)
+    token_embd: int = 0
+    output: int = 0
+    other: int = 0
+    total: int = 0
+
+
+def _weights(tensors, n_layers: int, head_k: int, kv_heads: list[int]) -> _Weights:
+    """Sum the tensors' bytes by place; a block's K projection also sets its KV head count
+    in ``kv_heads`` (models whose layers differ in it)."""
+    w = _Weights(layer_bytes=[0] * n_layers)
+    for t in tensors:
+        nb = t.nbytes
+        w.total += nb
+        tname = gguf.GGMLQuantizationType(t.ggml_type).name
+        w.by_type[tname] = w.by_type.get(tname, 0) + nb
+        il = block_index(t.name)
+        if il is not None and il < n_layers:
+            w.layer_bytes[il] += nb
+            if _ATTN_K.match(t.name) and len(t.shape) >= 2:
+                kv_heads[il] = t.shape[1] // head_k
+        elif t.name == "token_embd.weight":
+            w.token_embd += nb
+        elif t.name == "output.weight":
+            w.output += nb
+        else:
+            w.other += nb
+    return w
+
+
 def read_facts(path: str | os.PathLike) -> ModelFacts:
     """The planner's view of a GGUF model; ModelError if the header is unusable."""
     info = read_gguf_header(path)
@@ -154,34 +200,9 @@ def read_facts(path: str | os.PathLike) -> ModelFacts:
     kv_heads = [kv_default] * n_layers
 
     window = _num(meta, f"{arch}.attention.sliding_window", 0) or 0
-    swa_layers = (False,) * n_layers
-    if window > 0:
-        pattern = _num(meta, f"{arch}.attention.sliding_window_pattern")
-        if pattern is None:  # absent, or a per-layer array whose values are not kept
-            pattern = _DEFAULT_SWA_PATTERN.get(arch, 0)
-        # llama.cpp: pattern 0 = every layer windowed, else the last of every `pattern` is global
-        swa_layers = tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(n_layers))
-
-    by_type: dict[str, int] = {}
-    layer_bytes = [0] * n_layers
-    token_embd = output = other = total = 0
-    for t in info.tensors:
-        nb = t.nbytes
-        total += nb
-        tname = gguf.GGMLQuantizationType(t.ggml_type).name
-        by_type[tname] = by_type.get(tname, 0) + nb
-        il = block_index(t.name)
-        if il is not None and il < n_layers:
-            layer_bytes[il] += nb
-            if _ATTN_K.match(t.name) and len(t.shape) >= 2:
-                kv_heads[il] = t.shape[1] // head_k
-        elif t.name == "token_embd.weight":
-            token_embd += nb
-        elif t.name == "output.weight":
-            output += nb
-        else:
-            other += nb
-    if total == 0:
+    swa_layers = _swa_layers(meta, arch, window, n_layers)
+    w = _weights(info.tensors, n_layers, head_k, kv_heads)
+    if w.total == 0:
         raise ModelError(f"{path}: the GGUF file holds no tensors; it is not a model")
 
     merges = meta.get("tokenizer.ggml.merges")
@@ -194,10 +215,10 @@ def read_facts(path: str | os.PathLike) -> ModelFacts:
         n_head_kv_per_layer=tuple(kv_heads), head_dim_k=head_k, head_dim_v=head_v,
         n_ctx_train=n_ctx_train, n_vocab=info.vocab_size or 0, n_merges=n_merges,
         sliding_window=window,
-        swa_layers=swa_layers, weight_bytes=total,
-        bytes_by_type=dict(sorted(by_type.items(), key=lambda kv: -kv[1])),
-        layer_bytes=tuple(layer_bytes), token_embd_bytes=token_embd, output_bytes=output,
-        other_bytes=other, n_tensors=len(info.tensors),
+        swa_layers=swa_layers, weight_bytes=w.total,
+        bytes_by_type=dict(sorted(w.by_type.items(), key=lambda kv: -kv[1])),
+        layer_bytes=tuple(w.layer_bytes), token_embd_bytes=w.token_embd, output_bytes=w.output,
+        other_bytes=w.other, n_tensors=len(info.tensors),
         metadata={k: v for k, v in meta.items() if not isinstance(v, ArrayInfo)},
         tensors=info.tensors, data_offset=info.data_offset,
     )
