@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -40,8 +41,6 @@ class PromptLookupAnchor:
         self.num_pred_tokens = lookup.num_pred_tokens
 
     def generate(self, prompt_tokens: Sequence[int], max_tokens: int, temperature: float = 0.0):
-        import time
-
         if len(prompt_tokens) + max_tokens + 1 > self.n_ctx:
             raise ContextOverflowError(
                 f"the anchor's context holds {self.n_ctx} tokens, the request needs "
@@ -121,8 +120,6 @@ class RamCacheAnchor:
         self._llm, self.cache = llm, cache
 
     def complete(self, prompt_tokens: Sequence[int], max_tokens: int) -> tuple[str, float, float]:
-        import time
-
         t0 = time.perf_counter()
         first, pieces = None, []
         try:

@@ -42,8 +42,6 @@ from .config import EngineConfig, split_proposers
 from .prompt import prompt_tokens
 
 
-
-
 @dataclass
 class Result:
     text: str

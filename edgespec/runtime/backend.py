@@ -215,6 +215,7 @@ def ggml_lib() -> Any:
         _GGML = lib
     return _GGML
 
+
 #: RPC servers registered with llama.cpp in this process: endpoint -> its ggml_backend_reg_t
 #: (edgespec.runtime.ggml_devices registers them; an abort names them)
 rpc_registered: dict[str, int] = {}
