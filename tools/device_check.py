@@ -914,7 +914,7 @@ def pack(args: argparse.Namespace) -> int:
 
 def _calibrate_main(args: argparse.Namespace) -> int:
     """The calibrate stage's child: one fresh measurement, printed as one JSON line."""
-    from edgespec.calibration import calibration
+    from edgespec.calibration import cache as calibration
     from edgespec.runtime.kernel import KernelConfig
 
     cal = calibration.load_or_measure(args.model, n_gpu_layers=args.gpu_layers, force=True,

@@ -21,7 +21,7 @@ import argparse
 import ast
 import sys
 
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.control import ControlSettings, GoodputGuard, make_controller
 from edgespec.replay.replay import PLAIN_LABEL, fit, geomean, load_traces, models, replay_request
 

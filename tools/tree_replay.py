@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from edgespec.calibration.calibration import Calibration  # noqa: E402
+from edgespec.calibration.curve import Calibration  # noqa: E402
 from edgespec.control.tree import size_tree  # noqa: E402
 from edgespec.api.params import SamplingParams  # noqa: E402
 from edgespec.proposers.ngram import NgramProposer  # noqa: E402

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
-from ..calibration.calibration import Calibration
+from ..calibration.curve import Calibration
 from ..control import (AdaptiveController, ControlMemory, ControlRecord, ControlSettings,
                        Controller, Decision, FixedController, GoodputGuard, Outcome, StepView,
                        truncate)

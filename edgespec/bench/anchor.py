@@ -1,6 +1,6 @@
 """llama-cpp-python's own prompt lookup as a benchmark anchor, measured like an engine request.
 
-The backend runs the anchor (``backend.anchor_prompt_lookup``) and returns a raw
+llama-cpp-python runs the anchor (``bench.llama_anchors.anchor_prompt_lookup``) and returns a raw
 trace: emitted tokens with their times, and for every target pass the sequence
 length it started from and how many tokens the lookup drafted. That is enough to
 rebuild the same :class:`RequestStats` an engine request produces: pass *i*
@@ -10,7 +10,7 @@ emitted what is left.
 from __future__ import annotations
 
 from ..api.stats import RequestStats
-from ..runtime.backend import AnchorTrace  # what the backend returns
+from .llama_anchors import AnchorTrace  # what the anchor returns
 
 __all__ = ["AnchorTrace", "trace_to_stats"]
 

@@ -33,7 +33,7 @@ TOML example::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping, Sequence
 
 from ..api.labels import PLAIN

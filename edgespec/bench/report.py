@@ -82,7 +82,7 @@ def render_markdown(run: Mapping, plots: Mapping[str, str] | None = None) -> str
         ("warm-up", f"{run.get('warmup_discarded', 0)} requests discarded"),
     ]
     lines += _table(("", ""), facts) + [""]
-    lines += [f"Per-request records and the full identity (llama.cpp system info included) are in "
+    lines += ["Per-request records and the full identity (llama.cpp system info included) are in "
               "the JSON file next to this report.", ""]
 
     lines += _vs_llama_section(run, cats)

@@ -349,11 +349,11 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
     try:
         pld = [c for c in m.anchor_configs if not ANCHORS[c.proposer].tool]
         if pld:
-            from ..runtime import backend  # deferred: it loads llama.cpp
+            from .llama_anchors import anchor_prompt_lookup  # deferred: it loads llama.cpp
             n_ctx = anchor_context(m, engine, prompts)
             for cfg in pld:
                 t0 = time.perf_counter()
-                anchors[cfg.label] = backend.anchor_prompt_lookup(
+                anchors[cfg.label] = anchor_prompt_lookup(
                     engine.target.path, n_ctx=n_ctx, threads=m.threads,
                     num_pred_tokens=int(cfg.knob_dict["num_pred_tokens"]))
                 run.load_seconds[cfg.label] = time.perf_counter() - t0

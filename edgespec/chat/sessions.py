@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import paths
 from ..errors import EdgespecError, InvalidInputError
-from ..calibration.calibration import model_identity
+from ..identity.digests import model_identity
 from .conversation import Conversation
 
 MAGIC = b"EDGESPEC-SESSION"

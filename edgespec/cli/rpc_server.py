@@ -33,7 +33,7 @@ from ..errors import EdgespecError
 @handle_errors
 def rpc_server(host, port, threads, cache_dir, allow_remote):
     """Serve this machine's CPU to `--rpc` clients (llama.cpp's RPC protocol)."""
-    from ..runtime import backend  # deferred: it loads llama.cpp
+    from ..runtime import backend, ggml_devices  # deferred: they load llama.cpp
     from ..runtime.netaddr import is_loopback  # deferred: `edgespec` starts without what other commands need
     from ..runtime.rpc import PROTO_MAJOR, PROTO_MINOR  # deferred: `edgespec` starts without what other commands need
 
@@ -49,12 +49,12 @@ def rpc_server(host, port, threads, cache_dir, allow_remote):
         raise EdgespecError(f"cannot listen on {host}:{port} ({e.strerror or e}): pick another "
                             "--port or stop what holds it") from None
     n = threads or backend.default_threads()
-    backend.require_rpc()
+    ggml_devices.require_rpc()
     done = threading.Event()
 
     def run():
         try:
-            backend.serve_rpc(f"{host}:{port}", n, cache_dir)
+            ggml_devices.serve_rpc(f"{host}:{port}", n, cache_dir)
         finally:
             done.set()
 

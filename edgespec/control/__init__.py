@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..calibration.calibration import Calibration
+from ..calibration.curve import Calibration
 from .acceptance import AcceptanceModel, ControlMemory, Feature, expected_tokens, token_features
 from .adaptive import AdaptiveController
 from .fixed import FixedController

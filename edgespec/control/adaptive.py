@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal, Mapping, Optional
 
-from ..calibration.calibration import Calibration
+from ..calibration.curve import Calibration
 from ..proposers.base import Draft
 from .acceptance import AcceptanceModel, ControlMemory, Feature, expected_tokens, token_features
 from .guard import GoodputGuard

@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from ..calibration.calibration import Calibration
+from ..calibration.curve import Calibration
 from ..decoding.tree import DraftTree
 
 __all__ = ["TreePlan", "size_tree", "node_probabilities"]

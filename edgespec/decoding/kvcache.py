@@ -49,7 +49,7 @@ from ..api.arrays import FloatArray
 from ..errors import EdgespecError
 
 if TYPE_CHECKING:
-    from ..runtime.backend import Context
+    from ..runtime.context import Context
 
 #: a held sequence about to lose at least this many positions is saved to the RAM cache
 #: first (a conversation being switched away from); a few retokenized tokens are not

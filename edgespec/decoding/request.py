@@ -42,7 +42,8 @@ from .textstream import TextAssembler
 
 if TYPE_CHECKING:
     from ..proposers.bridged import BridgeTimes
-    from ..runtime.backend import Context, Model
+    from ..runtime.context import Context
+    from ..runtime.model import Model
 
 
 @dataclass

@@ -37,7 +37,7 @@ import numpy as np
 from ..errors import InvalidInputError
 
 if TYPE_CHECKING:
-    from ..runtime.backend import Context
+    from ..runtime.context import Context
 
 __all__ = ["DraftTree", "TreeBatch", "commit", "prepare", "release"]
 
@@ -222,7 +222,7 @@ class DraftTree:
 
 
 class TreeBatch(NamedTuple):
-    """What :meth:`edgespec.runtime.backend.Context.decode_tree` takes, in its argument order."""
+    """What :meth:`edgespec.runtime.context.Context.decode_tree` takes, in its argument order."""
 
     tokens: tuple[int, ...]
     positions: tuple[int, ...]

@@ -27,7 +27,7 @@ from ..proposers.base import ProposerSession
 from .tree import DraftTree, commit, prepare, release
 
 if TYPE_CHECKING:
-    from ..calibration.calibration import Calibration
+    from ..calibration.curve import Calibration
     from .request import Loop, Pass, Request
 
 __all__ = ["plan", "decode", "complete", "MAX_CHILDREN"]

@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 __all__ = ["AUTO", "EngineConfig", "KV_GGML_TYPE", "KV_TYPES", "KernelConfig", "PLAIN"]
 
 
+def split_proposers(label: str) -> tuple[str, ...]:
+    """``"ngram+suffix"`` -> ("ngram", "suffix"); ``"none"`` -> ()."""
+    if label == PLAIN:
+        return ()
+    return tuple(p for p in label.split("+") if p)
+
+
 
 @dataclass(frozen=True)
 class EngineConfig:

@@ -5,45 +5,41 @@ as typed event streams (the loop itself is :mod:`edgespec.decoding.request`).
     for ev in engine.stream("prompt", GenerationParams(max_tokens=64)):
         ...   # RequestStarted, PrefillDone, Step..., Control..., Finished
 
-Construction is a short builder over an ``ExitStack``: whatever fails (a corrupt
-draft, an incompatible vocabulary, a context that does not fit) releases what was
-already loaded, in reverse order, before the error reaches the caller.
+Construction is a short builder over an ``ExitStack`` (edgespec.engine.build): whatever
+fails releases what was already loaded, in reverse order, before the error reaches the
+caller. Exact mode's policy is edgespec.engine.exactness, prompt rendering
+edgespec.engine.prompt, the canary's events edgespec.engine.canary.
 """
 from __future__ import annotations
 
 import itertools
-import warnings
 import threading
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Iterator, Mapping, Sequence
 
-from .. import planner, registry
-from ..calibration import calibration
-from ..calibration.calibration import Calibration, prior_step_seconds
-from ..control import ControlSettings, GoodputGuard, make_controller
-from ..decoding.kvcache import PrefixCache, StateCache
-from ..identity import identity as release_identity
-from ..planner import calibration_trust, kernels, usable_shape
-from ..registry import bridges
-from ..runtime import backend
-from ..runtime.rpc import probe_all
-from ..chat import chat
 from .. import proposers as registry_of_proposers
-from ..decoding import sampling
-from ..api.labels import AUTO, PLAIN, canary_kind
-from .config import EngineConfig
-from ..runtime.kernel import KernelConfig
-from ..errors import ContextOverflowError, EdgespecError, InvalidInputError, UnsupportedError
-from ..api.events import Control, Event, Finished, RequestStarted, TokenLogprob
-from ..grammar.state import GrammarState
+from ..api.events import Event, Finished, TokenLogprob
+from ..api.labels import AUTO, PLAIN
 from ..api.params import GenerationParams
-from ..proposers import BuildContext, Proposer
-from ..decoding.request import Loop, Request
 from ..api.stats import RequestStats, StatsSink
+from ..control import ControlSettings, GoodputGuard, make_controller
+from ..decoding import sampling
+from ..decoding.kvcache import PrefixCache, StateCache
+from ..decoding.request import Loop, Request
 from ..decoding.textstream import TextAssembler
-
-DEFAULT_CTX = 4096
+from ..errors import ContextOverflowError, InvalidInputError
+from ..grammar.state import GrammarState
+from ..identity import identity as release_identity
+from ..proposers import BuildContext, Proposer
+from ..runtime.context import Context
+from ..runtime.kernel import KernelConfig
+from ..runtime.model import Model
+from . import build, exactness
+from .build import DEFAULT_CTX, trusted_calibration
+from .canary import canary_events
+from .config import EngineConfig, split_proposers
+from .prompt import prompt_tokens
 
 
 @dataclass
@@ -75,13 +71,6 @@ class Prepared:
             self.grammar = None
 
 
-def split_proposers(label: str) -> tuple[str, ...]:
-    """``"ngram+suffix"`` -> ("ngram", "suffix"); ``"none"`` -> ()."""
-    if label == PLAIN:
-        return ()
-    return tuple(p for p in label.split("+") if p)
-
-
 class Engine:
     """A loaded target (plus proposers) that serves requests.
 
@@ -91,10 +80,10 @@ class Engine:
     at the next step boundary with ``stop_reason == "cancelled"``.
     """
 
-    def __init__(self, target: backend.Model, ctx: backend.Context, *, config: EngineConfig,
+    def __init__(self, target: Model, ctx: Context, *, config: EngineConfig,
                  proposers: Mapping[str, Proposer], calibration=None,
                  sinks: Sequence[StatsSink] = (), plan=None, resources: ExitStack | None = None,
-                 default_proposer: str | None = None) -> None:
+                 default_proposer: str | None = None, tree_seqs: Sequence[int] = ()) -> None:
         self.target, self.ctx = target, ctx
         # what the context runs: from_config always sets it; a hand-built engine's is the layout's
         self.config = config if config.kernel is not None else replace(config, kernel=config.layout())
@@ -133,69 +122,35 @@ class Engine:
         self.controller_hook = None
         self._loop = Loop(target, ctx, target_name=self.target_name, draft_name=self.draft_name,
                           sinks=self.sinks, cancelled=self._cancel, kv=self.kv_cache)
+        # the context's sequences set aside as draft trees' scratch branches (past the
+        # request slots; edgespec.decoding.treepass)
+        self._loop.tree_seqs = tuple(tree_seqs)
+
+    # --- what a scheduler drives -------------------------------------------------------
+    @property
+    def loop(self) -> Loop:
+        """The request loop over the target's context: its steps (started, begin, plan,
+        complete, end, release) are what edgespec.serving.scheduler batches."""
+        return self._loop
+
+    def exclusive(self) -> threading.Lock:
+        """Hold the engine while driving its loop from outside (``with engine.exclusive():``):
+        a direct :meth:`stream` or :meth:`refresh_kv` call waits until it is let go."""
+        return self._lock
 
     # --- construction -----------------------------------------------------------
     @classmethod
     def from_config(cls, config: EngineConfig, sinks: Sequence[StatsSink] = ()) -> "Engine":
         """Load what ``config`` names (after the planner resolves ``proposer="auto"``)."""
         config = config.validate()
-        # the default mode measures its kernel configuration once the target is loaded
-        # (planner.kernels); exact mode and an asked configuration keep theirs
-        pick_kernel = config.kernel is None and not config.exact
-        plan = None
-        if config.proposer == AUTO:
-            plan = planner.plan_engine(config)
-            config = plan.config
-        elif config.rpc:
-            config, _ = planner.resolve_rpc(config)
         with ExitStack() as stack:
-            tmodel = _load(config.target, config, config.n_gpu_layers, stack, rpc=config.rpc)
-            tpath = tmodel.path
-            tsha = calibration.model_identity(tpath)["sha256"]  # digested once: the kernel cache and proposers
-            config = replace(config, kernel=_default_kernel(tmodel, tsha, config, pick_kernel,
-                                                            plan.kernel if plan else None))
-            n_ctx = config.n_ctx or min(DEFAULT_CTX, tmodel.n_ctx_train)
-            if n_ctx > tmodel.n_ctx_train:
-                raise InvalidInputError(f"--ctx {n_ctx} exceeds what {tpath.name} was trained for "
-                                        f"({tmodel.n_ctx_train})")
-            k = config.kernel
-            ctx = tmodel.new_context(n_ctx=n_ctx, n_batch=k.n_batch, n_threads=config.threads,
-                                     n_seq_max=config.parallel + config.tree_width,
-                                     full_seqs=config.parallel,
-                                     # several requests: exact mode keeps each one's KV
-                                     # cells in order (backend.new_context says why)
-                                     kv_unified=not (config.exact and config.parallel > 1),
-                                     flash_attn=int(k.flash_attn), type_k=k.kv_ggml_type,
-                                     type_v=k.kv_ggml_type)
-            stack.callback(ctx.close)
-            dmodel = None
-            if config.draft is not None:
-                dmodel = _load(config.draft, config, config.draft_gpu_layers, stack)
-                # same vocabulary, unless the draft is only bridged (its pair pin is checked then)
-                registry_of_proposers.check_draft(tmodel, dmodel, config.proposer)
-            user_len = config.control is not None or config.draft_len is not None
-            options = _proposer_options(config)
-            layout = config.layout()
-            loaded = _build_proposers(config, options, stack, BuildContext(
-                target=tmodel, draft_model=dmodel, n_ctx=n_ctx, threads=config.threads,
-                kernel=config.kernel,
-                target_digest=tsha, check_bridge_pair=bridges.check_pair,
-                # a proposer that derives its own draft (self) loads it as a draft is loaded
-                load_model=lambda path: backend.load_model(
-                    path, n_gpu_layers=config.draft_gpu_layers, use_extra_bufts=layout.repack,
-                    use_mmap=layout.use_mmap)))
-            default = config.proposer  # never "auto" here: the plan resolved it
-            config = replace(config, n_ctx=n_ctx,
-                             control=(config.control or
-                                      _control_from_flags(config, plan, default)).validate())
-            cal = _calibration(tmodel, config.threads, k) if config.control.adaptive else None
-            eng = cls(tmodel, ctx, config=config, proposers=loaded, calibration=cal, sinks=sinks,
-                      plan=plan, default_proposer=default)
-            eng._proposer_options = options
-            # the sequences past the request slots are the draft trees' scratch branches
-            eng._loop.tree_seqs = tuple(range(config.parallel,
-                                              config.parallel + config.tree_width))
-            if not user_len and config.exact:
+            parts = build.load_parts(config, stack)
+            config = parts.config
+            eng = cls(parts.target, parts.ctx, config=config, proposers=parts.proposers,
+                      calibration=parts.calibration, sinks=sinks, plan=parts.plan,
+                      default_proposer=config.proposer, tree_seqs=parts.tree_seqs)
+            eng._proposer_options = parts.options
+            if not parts.user_len and config.exact:
                 # a default fixed length shrinks to what exact mode verifies; a user's is refused
                 cap = max(1, eng.exact_max_draft())
                 eng.control = replace(eng.control,
@@ -244,11 +199,8 @@ class Engine:
     def exact_max_draft(self) -> int:
         """Most drafts a verify pass may hold in exact mode: the probed bitwise-invariant
         batch size of this device and kernel configuration, minus the pending token."""
-        if self._exact_cap is None and not self.config.layout().exact_capable:
-            self._exact_cap = 0  # an F16 KV cache or no flash attention: never bitwise at length
         if self._exact_cap is None:
-            self._exact_cap = int(calibration.exact_cap(self.target, self.config.kernel,
-                                                        self.ctx.n_threads))
+            self._exact_cap = exactness.max_drafts(self.target, self.config, self.ctx.n_threads)
         return self._exact_cap
 
     def check_exact(self, control, exact: bool, label: str | None = None):
@@ -256,30 +208,8 @@ class Engine:
         verify bitwise (a longer fixed draft; any draft where no batch is invariant)."""
         if not exact:
             return control
-        cap = self.exact_max_draft()
-        k = self.config.layout()
-        if cap == 0 and split_proposers(label or self.default_proposer) and not k.exact_capable:
-            raise UnsupportedError(
-                f"this engine runs the default mode's kernel configuration (KV {k.kv_type}, flash "
-                f"attention {'on' if k.flash_attn else 'off'}), whose verify passes are not bitwise "
-                "single-token decoding: exact requests need an engine built for them (--exact, "
-                "Engine.load(..., exact=True)), or --proposer none")
-        if cap == 0 and split_proposers(label or self.default_proposer):
-            raise UnsupportedError(
-                "exact mode cannot speculate here: no verify batch on this device gives logits "
-                "bitwise equal to single-token decoding (edgespec plan shows the probe); use "
-                "--proposer none, or drop --exact (the default is lossless)")
-        if split_proposers(label or self.default_proposer) and not control.adaptive \
-                and control.draft_length > cap:
-            raise UnsupportedError(
-                f"a fixed draft length of {control.draft_length} cannot be verified exactly: on "
-                f"this device llama.cpp's logits match the plain path only for verify passes of "
-                f"up to {cap} drafts; use --draft-len {cap} or less, adaptive control, or drop "
-                "--exact (the default is lossless; greedy output may then differ at near-ties)")
-        if cap == 0:
-            return control
-        return replace(control, max_draft=min(control.max_draft, cap),
-                       min_draft=min(control.min_draft, cap))
+        return exactness.bound(control, self.exact_max_draft(), self.config.layout(),
+                               bool(split_proposers(label or self.default_proposer)))
 
     # --- requests -----------------------------------------------------------------
     def cancel(self) -> None:
@@ -288,32 +218,7 @@ class Engine:
 
     def prompt_tokens(self, prompt: str | Sequence[dict], params: GenerationParams) -> list[int]:
         """Tokenize a prompt (a string or a list of chat messages) the way a request will."""
-        if isinstance(prompt, str):
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise InvalidInputError(f"the prompt is not valid UTF-8 text ({e.reason} at "
-                                        f"character {e.start})") from None
-            if not prompt.strip():
-                raise InvalidInputError("the prompt is empty")
-        if params.chat or not isinstance(prompt, str):
-            if self._template is None:
-                raise UnsupportedError(
-                    f"{self.target.path.name} has no chat template; use --raw to send the prompt as "
-                    "plain text")
-            msgs = chat.normalise_messages(prompt, params.system)
-            for m in msgs:
-                try:
-                    m["content"].encode("utf-8")
-                except UnicodeEncodeError:
-                    raise InvalidInputError("a chat message is not valid UTF-8 text") from None
-            bos = self.target.detokenize([self.target.bos], special=True).decode("utf-8", "replace")
-            eos = self.target.detokenize([self.target.eos], special=True).decode("utf-8", "replace")
-            text = chat.render(self._template, msgs, bos_token=bos, eos_token=eos,
-                               extra=params.template_vars)
-            # The template writes BOS itself where the model wants one.
-            return self.target.tokenize(text, add_special=False, parse_special=True)
-        return self.target.tokenize(prompt, add_special=True, parse_special=False)
+        return prompt_tokens(self.target, self._template, prompt, params)
 
     def generate(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
                  proposer: str | None = None, control=None, exact: bool | None = None,
@@ -433,8 +338,8 @@ class Engine:
     def calibration(self, threads: int | None = None):
         """This device's verify-cost curve for the target (measured once, cached on disk)."""
         if self._calibration is None:
-            self._calibration = _calibration(self.target, threads or self.ctx.n_threads,
-                                             self.config.kernel)
+            self._calibration = trusted_calibration(self.target, threads or self.ctx.n_threads,
+                                                    self.config.kernel)
             self.guard.plain_seconds_prior = self._calibration.step_seconds
         return self._calibration
 
@@ -499,23 +404,8 @@ class Engine:
             yield from self.canary(ev, req, route, traffic)
 
     def canary(self, ev: Event, req: Request, route, traffic: str) -> list[Event]:
-        """The canary's part of a request's event: a Control event saying why it runs the
-        plain path (or probes) after RequestStarted, and at Finished its decode rate
-        reported to the guard, with a Control event when that switches speculation off or
-        on for the slice."""
-        out: list[Event] = []
-        if isinstance(ev, Finished):
-            rec = self.guard.observe_request(traffic, route, ev.stats.decode_tokens,
-                                             ev.stats.decode_seconds)
-            if rec is not None:
-                req.stats.observe_control(rec.kind)
-                out.append(Control(req.id, rec.kind, rec.reason, proposer=rec.proposer))
-        out.append(ev)
-        if isinstance(ev, RequestStarted) and route.reason:
-            kind = canary_kind(route.arm)
-            req.stats.observe_control(kind)
-            out.append(Control(req.id, kind, route.reason, proposer=route.label))
-        return out
+        """The canary's part of a request's event (edgespec.engine.canary)."""
+        return canary_events(self.guard, ev, req, route, traffic)
 
     def _announce_identity(self) -> str:
         """The identity's hash for a stats record; sinks that keep full records
@@ -539,128 +429,6 @@ class Engine:
             self._cancel.clear()
             return self.kv_cache.refresh(
                 lambda: self._cancel.is_set() or (stop is not None and bool(stop())))
-
-
-# --- builder steps -------------------------------------------------------------------
-def _load(name: str, config: EngineConfig, gpu_layers: int, stack: ExitStack,
-          rpc: tuple[str, ...] = ()) -> backend.Model:
-    """Resolve (pull), check the header, load with the engine's kernel configuration (the
-    last ``gpu_layers`` layers on the ``rpc`` servers, probed again first: llama.cpp aborts
-    on one that went away); the stack frees it if a later step fails."""
-    path = registry.resolve(name, pull=config.pull)
-    registry.check_gguf(path)
-    split = {}
-    if rpc:
-        probe_all(rpc)
-        split = {"rpc": rpc, "tensor_split": config.tensor_split}
-    layout = config.layout()
-    model = backend.load_model(path, n_gpu_layers=gpu_layers, use_extra_bufts=layout.repack,
-                               use_mmap=layout.use_mmap, **split)
-    stack.callback(model.close)
-    return model
-
-
-def _default_kernel(model: backend.Model, sha: str, config: EngineConfig, pick: bool,
-                    planned: KernelConfig | None) -> KernelConfig:
-    """The kernel configuration the context is made with. ``pick`` (the default mode, no
-    configuration asked): the fastest candidate measured on this device, measured now when
-    the engine calibrates anyway (adaptive control) and nothing is cached, else the cached
-    choice or llama.cpp's CPU default (planner.kernels). A plan that had to quantize the KV
-    cache to fit the budget (``planned`` differs from what it was offered) is kept."""
-    if not pick:
-        return config.layout()
-    repack = bool(getattr(model, "use_extra_bufts", True))
-    offered = kernels.cached(model.path, n_threads=config.threads, sha256=sha, repack=repack).kernel
-    if planned is not None and (planned.kv_type, planned.flash_attn) != (offered.kv_type, offered.flash_attn):
-        return planned
-    # a split across RPC servers runs what this machine measured for itself: timing the
-    # candidates over the network would measure the network, and the split's output must
-    # equal the local run's
-    local = not getattr(model, "placement", "")
-    if local and (config.control.adaptive if config.control is not None else config.adaptive):
-        offered = kernels.load_or_measure(model, n_threads=config.threads, sha256=sha).kernel
-    base = planned or config.layout()
-    return replace(base, kv_type=offered.kv_type, flash_attn=offered.flash_attn)
-
-
-def _control_from_flags(config: EngineConfig, plan, label: str):
-    """ControlSettings from --adaptive/--draft-len: with adaptive control a user's
-    --draft-len is the longest draft allowed; without, the length of every draft."""
-    if config.draft_len is not None:
-        return ControlSettings(adaptive=config.adaptive, draft_length=config.draft_len,
-                               **({"max_draft": config.draft_len} if config.adaptive else {}))
-    length = _planned_draft_len(plan) or (4 if "draft" in split_proposers(label) else 3)
-    return ControlSettings(adaptive=config.adaptive, draft_length=length)
-
-
-def _planned_draft_len(plan) -> int | None:
-    dl = getattr(plan, "draft_len", None) if plan is not None else None
-    if not dl:
-        return None
-    return int(dl[1] if isinstance(dl, (tuple, list)) else dl)
-
-
-def _proposer_options(config: EngineConfig) -> dict[str, dict]:
-    options = {name: dict(o) for name, o in config.proposer_options.items()}
-    if (config.control.adaptive if config.control is not None else config.adaptive):
-        # The controller cuts drafts itself; a suffix draft capped at its match length
-        # would leave long copied spans on the table.
-        options.setdefault("suffix", {}).setdefault("factor", 3.0)
-    return options
-
-
-def _build_proposers(config: EngineConfig, options: Mapping[str, dict], stack: ExitStack,
-                     ctx: BuildContext) -> dict[str, Proposer]:
-    """Every free proposer (cheap), plus the draft model's when one was loaded. A free one
-    that cannot be built (no native library) is an error only if it was asked for."""
-    wanted = set(split_proposers(config.proposer)) if config.proposer != AUTO else set()
-    out: dict[str, Proposer] = {}
-    for name, spec in registry_of_proposers.REGISTRY.items():
-        if "draft_model" in spec.needs and ctx.draft_model is None:
-            continue
-        if spec.own_model and name not in wanted \
-                and name not in config.proposer_options:
-            continue  # it derives a model of its own (self): built only when asked for
-        try:
-            p = spec.build(ctx, options.get(name, {}))
-        except InvalidInputError:
-            if name in wanted:
-                raise
-            continue
-        stack.callback(p.close)
-        out[name] = p
-    return out
-
-
-def _calibration(model: backend.Model, threads: int | None, kernel: KernelConfig):
-    """The measured verify-cost curve: trusted, or jittery but quiet (its shape is still the
-    device's); a noise curve is measured again on a quiet machine; the CPU prior stands in
-    only when neither gives a usable one."""
-    cal = calibration.load_or_measure(model.path, n_threads=threads, model=model,
-                                      n_gpu_layers=model.n_gpu_layers, kernel=kernel)
-    expected = prior_step_seconds(model.size_bytes)
-    ok, why = calibration_trust(cal, expected)
-    ok = ok or usable_shape(cal, expected)
-    if not ok and calibration.machine_busy() <= calibration.BUSY_LIMIT / 2:
-        # A cached curve that is noise stays wrong for every later load unless it is
-        # measured again; the prior it would otherwise fall back to is another CPU's
-        # curve, far flatter than a compute-bound one (a 16-token pass priced at 3.4
-        # steps where this CPU takes 8), which sends the controller into long drafts.
-        # A merely jittery one (a VM's) keeps the device's shape and is used as it is.
-        warnings.warn(f"the calibration of {model.path} is not trusted ({why}); the machine "
-                      "is quiet now, measuring it again", calibration.CalibrationWarning,
-                      stacklevel=2)
-        cal = calibration.load_or_measure(model.path, n_threads=threads, model=model,
-                                          n_gpu_layers=model.n_gpu_layers, kernel=kernel,
-                                          force=True)
-        ok, why = calibration_trust(cal, expected)
-        ok = ok or usable_shape(cal, expected)
-    if not ok:
-        warnings.warn(f"the calibration of {model.path} is not usable ({why}); pricing drafts "
-                      "with the CPU prior until `edgespec plan --recalibrate` on a quiet "
-                      "machine", calibration.CalibrationWarning, stacklevel=2)
-        cal = Calibration.prior_cpu(step_seconds=expected)
-    return cal
 
 
 __all__ = ["DEFAULT_CTX", "Engine", "EngineConfig", "Result", "split_proposers"]

@@ -78,10 +78,10 @@ def constraint_of(grammar: str | None = None, json_schema: str | dict | None = N
 
 @lru_cache(maxsize=64)
 def _from_gbnf(text: str) -> Constraint:
-    from ..runtime import backend  # deferred: it loads llama.cpp
+    from ..runtime.grammar_binding import grammar_error  # deferred: it loads llama.cpp
     if not isinstance(text, str) or not text.strip():
         raise GrammarError("the grammar is empty; give GBNF text with a `root ::= ...` rule")
-    why = backend.grammar_error(text, "root")
+    why = grammar_error(text, "root")
     if why is not None:
         raise GrammarError(f"llama.cpp cannot parse the grammar: {why}. Check the GBNF syntax "
                            "(llama.cpp's grammars/README.md); the start rule must be `root`")
@@ -91,6 +91,7 @@ def _from_gbnf(text: str) -> Constraint:
 @lru_cache(maxsize=64)
 def _from_schema(text: str) -> Constraint:
     from ..runtime import backend  # deferred: it loads llama.cpp
+    from ..runtime.grammar_binding import grammar_error  # deferred: it loads llama.cpp
     try:
         schema = json.loads(text)
     except ValueError as e:
@@ -108,7 +109,7 @@ def _from_schema(text: str) -> Constraint:
     except Exception as e:  # the converter asserts and raises ValueError/KeyError
         raise UnsupportedError(f"the JSON schema cannot be turned into a grammar ({type(e).__name__}: "
                                f"{e}); simplify it (docs/parity.md lists what is enforced)") from None
-    why = backend.grammar_error(gbnf, "root")
+    why = grammar_error(gbnf, "root")
     if why is not None:  # a converter bug, not the user's: still never unconstrained
         raise UnsupportedError(f"the grammar converted from the JSON schema does not parse ({why})")
     return Constraint("json_schema", gbnf, schema=text)

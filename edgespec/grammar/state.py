@@ -5,7 +5,7 @@ A request may carry one constraint (``GenerationParams.grammar`` GBNF text,
 refuses, before any model loads, what cannot be enforced exactly: text llama.cpp's
 parser rejects, a schema that is not a valid JSON schema, a schema keyword the
 converter (llama-cpp-python's port of llama.cpp's ``json_schema_to_grammar``) would
-silently drop. Grammars are llama.cpp's own engine (``backend.Grammar``); nothing here
+silently drop. Grammars are llama.cpp's own engine (``runtime.grammar_binding.Grammar``); nothing here
 parses GBNF.
 
 Semantics (the same on the plain and the speculative path, so greedy output is equal):
@@ -41,7 +41,7 @@ import numpy as np
 from ..decoding import sampling
 from ..decoding import verify as spec
 from ..errors import EdgespecError
-from .constraint import GrammarError
+from .constraint import Constraint, GrammarError
 
 #: longest literal probed per step; longer forced runs continue next step
 MAX_FORCED_CHARS = 32

@@ -34,8 +34,8 @@ from typing import Any, Mapping
 
 from .. import paths, registry
 from .._version import __version__
-from ..calibration import calibration
 from ..errors import EdgespecError
+from . import digests
 from ..proposers.bridge import BRIDGE_VERSION
 from ..runtime.build import _cpuinfo
 from ..runtime.build import cmake_args as default_args
@@ -162,7 +162,7 @@ def collect(engine) -> Identity:
 
 def model_component(name: str, path: Path) -> dict:
     """sha256 (the registry's pin when ``name`` is a registry model, which resolve() verified;
-    else computed once and cached by calibration.model_identity), size and quantization."""
+    else computed once and cached by identity.digests.model_identity), size and quantization."""
     sha, size, source = None, None, None
     try:
         reg = registry.load_registry()
@@ -173,7 +173,7 @@ def model_component(name: str, path: Path) -> dict:
         pass
     if sha is None:
         try:
-            ident = calibration.model_identity(path)
+            ident = digests.model_identity(path)
             sha, size, source = ident["sha256"], int(ident["size"]), "computed"
         except EdgespecError:
             pass

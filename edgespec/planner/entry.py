@@ -134,8 +134,8 @@ def _kernel_choice(path, sha, cfg: EngineConfig, measure: bool, force: bool):
     repack = cfg.layout().repack
     if not measure:
         return kernels.cached(path, n_threads=cfg.threads, repack=repack, sha256=sha)
-    from ..runtime import backend  # deferred: it loads llama.cpp
-    model = backend.load_model(path, use_extra_bufts=repack)
+    from ..runtime.model import load_model  # deferred: it loads llama.cpp
+    model = load_model(path, use_extra_bufts=repack)
     try:
         return kernels.load_or_measure(model, n_threads=cfg.threads, sha256=sha, force=force)
     finally:

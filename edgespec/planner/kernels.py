@@ -32,7 +32,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from ..calibration import calibration as cal
+from ..calibration import cache, cpu, measuring
+from ..calibration.curve import CalibrationWarning
+from ..identity import digests
 from ..runtime.kernel import KernelConfig
 from ..errors import EdgespecError
 
@@ -96,7 +98,7 @@ class KernelChoice:
             out.append(f"{mark} KV {t.kv_type:<4} flash attention {'on ' if t.flash_attn else 'off'}: "
                        f"step {steps}; {PASS_TOKENS}-token pass {t.pass_[max(t.pass_)] / t.step[max(t.step)]:.2f} "
                        f"steps; score {t.score() / best:.3f}")
-        if self.busy > cal.BUSY_LIMIT:
+        if self.busy > cpu.BUSY_LIMIT:
             out.append(f"  (measured while other processes used {self.busy:.0%} of the CPUs: "
                        "measured again once the machine is quiet)")
         return out
@@ -127,17 +129,17 @@ def measure(model, *, n_threads: int | None = None, repack: bool = True,
     if not candidates or not depths or depths[0] < 1 or repeats < 1:
         raise ValueError("need candidates, positive depths and repeats >= 1")
     try:
-        watch = cal.CpuWatch()
+        watch = cpu.CpuWatch()
     except (ImportError, OSError):
         watch = None
     n_ctx = depths[-1] + PASS_TOKENS + 8
-    toks = cal._probe_tokens(model, depths[-1] + PASS_TOKENS)
+    toks = measuring.probe_tokens(model, depths[-1] + PASS_TOKENS)
     ctxs: list = []
     samples: dict[tuple[int, int, int], list[float]] = {}
     try:
         for k in candidates:
             ctxs.append(model.new_context(n_ctx=n_ctx, n_batch=min(512, n_ctx), n_threads=n_threads,
-                                          **cal.context_options(k)))
+                                          **measuring.context_options(k)))
         filled = [0] * len(ctxs)
         for d in depths:
             for i, ctx in enumerate(ctxs):
@@ -154,7 +156,7 @@ def measure(model, *, n_threads: int | None = None, repack: bool = True,
                             samples.setdefault((i, d, n), []).append(dt)
     finally:
         for ctx in ctxs:
-            cal._close(ctx)
+            measuring.close_context(ctx)
     timings = tuple(KernelTiming(
         kv_type=k.kv_type, flash_attn=k.flash_attn,
         step={d: statistics.median(samples[(i, d, 1)]) for d in depths},
@@ -172,16 +174,16 @@ def cache_key(model_path, *, n_threads: int, n_gpu_layers: int, repack: bool,
               sha256: str | None = None, home: Path | None = None, build: str | None = None) -> str:
     """``kernels-<model>-<hash>``: the device (CPU, threads, offload, weight layout; every
     candidate is in the file, so no KV type or attention) and the model's digest."""
-    device = cal.device_fingerprint(n_threads, n_gpu_layers, "", kernel=replace(FALLBACK, repack=repack))
+    device = cache.device_fingerprint(n_threads, n_gpu_layers, "", kernel=replace(FALLBACK, repack=repack))
     device = {k: v for k, v in device.items() if k not in ("kernel", "build")}
-    ident = cal.model_identity(model_path, sha256, home)
+    ident = digests.model_identity(model_path, sha256, home)
     blob = json.dumps({"device": device, "repack": repack, "sha256": ident["sha256"],
                        "size": ident.get("size", "")}, sort_keys=True)
     return f"kernels-{Path(model_path).stem}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
 
 def _path(key: str, home: Path | None) -> Path:
-    return cal.cache_path(key, home)
+    return cache.cache_path(key, home)
 
 
 def load_cached(key: str, home: Path | None = None, base: KernelConfig = FALLBACK,
@@ -203,12 +205,12 @@ def load_cached(key: str, home: Path | None = None, base: KernelConfig = FALLBAC
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         warnings.warn(f"the cached kernel choice {path} is unreadable ({e}); measuring it again",
-                      cal.CalibrationWarning, stacklevel=2)
+                      CalibrationWarning, stacklevel=2)
         return None
     then = str(d.get("build", ""))
     if build is not None and then != build:
         warnings.warn(f"the cached kernel choice {path} was measured with another llama.cpp build "
-                      f"({then!r}); measuring it again", cal.CalibrationWarning, stacklevel=2)
+                      f"({then!r}); measuring it again", CalibrationWarning, stacklevel=2)
         return None
     return KernelChoice(kernel=choose(timings, base), timings=timings, source="measured",
                         busy=float(d.get("busy", 0.0)), measured_at=float(d.get("measured_at", 0.0)),
@@ -232,13 +234,13 @@ def cached(model_path, *, n_threads: int | None = None, n_gpu_layers: int = 0,
     """The cached choice for this device and model, or the fallback; never measures."""
     n_threads = n_threads or _threads()
     base = replace(FALLBACK, repack=repack)
-    if sha256 is None and not any(cal._folder(home).glob(f"kernels-{Path(model_path).stem}-*.json")):
+    if sha256 is None and not any(cache.folder(home).glob(f"kernels-{Path(model_path).stem}-*.json")):
         return KernelChoice(kernel=base)
     key = cache_key(model_path, n_threads=n_threads, n_gpu_layers=n_gpu_layers, repack=repack,
                     sha256=sha256, home=home, build=build)
     with warnings.catch_warnings():  # the measuring path says it; planning stays quiet
-        warnings.simplefilter("ignore", cal.CalibrationWarning)
-        got = load_cached(key, home, base, build if build is not None else cal._llama_build())
+        warnings.simplefilter("ignore", CalibrationWarning)
+        got = load_cached(key, home, base, build if build is not None else cache.llama_build())
     return got or KernelChoice(kernel=base)
 
 
@@ -251,11 +253,11 @@ def load_or_measure(model, *, n_threads: int | None = None, sha256: str | None =
     repack = bool(getattr(model, "use_extra_bufts", True))
     key = cache_key(model.path, n_threads=n_threads, n_gpu_layers=getattr(model, "n_gpu_layers", 0),
                     repack=repack, sha256=sha256, home=home, build=build)
-    build = build if build is not None else cal._llama_build()
+    build = build if build is not None else cache.llama_build()
     if not force:
         got = load_cached(key, home, replace(FALLBACK, repack=repack), build)
-        if got is not None and not (got.busy > cal.BUSY_LIMIT
-                                    and cal.machine_busy() <= cal.BUSY_LIMIT / 2):
+        if got is not None and not (got.busy > cpu.BUSY_LIMIT
+                                    and cpu.machine_busy() <= cpu.BUSY_LIMIT / 2):
             return got
     choice = replace(measure(model, n_threads=n_threads, repack=repack, **measure_kw), key=key,
                      build=build)

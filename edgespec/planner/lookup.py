@@ -11,7 +11,7 @@ from pathlib import Path
 from ..runtime.kernel import KernelConfig
 from ..errors import ModelError
 from .. import proposers, registry
-from ..calibration import calibration as cal
+from ..calibration import cache
 
 
 def resolve_model(name_or_path: str | os.PathLike, pull: bool = True) -> tuple[Path, str | None, str | None]:
@@ -34,9 +34,9 @@ def cached_calibration(path: Path, sha256: str | None, n_threads: int | None = N
     """The calibration cached for this device, kernel configuration and model (CPU layout),
     or None. ``measure`` measures a missing one (``force``: re-measures a cached one too)."""
     if measure or force:
-        return cal.load_or_measure(path, n_threads=n_threads, sha256=sha256, force=force,
+        return cache.load_or_measure(path, n_threads=n_threads, sha256=sha256, force=force,
                                    kernel=kernel)
-    return cal.cached(path, n_threads=n_threads, kernel=kernel, sha256=sha256)
+    return cache.cached(path, n_threads=n_threads, kernel=kernel, sha256=sha256)
 
 
 def registered_draft(target_name: str) -> str | None:

@@ -103,16 +103,17 @@ def measure_memory(job: Mapping) -> dict:
     one verify pass of K_MAX + 1 all-logits rows in the target's ("rss_peak"); with
     ``gpu``, the accelerator memory used at both points.
     """
-    from ..runtime import backend  # deferred: it loads llama.cpp
+    from ..runtime import backend, ggml_devices  # deferred: they load llama.cpp
+    from ..runtime.model import load_model  # deferred: it loads llama.cpp
 
     kernel = KernelConfig(**job.get("kernel", {})).validate()
 
     def used_gpu() -> int | None:
         if not job.get("gpu"):
             return None
-        return sum(d["total"] - d["free"] for d in backend.list_devices() if d["type"] != "cpu")
+        return sum(d["total"] - d["free"] for d in ggml_devices.list_devices() if d["type"] != "cpu")
 
-    backend._ensure_init()
+    backend.ensure_init()
     base_gpu = used_gpu() or 0
     models, ctxs = [], []
     out: dict = {}
@@ -121,8 +122,8 @@ def measure_memory(job: Mapping) -> dict:
                              (job.get("draft"), job.get("draft_gpu_layers", 0))):
             if not path:
                 continue
-            m = backend.load_model(path, n_gpu_layers=layers, use_extra_bufts=kernel.repack,
-                                   **({} if kernel.use_mmap else {"use_mmap": False}))
+            m = load_model(path, n_gpu_layers=layers, use_extra_bufts=kernel.repack,
+                           **({} if kernel.use_mmap else {"use_mmap": False}))
             models.append(m)
             ctxs.append(m.new_context(n_ctx=job["n_ctx"], n_batch=kernel.n_batch,
                                       n_threads=job.get("n_threads"),

@@ -249,7 +249,7 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
     ``kv_type`` forces the KV cache type. With ``exact`` verify passes hold at most
     ``exact_cap`` drafts (the calibration's probe). ``proposer`` is "auto" (weigh every
     registered proposer) or the label asked for. ``calibrations`` may hold measured
-    :class:`edgespec.calibration.calibration.Calibration` objects under "target" and "draft" (valid for
+    :class:`edgespec.calibration.curve.Calibration` objects under "target" and "draft" (valid for
     this device, CPU-only layout). ``base`` is the EngineConfig the plan resolves
     (``Plan.config``). Raises :class:`BudgetError` when even the target alone cannot fit.
     """

@@ -22,7 +22,7 @@ from ..runtime.gguf_facts import ModelFacts
 from .acceptance import Acceptance
 from .memory import weight_bytes
 from .trust import calibration_trust
-from ..calibration.calibration import Calibration, prior_step_seconds
+from ..calibration.curve import Calibration, prior_step_seconds
 from ..proposers import needs_model
 
 K_MAX = 16

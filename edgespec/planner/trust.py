@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import statistics
-from ..calibration.calibration import BUSY_LIMIT
+from ..calibration.cpu import BUSY_LIMIT
 
 #: Repeats of one pass on a quiet machine agree within a few percent; far more spread means
 #: other work held the cores while it was measured, and the curve's shape is noise.

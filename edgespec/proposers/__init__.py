@@ -20,7 +20,7 @@ from ..runtime.kernel import KernelConfig
 from .base import EMPTY_DRAFT, Draft, Proposer, ProposerSession
 
 if TYPE_CHECKING:
-    from ..runtime.backend import Model
+    from ..runtime.model import Model
 
 #: a proposer's options, typed by its :class:`Option` specs (int, float, bool or str values)
 Options = dict[str, Any]

@@ -4,7 +4,7 @@ The two models share *text*, not token ids. The draft continues the text; its ne
 re-tokenized by the target; after verification the draft's own token sequence is brought
 back in line with the text the target accepted. Everything here is pure bookkeeping over two
 vocabularies (anything with ``tokenize``, ``token_piece``, ``token_attr``, ``is_eog``, as
-:class:`edgespec.runtime.backend.Model` and ``tests/fakes`` have); the draft model's KV cache is
+:class:`edgespec.runtime.model.Model` and ``tests/fakes`` have); the draft model's KV cache is
 driven by :mod:`edgespec.proposers.bridged`.
 
 Boundary rules, each a way a careless bridge corrupts text:

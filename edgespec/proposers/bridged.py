@@ -29,7 +29,7 @@ from ..runtime.kernel import KernelConfig
 from .vocab_check import vocab_mismatch
 
 if TYPE_CHECKING:
-    from ..runtime.backend import Model
+    from ..runtime.model import Model
 
 #: the registry's pin check of a pair (target, draft, bridge version) -> its pin record
 PinCheck = Callable[["Model", "Model", str], object]

@@ -23,7 +23,7 @@ from ..api.arrays import FloatArray
 from .vocab_check import vocab_mismatch
 
 if TYPE_CHECKING:
-    from ..runtime.backend import Model
+    from ..runtime.model import Model
 
 #: per drafted position: (the greedy logits row, or the sampling distribution), one is None
 _Row = tuple[Optional[FloatArray], Optional[FloatArray]]

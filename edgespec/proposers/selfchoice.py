@@ -22,7 +22,7 @@ from ..paths import calibration_dir
 from .layers import LayerSet, spread
 from .selfspec import SelfDraftProposer, ensure_self_draft
 from ..api.params import GenerationParams
-from ..calibration.calibration import model_identity
+from ..identity.digests import model_identity
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
@@ -114,7 +114,7 @@ def measure(engine: Engine, layer_sets: Sequence[LayerSet], prompts: Sequence[st
     """Each layer set as a self-draft, every prompt run plain then with it (interleaved),
     plus the draft's agreement with the plain output; ``timed=False`` measures agreement
     only (one plain run per prompt, shared by every candidate)."""
-    from ..runtime import backend  # deferred: it loads llama.cpp
+    from ..runtime.model import load_model  # deferred: it loads llama.cpp
     say = say or (lambda _m: None)
     target = engine.target
     sha = model_identity(Path(target.path))["sha256"]
@@ -126,7 +126,7 @@ def measure(engine: Engine, layer_sets: Sequence[LayerSet], prompts: Sequence[st
         raise InvalidInputError("measuring self-drafts needs a built engine")
     for ls in layer_sets:
         path = ensure_self_draft(Path(target.path), sha, ls, say)
-        model = backend.load_model(path)
+        model = load_model(path)
         name = f"self[{ls.key}]"
         prop = SelfDraftProposer(model, ls, n_ctx=n_ctx,
                                  n_threads=engine.config.threads, kernel=engine.config.kernel,

@@ -26,7 +26,7 @@ from .draft import DraftModelProposer
 from .layers import LayerSet, subset_layers, write_subset
 
 if TYPE_CHECKING:
-    from ..runtime.backend import Model
+    from ..runtime.model import Model
     from ..runtime.kernel import KernelConfig
 
 Say = Callable[[str], None]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..calibration import calibration
+from ..identity import digests
 from ..errors import IncompatibleDraftError, InvalidInputError
 from ..identity.identity import vocabulary_digest
 from ..proposers.bridge import BRIDGE_VERSION
@@ -30,7 +30,7 @@ class UnqualifiedBridgeError(IncompatibleDraftError, InvalidInputError):
 
 def vocab_digest(model) -> str:
     """The digest a pin holds (cached by the model file's sha256)."""
-    return vocabulary_digest(model, calibration.model_identity(model.path)["sha256"])
+    return vocabulary_digest(model, digests.model_identity(model.path)["sha256"])
 
 
 def check_pair(target, draft, version: str) -> PairSpec:
@@ -69,10 +69,10 @@ def check_pair(target, draft, version: str) -> PairSpec:
 
 def pin_entry(target: str, draft: str, version: str | None = None) -> str:
     """The TOML [[pairs]] entry pinning registry models ``target`` and ``draft``."""
-    from ..runtime import backend  # deferred: it loads llama.cpp (a maintainer's tool)
+    from ..runtime.model import load_model  # deferred: it loads llama.cpp (a maintainer's tool)
     digests = []
     for name in (target, draft):
-        model = backend.load_model(resolve(name))
+        model = load_model(resolve(name))
         try:
             digests.append(vocab_digest(model))
         finally:

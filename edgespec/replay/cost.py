@@ -28,7 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from ..calibration.calibration import Calibration
+from ..calibration.curve import Calibration
 
 
 @dataclass(frozen=True)

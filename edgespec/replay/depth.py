@@ -1,6 +1,6 @@
 """Measuring the verify-cost curve at several context depths (what a replay prices with).
 
-:func:`edgespec.calibration.calibration.measure` times passes over a 64-token prefix; a request
+:func:`edgespec.calibration.measuring.measure` times passes over a 64-token prefix; a request
 decodes past its prompt, and a pass over 1,000 cached cells costs measurably more (its
 attention reads every cell). This times the same batch sizes at a few depths, with the
 kernel configuration the engine runs, ascending (each depth extends the prefill of the
@@ -12,8 +12,9 @@ import statistics
 import time
 from typing import Callable, Sequence
 
-from ..calibration.calibration import (DEFAULT_KS, Calibration, CpuWatch, _probe_tokens,
-                                       context_options, time_passes)
+from ..calibration.cpu import CpuWatch
+from ..calibration.curve import DEFAULT_KS, Calibration
+from ..calibration.measuring import context_options, probe_tokens, time_passes
 from ..runtime.kernel import KernelConfig
 from .cost import DepthCurve
 
@@ -48,7 +49,7 @@ def measure_depths(model, depths: Sequence[int], *, n_threads: int | None = None
                             n_threads=n_threads, **context_options(kernel))
     curves = []
     try:
-        toks = _probe_tokens(model, top + kmax)
+        toks = probe_tokens(model, top + kmax)
         pos = 0
         for depth in depths:
             ctx.decode(toks[pos:depth], pos, logits="none")  # extend the cached prefix

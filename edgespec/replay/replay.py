@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from ..calibration.calibration import Calibration
+from ..calibration.curve import Calibration
 from ..control import ControlSettings, GoodputGuard, Outcome, StepView, make_controller, truncate
 from ..errors import InvalidInputError
 from ..proposers.base import EMPTY_DRAFT, Draft

@@ -5,7 +5,7 @@ memory through psutil (capped by a cgroup memory limit when one is set, since
 a container's limit, not the host's RAM, is what an allocation runs into), ISA
 flags from ``/proc/cpuinfo``, and the GPU/Metal/Vulkan devices the installed
 llama.cpp was built with, through its backend device API (asked via
-:func:`edgespec.runtime.backend.list_devices`; an install without llama.cpp simply has
+:func:`edgespec.runtime.ggml_devices.list_devices`; an install without llama.cpp simply has
 no accelerators).
 
 :func:`from_json` builds the same :class:`Device` from a description, so the
@@ -219,9 +219,9 @@ def _cgroup_memory() -> tuple[int | None, int | None]:
 
 
 def _accelerators() -> tuple[Accelerator, ...]:
-    from . import backend  # deferred: it loads llama.cpp
+    from . import ggml_devices  # deferred: it loads llama.cpp
     try:
-        devs = backend.list_devices()
+        devs = ggml_devices.list_devices()
     except EdgespecError:  # llama-cpp-python not importable: CPU only
         return ()
     except (ImportError, AttributeError, OSError):  # a build without ggml's device API

@@ -16,9 +16,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import (ContextOverflowError, EdgespecError, InvalidInputError, ModelError,
-                      UnsupportedError)
-from ..serving.scheduler import QueueFullError, ShuttingDownError
+from ..errors import ContextOverflowError, EdgespecError, UnsupportedError
+from ..serving.tickets import QueueFullError, ShuttingDownError
 
 log = logging.getLogger("edgespec.server")
 

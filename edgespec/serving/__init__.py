@@ -1,7 +1,13 @@
 """Serving many requests on one engine: the scheduler (continuous batching) that the
-OpenAI-compatible server and any multi-client app drive."""
+OpenAI-compatible server and any multi-client app drive.
+
+    scheduler.py   Scheduler: admission into sequences, one shared pass per step
+    tickets.py     what clients hold: Ticket, Choices, Load, DONE, the refusals
+    pool.py        ModelPool: several models served, loaded and evicted by memory
+"""
 from .pool import ModelDoesNotFitError, ModelNotServedError, ModelPool, PoolModel
-from .scheduler import DONE, Load, QueueFullError, Scheduler, Ticket
+from .scheduler import Scheduler
+from .tickets import DONE, Load, QueueFullError, Ticket
 
 __all__ = ["DONE", "Load", "ModelDoesNotFitError", "ModelNotServedError", "ModelPool",
            "PoolModel", "QueueFullError", "Scheduler", "Ticket"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from ..errors import EdgespecError, InvalidInputError
-from .scheduler import Load
+from .tickets import Load
 from ..runtime.device import fmt_size
 
 

@@ -1,5 +1,10 @@
 """The scheduler: requests from many clients, one engine, one thread that owns the context.
 
+One idea, kept in one module over 500 lines: continuous batching, i.e. admitting queued
+requests into the context's sequences and running all of them in one shared pass per
+step (their prompts, drafts and choices). What a client holds (tickets, the queue's load,
+the refusals) is edgespec.serving.tickets.
+
     submit(prompt, params, on_event)   validates at once (an EdgespecError is the client's
                                        fault: a 400), queues the request (QueueFullError
                                        when the queue is full: a 429)
@@ -64,73 +69,15 @@ from ..api.params import GenerationParams
 from ..decoding.request import Load as StepLoad
 from ..decoding.request import Request
 from ..decoding.treepass import decode as decode_tree
+from .tickets import DONE, Choices, Load, QueueFullError, ShuttingDownError, Ticket
 
 if TYPE_CHECKING:
-    from ..engine.engine import Prepared
+    from ..decoding.request import Pass
+    from ..engine.engine import Engine
 
-#: what on_event receives after a request's last event
-DONE = None
 #: prompt positions a loading request adds to a pass that others decode in: small enough
 #: that their next token waits ~one long pass, large enough for the batched kernels
 PREFILL_CHUNK = 128
-
-
-class QueueFullError(EdgespecError):
-    """The scheduler's queue is full; retry after ``retry_after`` seconds."""
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class ShuttingDownError(EdgespecError):
-    """The scheduler is draining and admits no new requests."""
-
-
-@dataclass(frozen=True)
-class Load:
-    queued: int
-    running: int
-    slots: int
-    max_queue: int
-
-
-class Ticket:
-    """A submitted request: its id, and the handle to cancel it from any thread."""
-
-    def __init__(self, id: int, on_event: Callable[[Event | None], None], scheduler: "Scheduler",
-                 prepared: Prepared) -> None:
-        self.id = id
-        self.on_event = on_event
-        self._scheduler = scheduler
-        self.cancelled = threading.Event()
-        self.submitted = time.monotonic()
-        self.prepared = prepared
-        # the other choices of an n > 1 request (submit_n): they are admitted with this
-        # ticket, which alone sits in the queue, and start from the prompt KV it prefills
-        self.followers: list[Ticket] = []
-        self.leader: Ticket | None = None
-
-    def cancel(self) -> None:
-        self.cancelled.set()
-        self._scheduler._cancelled(self)
-
-
-class Choices:
-    """The tickets of an n-choice request (:meth:`Scheduler.submit_n`), choice i at [i]."""
-
-    def __init__(self, tickets: list[Ticket]) -> None:
-        self.tickets = tickets
-
-    def __len__(self) -> int:
-        return len(self.tickets)
-
-    def __getitem__(self, i: int) -> Ticket:
-        return self.tickets[i]
-
-    def cancel(self) -> None:
-        for t in reversed(self.tickets):  # the leader last: a queued group leaves at once
-            t.cancel()
 
 
 @dataclass
@@ -157,7 +104,8 @@ class _Active:
 class Scheduler:
     """Runs requests on one engine from a single thread, several sequences per pass."""
 
-    def __init__(self, engine, *, parallel: int | None = None, max_queue: int = 16) -> None:
+    def __init__(self, engine: Engine, *, parallel: int | None = None,
+                 max_queue: int = 16) -> None:
         parallel = engine.ctx.n_seq_max if parallel is None else parallel
         if parallel < 1:
             raise EdgespecError(f"--parallel must be at least 1 (got {parallel})")
@@ -173,7 +121,7 @@ class Scheduler:
                 f"the {costly[0]} proposer runs a draft model with one sequence: serve it with "
                 "--parallel 1, or use the free proposers (ngram, suffix) with --parallel N")
         self.engine = engine
-        self.loop = engine._loop
+        self.loop = engine.loop
         self.parallel = parallel
         self.max_queue = max_queue
         # sequences 0..parallel-1 serve requests; draft trees use scratch sequences past them
@@ -340,7 +288,7 @@ class Scheduler:
                 if not self._queue and not self._active:
                     return  # closing, and nothing left to finish
                 joining = self._take_joining()
-            with self.engine._lock:  # a direct Engine.stream() call waits for the step
+            with self.engine.exclusive():  # a direct Engine.stream() call waits for the step
                 for t, slot in joining:
                     self._start(t, slot)
                 if self._active:
@@ -398,12 +346,13 @@ class Scheduler:
             self._finish(a)
 
     def _step(self) -> None:
-        loop, eng = self.loop, self.engine
+        """One pass: every active request's part of it (its next draft to verify, or a chunk
+        of its prompt) in one decode, then each request's events."""
         n = len(self._active)
         order = self._active[self._rr % n:] + self._active[:self._rr % n]
         self._rr += 1
         exact = any(a.req.exact for a in order)
-        budget = max(1, eng.exact_max_draft() + 1 if exact else loop.ctx.n_batch)
+        budget = max(1, self.engine.exact_max_draft() + 1 if exact else self.loop.ctx.n_batch)
         for a in [a for a in order if a.leader is not None and a.ticket.cancelled.is_set()]:
             a.req.stop_reason = "cancelled"  # a choice cancelled while its prompt loads
             self._finish(a)
@@ -411,7 +360,23 @@ class Scheduler:
         decoding = [a for a in order if a.prefill is None and a.leader is None]
         chunks = self._prefill_chunks([a for a in order if a.prefill is not None], decoding,
                                       budget, exact)
-        passes, rows, tokens = [], sum(c for _, c in chunks), 0.0
+        passes, rows = self._plan(decoding, chunks, budget, exact)
+        if not passes and not chunks:
+            return
+        done = self._decode(passes, chunks, rows)
+        if done is None:
+            return
+        outs, seconds = done
+        self.steps += 1
+        self._complete(passes, chunks, outs, seconds)
+
+    def _plan(self, decoding: list[_Active], chunks: list[tuple[_Active, int]], budget: int,
+              exact: bool) -> tuple[list[tuple[_Active, Pass]], int]:
+        """Each decoding request plans its part of the pass in turn, seeing the rows and
+        expected tokens of those before it; in exact mode a request that finds no room
+        waits for its turn. Returns the planned passes and the pass's rows."""
+        passes: list[tuple[_Active, Pass]] = []
+        rows, tokens = sum(c for _, c in chunks), 0.0
         for i, a in enumerate(decoding):
             left = len(decoding) - i - 1  # requests still to plan, a row each at least
             room = budget - rows - (left if not exact else 0)
@@ -419,8 +384,8 @@ class Scheduler:
                 break  # exact mode: this request waits for its turn
             try:
                 shared = len(decoding) > 1 or chunks
-                ps = loop.plan(a.req, StepLoad(rows=rows, tokens=tokens, max_rows=room)
-                               if shared else None)
+                ps = self.loop.plan(a.req, StepLoad(rows=rows, tokens=tokens, max_rows=room)
+                                    if shared else None)
             except BaseException as e:
                 self._finish(a, error=e)
                 continue
@@ -433,8 +398,13 @@ class Scheduler:
             passes.append((a, ps))
             rows += len(ps.tokens)
             tokens += ps.expected
-        if not passes and not chunks:
-            return
+        return passes, rows
+
+    def _decode(self, passes: list[tuple[_Active, Pass]], chunks: list[tuple[_Active, int]],
+                rows: int) -> tuple[list, float] | None:
+        """Run the pass: each part's logits rows and the seconds it took, or None when it
+        failed (then for everyone in it, each finished with the error)."""
+        loop = self.loop
         for a, ps in passes:
             a.req.in_flight = True
             ps.batch_rows = rows if len(passes) + len(chunks) > 1 else 0
@@ -458,12 +428,16 @@ class Scheduler:
         except BaseException as e:  # the pass failed for everyone in it
             for a, _ in [*passes, *chunks]:
                 self._finish(a, error=e)
-            return
-        seconds = time.perf_counter() - t0
-        self.steps += 1
+            return None
+        return outs, time.perf_counter() - t0
+
+    def _complete(self, passes: list[tuple[_Active, Pass]], chunks: list[tuple[_Active, int]],
+                  outs: list, seconds: float) -> None:
+        """Each part's result: a decoding request verifies and emits, a loading one moves
+        past its chunk (and starts decoding when its prompt is in)."""
         for (a, ps), out in zip(passes, outs):
             try:
-                self._send(a, loop.complete(ps, out, seconds))
+                self._send(a, self.loop.complete(ps, out, seconds))
             except BaseException as e:
                 self._finish(a, error=e)
                 continue
@@ -562,7 +536,6 @@ class Scheduler:
     def _load_events(self, a: _Active, ps, rows: int) -> None:
         """A load_yield when the controller declines a draft it has because the pass is
         shared, a load_resume when that request drafts again."""
-        req = a.req
         if not a.yielding and ps.declined and rows > 0:
             a.yielding = True
             self._control(a, "load_yield", f"drafting held back: {rows} rows of other "

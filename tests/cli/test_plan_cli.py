@@ -116,7 +116,7 @@ def test_plan_without_a_calibration_says_how_to_measure_the_exact_cap(smol):
 
 def _fake_measure(caps):
     """calibration.load_or_measure that 'measures' a trusted curve with a per-layout cap."""
-    from edgespec.calibration.calibration import Calibration, prior_step_seconds
+    from edgespec.calibration.curve import Calibration, prior_step_seconds
     from edgespec.runtime.gguf_facts import read_facts
 
     def measure(path, *, n_threads=None, sha256=None, force=False, kernel=None, **_):
@@ -129,7 +129,7 @@ def _fake_measure(caps):
 
 
 def test_plan_calibrate_shows_the_probed_cap_and_the_layout_exact_mode_uses(smol, monkeypatch):
-    from edgespec.calibration import calibration
+    from edgespec.calibration import cache as calibration
 
     calls = []
     fake = _fake_measure({True: 3, False: 9})

@@ -1,7 +1,7 @@
 """A hermetic stand-in for :mod:`edgespec.runtime.backend`: a tiny deterministic language model.
 
 :class:`FakeModel` and :class:`FakeContext` implement what the engine uses of
-``backend.Model`` and ``backend.Context``. The "language model" is a table: the
+``runtime.model.Model`` and ``runtime.context.Context``. The "language model" is a table: the
 logits for the next token depend on the last two tokens in the KV cache only,
 
     row(p2, p1) = noise(p2, p1) in [-1, 1)  +  PEAK at NEXT[(p2, p1)] (or NEXT[p1])
@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from edgespec.runtime.backend import check_decode, check_multi
+from edgespec.runtime.context import check_decode, check_multi
 from edgespec.errors import EdgespecError
 
 BOS, EOS, EOT = 0, 1, 2
@@ -81,7 +81,7 @@ class Trim:
 
 
 class FakeModel:
-    """The subset of ``backend.Model`` the engine, the proposers and the chat path read."""
+    """The subset of ``runtime.model.Model`` the engine, the proposers and the chat path read."""
 
     def __init__(self, *, name: str = "fake.gguf", chat_template: str | None = CHAT_TEMPLATE,
                  n_ctx_train: int = 4096, seed: int = 1234) -> None:
@@ -272,7 +272,7 @@ class FakeContext:
         requires), and a row's logits come from its sequences' tokens."""
         if self.closed:
             raise KVMismatch("decode on a closed context")
-        from edgespec.runtime.backend import check_tree
+        from edgespec.runtime.context import check_tree
         check_tree(tokens, positions, seq_ids_per_token, logits_mask, self.n_ctx, self.n_batch,
                    self.n_seq_max)
         bad = [int(t) for t in tokens if not 0 <= int(t) < N_VOCAB]
@@ -312,9 +312,3 @@ class FakeContext:
                              f"holds {len(cache)} positions, {src} holds {len(source)}")
         self.calls.append(f"seq_cp {src}->{dst} {p0}:{end}")
         cache.extend(source[p0:end])
-
-    def seq_keep(self, seq_id: int) -> None:
-        if not 0 <= seq_id < self.n_seq_max:
-            raise EdgespecError(f"sequence {seq_id} outside 0..{self.n_seq_max - 1}")
-        self.calls.append(f"seq_keep {seq_id}")
-        self.kv = {seq_id: self.kv.get(seq_id, [])}

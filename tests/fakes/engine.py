@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.api.labels import PLAIN
 from edgespec.engine.config import EngineConfig
 from edgespec.control import ControlSettings

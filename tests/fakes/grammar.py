@@ -1,6 +1,6 @@
 """A grammar stand-in for the fake backend: a finite language of byte strings.
 
-It implements what :class:`edgespec.grammar.state.GrammarState` uses of ``backend.Grammar``
+It implements what :class:`edgespec.grammar.state.GrammarState` uses of ``runtime.grammar_binding.Grammar``
 (``allowed``, ``accept``, ``clone``, ``reset``, ``close``) with llama.cpp's rules: a
 token is admissible when the text so far plus its piece is a prefix of a word of the
 language; an end-of-generation token only when the text is a whole word; accepting a

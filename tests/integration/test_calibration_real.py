@@ -1,14 +1,14 @@
 """Calibration on a real model (SmolLM2-135M: a measurement takes about a second)."""
 from __future__ import annotations
 
-from edgespec.calibration import calibration
+from edgespec.calibration import cache as calibration, cpu
 
 
 def test_measures_and_caches_a_real_cost_curve(model_path, tmp_path, monkeypatch):
-    monkeypatch.setattr(calibration, "machine_busy", lambda: 0.0)  # the cache must answer
+    monkeypatch.setattr(cpu, "machine_busy", lambda: 0.0)  # the cache must answer
     # ... and the curve counts as measured quiet even when other processes run (a curve
     # measured under load is re-measured once the machine is quiet, by design)
-    monkeypatch.setattr(calibration.CpuWatch, "share", lambda self: 0.0)
+    monkeypatch.setattr(cpu.CpuWatch, "share", lambda self: 0.0)
     path = model_path("smollm2-135m")
     cal = calibration.load_or_measure(path, n_threads=1, home=tmp_path, ks=(1, 2, 4, 8), repeats=3)
     assert cal.source == "measured" and cal.step_seconds > 0

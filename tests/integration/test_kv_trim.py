@@ -4,12 +4,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.runtime import backend
+from edgespec.runtime.model import load_model
 
 
 @pytest.fixture(scope="module")
 def model(model_path):
-    m = backend.load_model(model_path("smollm2-135m"))
+    m = load_model(model_path("smollm2-135m"))
     yield m
     m.close()
 

@@ -50,8 +50,8 @@ def engine(model_path, drafts):
 def test_the_padded_copy_would_propose_ids_the_target_lacks(drafts):
     """What makes the pair a test: ranked over its whole vocabulary, the copy's best token is
     a pad id at most positions of an ordinary prompt."""
-    from edgespec.runtime import backend
-    m = backend.load_model(drafts[0])
+    from edgespec.runtime.model import load_model
+    m = load_model(drafts[0])
     try:
         assert m.n_vocab == PADDED and m.token_text(PADDED - 1) == f"[PAD{PADDED - 1}]"
         ctx = m.new_context(n_ctx=256)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.runtime import backend
+from edgespec.runtime.model import load_model
 from edgespec.decoding.tree import DraftTree, commit, prepare
 
 SEQS = (0, 1, 2, 3)
@@ -15,7 +15,7 @@ SEQS = (0, 1, 2, 3)
 
 @pytest.fixture(scope="module")
 def model(model_path):
-    m = backend.load_model(model_path("smollm2-135m"))
+    m = load_model(model_path("smollm2-135m"))
     yield m
     m.close()
 

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from edgespec import GenerationParams
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.engine.config import EngineConfig
 from edgespec.engine.engine import Engine
 from edgespec.runtime.kernel import KernelConfig
@@ -41,7 +41,7 @@ def engine(model_path):
         proposer_options={"suffix": {"use_global": False}}))
     cal = eng.calibration()
     eng._calibration = Calibration.linear(0.02, step_seconds=cal.step_seconds)
-    eng._loop.tree_seqs = (1, 2)
+    eng.loop.tree_seqs = (1, 2)
     yield eng
     eng.close()
 

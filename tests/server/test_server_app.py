@@ -16,7 +16,7 @@ from edgespec.server import ServerSettings, create_app
 from edgespec.server.auth import check
 from edgespec.server.errors import APIError
 from edgespec.serving import DONE, Load, QueueFullError, Scheduler
-from edgespec.serving.scheduler import ShuttingDownError
+from edgespec.serving.tickets import ShuttingDownError
 from edgespec.api.stats import RequestStats
 
 MSG = [{"role": "user", "content": "a b c"}]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.control import FixedController
 from edgespec.proposers import free_proposer
 from edgespec.analysis.simulate import (Trace, compare, format_table, from_proposer, load_traces,

@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.calibration import calibration as calmod
-from edgespec.calibration.calibration import DEFAULT_KS, Calibration, CalibrationWarning
+from edgespec.calibration import cache, cpu, curve, measuring
+from edgespec.identity import digests
+from edgespec.calibration.curve import DEFAULT_KS, Calibration, CalibrationWarning
 from edgespec.runtime.kernel import KernelConfig
 from edgespec.errors import EdgespecError
 
@@ -104,7 +105,7 @@ def quiet_machine(monkeypatch):
         def share(self):
             return 0.0
 
-    monkeypatch.setattr(calmod, "CpuWatch", Watch)
+    monkeypatch.setattr(cpu, "CpuWatch", Watch)
 
 def test_cost_is_one_at_one_token_and_interpolates_linearly():
     cal = Calibration.from_costs({1: 1.0, 2: 1.5, 4: 2.0, 8: 3.0}, step_seconds=0.1)
@@ -171,7 +172,7 @@ def test_json_round_trip_keeps_everything():
 def test_measure_recovers_the_fake_cost_curve():
     clock = FakeClock()
     model = FakeModel(cpu_like, clock)
-    cal = calmod.measure(model, n_threads=2, repeats=3, clock=clock)
+    cal = measuring.measure(model, n_threads=2, repeats=3, clock=clock)
     assert cal.step_seconds == pytest.approx(0.080)
     for n in DEFAULT_KS:
         assert cal.cost(n) == pytest.approx(Calibration.prior_cpu().cost(n))
@@ -192,14 +193,14 @@ def test_measure_takes_the_median_so_one_slow_pass_does_not_matter():
         calls["n"] += 1
         return cpu_like(n) * (20.0 if calls["n"] == 12 else 1.0)  # someone else's burst
 
-    cal = calmod.measure(FakeModel(spiky, clock), repeats=5, clock=clock)
+    cal = measuring.measure(FakeModel(spiky, clock), repeats=5, clock=clock)
     for n in DEFAULT_KS:
         assert cal.cost(n) == pytest.approx(Calibration.prior_cpu().cost(n))
 
 
 def test_measure_rejects_a_stopped_clock():
     with pytest.raises(EdgespecError, match="clock"):
-        calmod.measure(FakeModel(lambda n: 0.0, FakeClock()), repeats=1, clock=FakeClock())
+        measuring.measure(FakeModel(lambda n: 0.0, FakeClock()), repeats=1, clock=FakeClock())
 
 
 # --- cache -------------------------------------------------------------------------
@@ -213,25 +214,25 @@ def model_file(tmp_path):
 def test_load_or_measure_caches_per_device_and_model(tmp_path, model_file, monkeypatch):
     home = tmp_path / "home"
     loads = []
-    monkeypatch.setattr(calmod, "machine_busy", lambda: 0.0)
+    monkeypatch.setattr(cpu, "machine_busy", lambda: 0.0)
 
     def loader(path, n_gpu_layers=0, use_extra_bufts=True):
         loads.append(path)
         return FakeModel(cpu_like, FakeClock(), repacked=use_extra_bufts)
 
-    real_measure = calmod.measure
-    monkeypatch.setattr(calmod, "measure", lambda model, **kw: real_measure(model, clock=model.clock, **kw))
+    real_measure = measuring.measure
+    monkeypatch.setattr(measuring, "measure", lambda model, **kw: real_measure(model, clock=model.clock, **kw))
 
     def get(**kw):
         args = dict(n_threads=2, home=home, build="test-build", loader=loader, repeats=2)
-        return calmod.load_or_measure(model_file, **{**args, **kw})
+        return cache.load_or_measure(model_file, **{**args, **kw})
 
     first = get()
     assert len(loads) == 1
     assert first.key and first.model["size"] == str(model_file.stat().st_size)
     assert first.device["threads"] == "2" and first.device["build"] == "test-build"
     assert first.cost(2) == pytest.approx(1.5)
-    assert calmod.cache_path(first.key, home).is_file()
+    assert cache.cache_path(first.key, home).is_file()
     assert get() == first and len(loads) == 1  # from the cache, not measured
     other = get(n_threads=1)
     assert len(loads) == 2 and other.key != first.key  # other threads, other curve
@@ -255,7 +256,7 @@ def test_an_already_loaded_model_is_measured_not_reloaded(tmp_path, model_file):
     def loader(*a, **k):
         raise AssertionError("loaded the model again")
 
-    cal = calmod.load_or_measure(model_file, n_threads=2, home=tmp_path, build="b", model=model,
+    cal = cache.load_or_measure(model_file, n_threads=2, home=tmp_path, build="b", model=model,
                                  loader=loader, repeats=1)
     # measured with the wall clock against a fake that costs no wall time: only the shape
     # of the call matters here, and that the caller's model stays open
@@ -264,50 +265,50 @@ def test_an_already_loaded_model_is_measured_not_reloaded(tmp_path, model_file):
 
 def test_a_changed_model_file_gets_a_new_key(tmp_path, model_file):
     home = tmp_path / "home"
-    dev = calmod.device_fingerprint(2, build="b")
-    k1 = calmod.cache_key(dev, calmod.model_identity(model_file, home=home))
+    dev = cache.device_fingerprint(2, build="b")
+    k1 = cache.cache_key(dev, digests.model_identity(model_file, home=home))
     model_file.write_bytes(b"GGUF" + bytes(range(201)))
-    k2 = calmod.cache_key(dev, calmod.model_identity(model_file, home=home))
+    k2 = cache.cache_key(dev, digests.model_identity(model_file, home=home))
     assert k1 != k2
     # a registry digest skips hashing and is what the key uses
-    k3 = calmod.cache_key(dev, calmod.model_identity(model_file, sha256="f" * 64, home=home))
+    k3 = cache.cache_key(dev, digests.model_identity(model_file, sha256="f" * 64, home=home))
     assert k3 not in (k1, k2)
 
 
 def test_digest_is_computed_once(tmp_path, model_file, monkeypatch):
     home = tmp_path / "home"
-    first = calmod.model_identity(model_file, home=home)
+    first = digests.model_identity(model_file, home=home)
     import hashlib
     assert first["sha256"] == hashlib.sha256(model_file.read_bytes()).hexdigest()
 
     def boom(*a, **k):
         raise AssertionError("re-hashed an unchanged file")
 
-    monkeypatch.setattr(calmod.hashlib, "sha256", boom)
-    assert calmod.model_identity(model_file, home=home)["sha256"] == first["sha256"]
+    monkeypatch.setattr(digests.hashlib, "sha256", boom)
+    assert digests.model_identity(model_file, home=home)["sha256"] == first["sha256"]
 
 
 def test_corrupt_cache_file_means_measure_again(tmp_path):
     home = tmp_path
-    path = calmod.cache_path("abc", home)
+    path = cache.cache_path("abc", home)
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     with pytest.warns(CalibrationWarning, match="is corrupt.*measuring it again"):
-        assert calmod.load_cached("abc", home) is None
+        assert cache.load_cached("abc", home) is None
     path.write_text(json.dumps({"format": 2, "points": "bad"}))
     with pytest.warns(CalibrationWarning, match="is corrupt"):
-        assert calmod.load_cached("abc", home) is None
+        assert cache.load_cached("abc", home) is None
     path.write_text(json.dumps({"format": 1, "step_seconds": 0.1, "points": [[1, 1.0]]}))
     with pytest.warns(CalibrationWarning, match="format 1 by another edgespec version"):
-        assert calmod.load_cached("abc", home) is None
-    assert calmod.load_cached("missing", home) is None  # nothing cached: no warning
+        assert cache.load_cached("abc", home) is None
+    assert cache.load_cached("missing", home) is None  # nothing cached: no warning
 
 
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"format": 2, "step_seconds": -1}',
                                      '{"format": 1, "step_seconds": 0.1, "points": [[1, 1.0]]}'])
 def test_a_stale_or_corrupt_cache_file_is_measured_again_and_replaced(tmp_path, model_file,
                                                                       monkeypatch, content):
-    monkeypatch.setattr(calmod, "machine_busy", lambda: 0.0)
+    monkeypatch.setattr(cpu, "machine_busy", lambda: 0.0)
     loads = []
 
     def loader(path, n_gpu_layers=0, use_extra_bufts=True):
@@ -315,21 +316,21 @@ def test_a_stale_or_corrupt_cache_file_is_measured_again_and_replaced(tmp_path, 
         return FakeModel(cpu_like, FakeClock(), inexact_from=4)
 
     def get():
-        return calmod.load_or_measure(model_file, n_threads=2, home=tmp_path, build="b",
+        return cache.load_or_measure(model_file, n_threads=2, home=tmp_path, build="b",
                                       loader=loader, repeats=1)
 
     first = get()
-    path = calmod.cache_path(first.key, tmp_path)
+    path = cache.cache_path(first.key, tmp_path)
     path.write_text(content)
     with pytest.warns(CalibrationWarning, match="measuring it again"):
         again = get()
     assert len(loads) == 2 and again.exact_max_tokens == 3
-    assert calmod.load_cached(first.key, tmp_path, "b") == again  # the file was rewritten
+    assert cache.load_cached(first.key, tmp_path, "b") == again  # the file was rewritten
 
 
 # --- the exactness probe -------------------------------------------------------------
 def probe(model, **kw):
-    return calmod.probe_exactness(model, n_threads=2, kernel=KernelConfig(), **kw)
+    return measuring.probe_exactness(model, n_threads=2, kernel=KernelConfig(), **kw)
 
 
 def test_probe_finds_every_size_exact_when_no_kernel_depends_on_the_batch():
@@ -386,39 +387,39 @@ def test_probe_refuses_a_model_loaded_with_another_kernel_configuration():
     model = FakeModel(cpu_like, FakeClock(), repacked=False)
     with pytest.raises(EdgespecError, match="repack"):
         probe(model)
-    assert calmod.probe_exactness(model, kernel=KernelConfig(repack=False)) == 16
+    assert measuring.probe_exactness(model, kernel=KernelConfig(repack=False)) == 16
 
 
 def test_exact_cap_is_measured_once_then_read_from_the_cache(tmp_path, model_file, monkeypatch):
-    monkeypatch.setattr(calmod, "machine_busy", lambda: 0.0)
-    monkeypatch.setattr(calmod, "_llama_build", lambda: "b")
+    monkeypatch.setattr(cpu, "machine_busy", lambda: 0.0)
+    monkeypatch.setattr(cache, "llama_build", lambda: "b")
     model = FakeModel(cpu_like, FakeClock(), inexact_from=4)
     model.path = model_file
     model.n_gpu_layers = 0
     kernel = KernelConfig()
-    assert calmod.exact_cap(model, kernel, 2, home=tmp_path) == 2  # 3-token passes: 2 drafts
+    assert cache.exact_cap(model, kernel, 2, home=tmp_path) == 2  # 3-token passes: 2 drafts
     made = len(model.contexts)
     assert made == 2  # the curve's context and the probe's
-    assert calmod.exact_cap(model, kernel, 2, home=tmp_path) == 2
+    assert cache.exact_cap(model, kernel, 2, home=tmp_path) == 2
     assert len(model.contexts) == made  # cheap when cached: no decode at all
-    cal = calmod.cached(model_file, n_threads=2, kernel=kernel, home=tmp_path)
+    cal = cache.cached(model_file, n_threads=2, kernel=kernel, home=tmp_path)
     assert cal is not None and cal.exact_max_tokens == 3 and cal.exact_max_drafts == 2
     # threads are part of the key: 1 thread is probed anew
-    assert calmod.exact_cap(model, kernel, 1, home=tmp_path) == 2
+    assert cache.exact_cap(model, kernel, 1, home=tmp_path) == 2
     assert len(model.contexts) == made + 2
     # a configuration where nothing beyond one token is exact: exact mode cannot draft
     single = FakeModel(cpu_like, FakeClock(), long_single_from=512)
     single.path, single.n_gpu_layers = model_file, 0
-    assert calmod.exact_cap(single, KernelConfig(kv_type="f16"), 2, home=tmp_path) == 0
+    assert cache.exact_cap(single, KernelConfig(kv_type="f16"), 2, home=tmp_path) == 0
 
 
 def test_missing_model_file_is_a_user_error(tmp_path):
     with pytest.raises(EdgespecError, match="cannot read model file"):
-        calmod.model_identity(tmp_path / "nope.gguf")
+        digests.model_identity(tmp_path / "nope.gguf")
 
 
 def test_summary_line():
-    line = calmod.summarize(Calibration.prior_cpu(), ns=(1, 2))
+    line = curve.summarize(Calibration.prior_cpu(), ns=(1, 2))
     assert "86.0 ms" in line and "2:1.50" in line
 
 
@@ -429,27 +430,27 @@ def test_a_busy_measurement_is_redone_once_the_machine_is_quiet(tmp_path, model_
         loads.append(path)
         return FakeModel(cpu_like, FakeClock(), repacked=use_extra_bufts)
 
-    real_measure = calmod.measure
-    monkeypatch.setattr(calmod, "measure", lambda model, **kw: real_measure(model, clock=model.clock, **kw))
+    real_measure = measuring.measure
+    monkeypatch.setattr(measuring, "measure", lambda model, **kw: real_measure(model, clock=model.clock, **kw))
     load = {"v": 0.9}
-    monkeypatch.setattr(calmod, "machine_busy", lambda: load["v"])
+    monkeypatch.setattr(cpu, "machine_busy", lambda: load["v"])
 
     class Watch:  # other processes' CPU share while measure() times its passes
         def share(self):
             return load["v"]
 
-    monkeypatch.setattr(calmod, "CpuWatch", Watch)
+    monkeypatch.setattr(cpu, "CpuWatch", Watch)
 
     def get():
-        return calmod.load_or_measure(model_file, n_threads=2, home=tmp_path, build="b",
+        return cache.load_or_measure(model_file, n_threads=2, home=tmp_path, build="b",
                                       loader=loader, repeats=1)
 
     busy = get()
-    assert busy.busy == 0.9 and "under load" in calmod.summarize(busy)
+    assert busy.busy == 0.9 and "under load" in curve.summarize(busy)
     get()
     assert len(loads) == 1  # still busy: the cached curve is the best there is
     load["v"] = 0.05
-    with pytest.warns(calmod.CalibrationWarning, match="90% of the CPUs.*measuring it again"):
+    with pytest.warns(curve.CalibrationWarning, match="90% of the CPUs.*measuring it again"):
         quiet = get()
     assert len(loads) == 2 and quiet.busy == 0.05
     get()

@@ -14,7 +14,7 @@ from statistics import mean
 
 import pytest
 
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.control import (AcceptanceModel, ControlMemory, AdaptiveController, ControlRecord, ControlSettings,
                               Decision, FixedController, GoodputGuard, Outcome, StepView,
                               expected_tokens, make_controller, token_features)

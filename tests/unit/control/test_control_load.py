@@ -2,7 +2,7 @@
 the pass the other sequences already share (edgespec.control.adaptive)."""
 from __future__ import annotations
 
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.control import AdaptiveController, ControlSettings, StepView
 from edgespec.proposers.base import Draft
 

@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.control import AdaptiveController, ControlSettings, FixedController, GoodputGuard
 from edgespec.control.policy import PolicyChooser
 from edgespec.proposers.base import EMPTY_DRAFT, Draft

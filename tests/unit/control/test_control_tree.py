@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.control.tree import node_probabilities, size_tree
 from edgespec.decoding.tree import DraftTree
 

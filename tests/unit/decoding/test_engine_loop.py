@@ -385,7 +385,7 @@ def test_sinks_receive_the_finished_stats_and_logprobs_match_the_plain_path():
 @pytest.fixture
 def probed_cap(monkeypatch):
     """Stand in for the device probe (calibration.exact_cap measures a real model)."""
-    from edgespec.calibration import calibration
+    from edgespec.calibration import cache as calibration
 
     def set_cap(cap: int) -> None:
         monkeypatch.setattr(calibration, "exact_cap", lambda model, kernel, n_threads: cap)

@@ -122,7 +122,7 @@ TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'assistant
 @pytest.fixture(autouse=True)
 def probed_cap(monkeypatch):
     """Stand in for the device probe (calibration.exact_cap measures a real model)."""
-    from edgespec.calibration import calibration
+    from edgespec.calibration import cache as calibration
     monkeypatch.setattr(calibration, "exact_cap", lambda model, kernel, n_threads: 3)
 
 

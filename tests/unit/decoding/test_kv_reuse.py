@@ -7,8 +7,6 @@ Raw prompts built from "#" keep tokenization stable ("#" generates "!#!#..."); p
 """
 from __future__ import annotations
 
-import json
-import threading
 
 import pytest
 
@@ -16,7 +14,7 @@ from edgespec.api.events import Finished, Step
 from edgespec.decoding.kvcache import StateCache, common_prefix
 from edgespec.api.params import GenerationParams
 from edgespec.proposers.draft import DraftModelProposer
-from fakes import BOS, Decode, FakeContext, FakeModel, KVMismatch, ScriptedProposer, fake_engine, fixed
+from fakes import BOS, Decode, FakeModel, ScriptedProposer, fake_engine, fixed
 from fakes.backend import A, AB, BANG, HASH, Trim
 from fakes.stateful import StatefulModel
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgespec.runtime.backend import check_tree
+from edgespec.runtime.context import check_tree
 from edgespec.errors import EdgespecError, InvalidInputError
 from edgespec.decoding.tree import DraftTree, commit, prepare
 from edgespec.decoding.verify import verify_tree_greedy

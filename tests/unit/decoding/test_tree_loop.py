@@ -9,7 +9,7 @@ from typing import Sequence
 
 import pytest
 
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.control import ControlSettings
 from edgespec.api.events import Finished, Step
 from edgespec.api.params import GenerationParams, SamplingParams
@@ -77,7 +77,7 @@ def engine(cal, tree_seqs=(1, 2), parallel=3):
     prop = Branchy(model)
     eng = fake_engine(model, {"branchy": prop}, calibration=cal, parallel=parallel,
                       control=ControlSettings(adaptive=True))
-    eng._loop.tree_seqs = tree_seqs  # what the engine would set aside for branches
+    eng.loop.tree_seqs = tree_seqs  # what the engine would set aside for branches
     return eng, prop
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.runtime import backend
+from edgespec.runtime import model as runtime_model
 from edgespec import registry
 from edgespec.engine.config import EngineConfig
 from edgespec.engine.engine import Engine
@@ -47,8 +47,8 @@ def world(monkeypatch):
 
     monkeypatch.setattr(registry, "resolve", lambda name, pull=True: name)
     monkeypatch.setattr(registry, "check_gguf", lambda path: None)
-    monkeypatch.setattr(backend, "load_model", load_model)
-    monkeypatch.setattr("edgespec.calibration.calibration.model_identity", lambda path, *a, **k: {"sha256": "0" * 64})
+    monkeypatch.setattr(runtime_model, "load_model", load_model)
+    monkeypatch.setattr("edgespec.identity.digests.model_identity", lambda path, *a, **k: {"sha256": "0" * 64})
     return closed, models
 
 
@@ -73,7 +73,7 @@ def test_an_incompatible_draft_releases_everything_in_reverse_order(world):
 
 def test_the_exact_mode_refusal_frees_the_context_before_the_model(world, monkeypatch):
     closed, _ = world
-    monkeypatch.setattr("edgespec.calibration.calibration.exact_cap", lambda model, kernel, n_threads: 2)
+    monkeypatch.setattr("edgespec.calibration.cache.exact_cap", lambda model, kernel, n_threads: 2)
     with pytest.raises(UnsupportedError, match="cannot be verified exactly"):
         Engine.from_config(cfg(exact=True, draft_len=5))
     assert closed[-2:] == ["ctx:target.gguf", "model:target.gguf"]

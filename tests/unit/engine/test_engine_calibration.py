@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-import edgespec.calibration.calibration as calmod
-from edgespec.calibration.calibration import Calibration, CalibrationWarning
-from edgespec.engine import engine as engmod
+from edgespec.calibration import cache, cpu
+from edgespec.calibration.curve import Calibration, CalibrationWarning
+from edgespec.engine import build as engmod
 from edgespec.runtime.kernel import KernelConfig
 
 STEEP = {1: 1.0, 2: 1.7, 4: 2.9, 8: 6.6, 16: 8.0}
@@ -29,15 +29,15 @@ def measured(monkeypatch):
     def fake(path, *, force=False, **kw):
         calls.append(force)
         return queue.pop(0)
-    monkeypatch.setattr(calmod, "load_or_measure", fake)
+    monkeypatch.setattr(cache, "load_or_measure", fake)
     return calls, queue
 
 
 def test_a_jittery_cached_curve_is_used_as_it_is(measured, monkeypatch):
     calls, queue = measured
     queue.append(_cal(0.22))
-    monkeypatch.setattr(calmod, "machine_busy", lambda *a: 0.0)
-    cal = engmod._calibration(MODEL, 2, KernelConfig())
+    monkeypatch.setattr(cpu, "machine_busy", lambda *a: 0.0)
+    cal = engmod.trusted_calibration(MODEL, 2, KernelConfig())
     assert cal.source == "measured" and cal.cost(16) == pytest.approx(8.0)
     assert calls == [False]  # not measured again at every load
 
@@ -45,9 +45,9 @@ def test_a_jittery_cached_curve_is_used_as_it_is(measured, monkeypatch):
 def test_a_noise_curve_is_measured_again_when_the_machine_is_quiet(measured, monkeypatch):
     calls, queue = measured
     queue += [_cal(0.8), _cal(0.02)]
-    monkeypatch.setattr(calmod, "machine_busy", lambda *a: 0.0)
+    monkeypatch.setattr(cpu, "machine_busy", lambda *a: 0.0)
     with pytest.warns(CalibrationWarning, match="measuring it again"):
-        cal = engmod._calibration(MODEL, 2, KernelConfig())
+        cal = engmod.trusted_calibration(MODEL, 2, KernelConfig())
     assert calls == [False, True]
     assert cal.source == "measured" and cal.cost(8) == pytest.approx(6.6)
 
@@ -55,7 +55,7 @@ def test_a_noise_curve_is_measured_again_when_the_machine_is_quiet(measured, mon
 def test_a_noise_curve_on_a_busy_machine_falls_back_to_the_prior_and_says_so(measured, monkeypatch):
     calls, queue = measured
     queue.append(_cal(0.8))
-    monkeypatch.setattr(calmod, "machine_busy", lambda *a: 0.9)
+    monkeypatch.setattr(cpu, "machine_busy", lambda *a: 0.9)
     with pytest.warns(CalibrationWarning, match="CPU prior"):
-        cal = engmod._calibration(MODEL, 2, KernelConfig())
+        cal = engmod.trusted_calibration(MODEL, 2, KernelConfig())
     assert calls == [False] and cal.source == "prior"

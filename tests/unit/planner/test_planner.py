@@ -9,12 +9,11 @@ import pytest
 
 from edgespec.runtime import device as devmod
 from edgespec import planner
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.engine.config import EngineConfig
 from edgespec.runtime.kernel import KernelConfig
-from edgespec.runtime.device import Device, parse_size
+from edgespec.runtime.device import parse_size
 from edgespec.errors import InvalidInputError
-from edgespec.runtime.gguf_facts import ModelFacts
 from edgespec.planner import Acceptance, BudgetError
 
 from fakes.planner import FAST_GPU, GiB, MiB, QWEN_05, QWEN_15, cpu, facts, gpu

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.calibration import calibration
+from edgespec.calibration import cache, cpu, curve
 from edgespec.runtime.kernel import KV_GGML_TYPE, KernelConfig
 from edgespec.planner import kernels
 from fakes import FakeModel
@@ -50,8 +50,8 @@ class _Quiet:
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch):
     """This machine's real load must not decide whether a cached choice is re-measured."""
-    monkeypatch.setattr(calibration, "CpuWatch", _Quiet)
-    monkeypatch.setattr(calibration, "machine_busy", lambda seconds=0.3: 0.0)
+    monkeypatch.setattr(cpu, "CpuWatch", _Quiet)
+    monkeypatch.setattr(cpu, "machine_busy", lambda seconds=0.3: 0.0)
 
 
 @pytest.fixture
@@ -96,12 +96,12 @@ def test_the_choice_is_cached_and_a_corrupt_or_stale_file_is_measured_again(mode
     again = kernels.load_or_measure(model, **kw)
     assert len(model.opened) == opened and again.kernel == first.kernel  # read, not measured
     assert kernels.cached(model.path, n_threads=2, home=home, build="b1").kernel == first.kernel
-    path = calibration.cache_path(first.key, home)
+    path = cache.cache_path(first.key, home)
     path.write_text("{not json", encoding="utf-8")
-    with pytest.warns(calibration.CalibrationWarning, match="unreadable"):
+    with pytest.warns(curve.CalibrationWarning, match="unreadable"):
         kernels.load_or_measure(model, **kw)
     assert len(model.opened) == 2 * opened
-    with pytest.warns(calibration.CalibrationWarning, match="another llama.cpp build"):
+    with pytest.warns(curve.CalibrationWarning, match="another llama.cpp build"):
         kernels.load_or_measure(model, **{**kw, "build": "b2"})
     assert len(model.opened) == 3 * opened
     # the planner's read never measures and never warns: the fallback until measured
@@ -115,16 +115,16 @@ def test_a_choice_measured_under_load_is_measured_again_once_quiet(model, tmp_pa
     home = tmp_path / "home"
     kw = dict(n_threads=2, home=home, build="b1", depths=(64,), repeats=1, clock=model.clock)
     first = kernels.load_or_measure(model, **kw)
-    path = calibration.cache_path(first.key, home)
+    path = cache.cache_path(first.key, home)
     d = json.loads(path.read_text())
     d["busy"] = 0.9
     path.write_text(json.dumps(d))
     opened = len(model.opened)
-    monkeypatch.setattr(calibration, "machine_busy", lambda seconds=0.3: 0.9)
+    monkeypatch.setattr(cpu, "machine_busy", lambda seconds=0.3: 0.9)
     kernels.load_or_measure(model, **kw)  # still busy: used as it is
     assert len(model.opened) == opened
     assert "measured again once the machine is quiet" in kernels.load_cached(first.key, home).describe()[-1]
-    monkeypatch.setattr(calibration, "machine_busy", lambda seconds=0.3: 0.0)
+    monkeypatch.setattr(cpu, "machine_busy", lambda seconds=0.3: 0.0)
     kernels.load_or_measure(model, **kw)
     assert len(model.opened) == 2 * opened
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.control import ControlSettings
 from edgespec.api.params import GenerationParams, SamplingParams as SP
 from edgespec.proposers.draft import DraftModelProposer, _runners_up
@@ -48,7 +48,7 @@ def _run(sampling):
     prop = DraftModelProposer(dm, n_ctx=256, n_batch=64)
     prop.seconds_per_token = 1e-6  # the fake draft costs nothing: the controller drafts
     eng = fake_engine(FakeModel(), {"draft": prop}, control=ControlSettings(), calibration=FLAT)
-    eng._loop.tree_seqs = (1, 2, 3)  # what --tree-width 3 sets aside
+    eng.loop.tree_seqs = (1, 2, 3)  # what --tree-width 3 sets aside
     eng.ctx.n_seq_max = 4
     params = GenerationParams(max_tokens=24, chat=False, sampling=sampling)
     return eng.generate("a", params, proposer="draft"), eng.generate("a", params, proposer="none")

@@ -46,13 +46,13 @@ def small(model_path):
 
 
 def test_a_subset_file_loads_with_the_kept_layers_and_the_targets_vocabulary(small, tmp_path):
-    from edgespec.runtime import backend
+    from edgespec.runtime.model import load_model
     n = block_count(small)
     layers = LayerSet.parse(f"0-3,{n - 4}-{n - 1}", n)
     out = write_subset(small, tmp_path / "d.gguf", layers)
     assert subset_layers(out) == layers.key and block_count(out) == 8
     assert not list(tmp_path.glob("*.part"))
-    t, d = backend.load_model(small), backend.load_model(out)
+    t, d = load_model(small), load_model(out)
     try:
         assert d.n_layer == 8 and d.n_vocab == t.n_vocab
         assert [d.token_text(i) for i in range(100, 110)] == [t.token_text(i) for i in range(100, 110)]

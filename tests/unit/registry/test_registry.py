@@ -357,7 +357,7 @@ def test_one_home_for_models_and_calibrations(monkeypatch, tmp_path):
     disagree on macOS, Windows and with XDG_CACHE_HOME. Both now ask edgespec.paths."""
     import sys
 
-    from edgespec.calibration import calibration
+    from edgespec.calibration import cache as calibration
     from edgespec import paths
 
     monkeypatch.delenv("EDGESPEC_HOME", raising=False)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.control import ControlSettings, FixedController, Outcome, StepView
 from edgespec.errors import InvalidInputError
 from edgespec.api.events import Finished, Step

@@ -60,7 +60,7 @@ def test_ggml_abort_ends_the_process_with_one_line_and_keeps_stdout_clean():
     gdb on the process (the backtrace on stdout) and died of SIGABRT."""
     code = (
         "from edgespec.runtime import backend\n"
-        "backend._ensure_init()\n"
+        "backend.ensure_init()\n"
         "from llama_cpp import _ggml\n"
         "print('generated text', end='')\n"  # still in Python's buffer: the callback flushes it
         "_ggml.libggml.ggml_abort(b'/build/ggml/src/ggml.c', 7, b'GGML_ASSERT(%s) failed', "

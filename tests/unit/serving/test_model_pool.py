@@ -8,7 +8,7 @@ import pytest
 
 from edgespec.errors import InvalidInputError
 from edgespec.serving import ModelDoesNotFitError, ModelNotServedError, ModelPool, PoolModel
-from edgespec.serving.scheduler import Load
+from edgespec.serving.tickets import Load
 
 MB = 1 << 20
 

@@ -162,7 +162,7 @@ def test_exact_mode_bounds_every_pass_to_the_invariant_size():
 
 
 def test_drafts_yield_to_load_on_a_compute_bound_device_and_resume():
-    from edgespec.calibration.calibration import Calibration
+    from edgespec.calibration.curve import Calibration
 
     model = FakeModel()
     # every extra row costs a whole step: a draft can only pay alone, never in a shared pass

@@ -1,0 +1,41 @@
+"""A request's prompt as tokens: plain text as it is, chat messages through the model's own
+chat template."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..api.params import GenerationParams
+from ..chat import chat
+from ..errors import InvalidInputError, UnsupportedError
+
+
+def prompt_tokens(target, template: str | None, prompt: str | Sequence[dict],
+                  params: GenerationParams) -> list[int]:
+    """Tokenize a prompt (a string or a list of chat messages) the way a request will;
+    ``template`` is the target's chat template (None: it has none)."""
+    if isinstance(prompt, str):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidInputError(f"the prompt is not valid UTF-8 text ({e.reason} at "
+                                    f"character {e.start})") from None
+        if not prompt.strip():
+            raise InvalidInputError("the prompt is empty")
+    if params.chat or not isinstance(prompt, str):
+        if template is None:
+            raise UnsupportedError(
+                f"{target.path.name} has no chat template; use --raw to send the prompt as "
+                "plain text")
+        msgs = chat.normalise_messages(prompt, params.system)
+        for m in msgs:
+            try:
+                m["content"].encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidInputError("a chat message is not valid UTF-8 text") from None
+        bos = target.detokenize([target.bos], special=True).decode("utf-8", "replace")
+        eos = target.detokenize([target.eos], special=True).decode("utf-8", "replace")
+        text = chat.render(template, msgs, bos_token=bos, eos_token=eos,
+                           extra=params.template_vars)
+        # The template writes BOS itself where the model wants one.
+        return target.tokenize(text, add_special=False, parse_special=True)
+    return target.tokenize(prompt, add_special=True, parse_special=False)

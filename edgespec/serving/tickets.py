@@ -1,0 +1,76 @@
+"""What a client of the scheduler holds: a ticket per request (its cancel handle), the
+tickets of an n-choice request, the queue's load, and the scheduler's refusals."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from ..api.events import Event
+from ..errors import EdgespecError
+
+if TYPE_CHECKING:
+    from ..engine.engine import Prepared
+    from .scheduler import Scheduler
+
+#: what on_event receives after a request's last event
+DONE = None
+
+
+class QueueFullError(EdgespecError):
+    """The scheduler's queue is full; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ShuttingDownError(EdgespecError):
+    """The scheduler is draining and admits no new requests."""
+
+
+@dataclass(frozen=True)
+class Load:
+    queued: int
+    running: int
+    slots: int
+    max_queue: int
+
+
+class Ticket:
+    """A submitted request: its id, and the handle to cancel it from any thread."""
+
+    def __init__(self, id: int, on_event: Callable[[Event | None], None], scheduler: "Scheduler",
+                 prepared: Prepared) -> None:
+        self.id = id
+        self.on_event = on_event
+        self._scheduler = scheduler
+        self.cancelled = threading.Event()
+        self.submitted = time.monotonic()
+        self.prepared = prepared
+        # the other choices of an n > 1 request (submit_n): they are admitted with this
+        # ticket, which alone sits in the queue, and start from the prompt KV it prefills
+        self.followers: list[Ticket] = []
+        self.leader: Ticket | None = None
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        self._scheduler._cancelled(self)
+
+
+class Choices:
+    """The tickets of an n-choice request (:meth:`Scheduler.submit_n`), choice i at [i]."""
+
+    def __init__(self, tickets: list[Ticket]) -> None:
+        self.tickets = tickets
+
+    def __len__(self) -> int:
+        return len(self.tickets)
+
+    def __getitem__(self, i: int) -> Ticket:
+        return self.tickets[i]
+
+    def cancel(self) -> None:
+        for t in reversed(self.tickets):  # the leader last: a queued group leaves at once
+            t.cancel()
