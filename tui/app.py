@@ -33,7 +33,7 @@ from .metrics import LiveMetrics
 from .render import (HISTORY_COLUMNS, Palette, histogram_text, history_row, live_text,
                      positions_text, spark_text, summary_line, transcript_text)
 from .source import NO_PROPOSER, Choices, EventSource, Settings, default_proposer
-from .widgets import DRAFT, TARGET, AnswerView, History, PromptArea
+from .widgets import DRAFT, TARGET, AnswerView, History, PromptArea, Tick
 
 MemoryProbe = Callable[[], "int | None"]
 HISTORY_ROWS = 20
@@ -211,8 +211,8 @@ class EdgespecApp(App[None]):
                 yield Input(placeholder=r"comma-separated, \n = newline", id="stop",
                             compact=True)
                 yield Label("conversation")
-                yield Checkbox("keep it (^n: new)", id="conversation", compact=True)
-                yield Checkbox("exact greedy", d.exact, id="exact", compact=True)
+                yield Tick("keep it (^n: new)", id="conversation", compact=True)
+                yield Tick("exact greedy", d.exact, id="exact", compact=True)
             with Vertical(id="main"):
                 with VerticalScroll(id="answer-box"):
                     yield AnswerView(id="answer")

@@ -19,6 +19,7 @@ from edgespec.cli import cli
 from edgespec.engine.config import EngineConfig
 from tui import ScriptedSource, Settings, create_app
 from tui.source import EngineSource
+from tui.widgets import Tick
 from tui_helpers import run_request, script, sync
 
 ENGINE = EngineConfig(target="t")  # an instance: what an engine built with no choices runs
@@ -70,7 +71,7 @@ async def test_auto_and_exact_can_be_picked_and_reach_the_request(fixed_memory):
         offered = [v for _, v in proposer._options if v != Select.BLANK]
         assert ("auto", None) in offered and ("none", None) in offered
         proposer.value = ("none", None)
-        exact = app.query_one("#exact", Checkbox)
+        exact = app.query_one("#exact", Tick)
         exact.value = not ENGINE.exact
         await pilot.pause()
         assert app.current_settings().proposer == "none"
@@ -79,6 +80,20 @@ async def test_auto_and_exact_can_be_picked_and_reach_the_request(fixed_memory):
         await run_request(pilot, app)
         sent = source.requests[0][1]
         assert sent.proposer == "auto" and sent.exact is (not ENGINE.exact)
+
+
+@sync
+async def test_an_unticked_box_is_drawn_empty(fixed_memory):
+    # Textual draws an X in both states, coloured apart; "exact greedy" off read as ticked
+    app = create_app(ScriptedSource(HELLO), memory_probe=fixed_memory)
+    async with app.run_test(size=(160, 45)) as pilot:
+        box = app.query_one("#exact", Tick)
+        box.value = False
+        await pilot.pause()
+        assert box.render().plain.startswith("▐ ▌")
+        box.value = True
+        await pilot.pause()
+        assert box.render().plain.startswith("▐X▌")
 
 
 def test_the_engine_source_loads_what_engine_load_would_by_default():
