@@ -50,8 +50,9 @@ class Settings:
     temperature: float = SamplingParams.temperature
     seed: int | None = SamplingParams.seed
     stop: tuple[str, ...] = GenerationParams.stop
-    draft_len: int | None = EngineConfig.draft_len  # None: the adaptive controller decides; N: always N
-    exact: bool = EngineConfig.exact  # greedy output bitwise the plain path's (the engine's --exact)
+    # None: the adaptive controller decides; N: always N
+    draft_len: int | None = EngineConfig.draft_len
+    exact: bool = EngineConfig.exact  # greedy output bitwise the plain path's (--exact)
 
     def params(self) -> GenerationParams:
         """The engine request, validated here so bad input fails before any model loads."""
@@ -248,7 +249,8 @@ class EngineSource:
     two models never sit in memory together.
     """
 
-    n_ctx: int | None = EngineConfig.n_ctx  # None: the engine's (4096, or what the model was trained for)
+    # None: the engine's (4096, or what the model was trained for)
+    n_ctx: int | None = EngineConfig.n_ctx
     threads: int | None = EngineConfig.threads
     #: Engine.load by default; tests pass a fake with the same signature
     loader: Callable[..., object] | None = None
