@@ -33,7 +33,7 @@ from .metrics import LiveMetrics
 from .render import (HISTORY_COLUMNS, Palette, histogram_text, history_row, live_text,
                      positions_text, spark_text, summary_line, transcript_text)
 from .source import NO_PROPOSER, Choices, EventSource, Settings, default_proposer
-from .widgets import DRAFT, TARGET, AnswerView, History, PromptArea
+from .widgets import DRAFT, TARGET, AnswerView, History, PromptArea, Tick
 
 MemoryProbe = Callable[[], "int | None"]
 HISTORY_ROWS = 20
@@ -168,6 +168,9 @@ class EdgespecApp(App[None]):
     def compose(self) -> ComposeResult:
         c, s = self.choices, self.initial_settings
         target = s.target if s else c.default_target
+        # what the fields open on: the settings given, else the engine's and the request's
+        # defaults (Settings reads them from EngineConfig and GenerationParams)
+        d = s or Settings(target=target or "")
         targets = list(c.targets)
         if target and target not in targets:
             targets.insert(0, target)
@@ -193,23 +196,23 @@ class EdgespecApp(App[None]):
                 yield Select(proposers, id="proposer", compact=True, allow_blank=not proposers,
                              **({"value": proposer_value} if proposer_value else {}))
                 yield Label("draft length")
-                yield Input("" if not s or s.draft_len is None else str(s.draft_len),
+                yield Input("" if d.draft_len is None else str(d.draft_len),
                             id="draft-len", type="integer", placeholder="adaptive", compact=True)
                 yield Label("max tokens")
-                yield Input(str(s.max_tokens if s else 256), id="max-tokens", type="integer",
+                yield Input(str(d.max_tokens), id="max-tokens", type="integer",
                             compact=True)
                 yield Label("temperature (0 = greedy)")
-                yield Input(str(s.temperature if s else 0.0), id="temperature", type="number",
+                yield Input(str(d.temperature), id="temperature", type="number",
                             compact=True)
                 yield Label("seed")
-                yield Input("" if not s or s.seed is None else str(s.seed), id="seed",
+                yield Input("" if d.seed is None else str(d.seed), id="seed",
                             type="integer", placeholder="random", compact=True)
                 yield Label("stop strings")
                 yield Input(placeholder=r"comma-separated, \n = newline", id="stop",
                             compact=True)
                 yield Label("conversation")
-                yield Checkbox("keep it (^n: new)", id="conversation", compact=True)
-                yield Checkbox("exact greedy", bool(s and s.exact), id="exact", compact=True)
+                yield Tick("keep it (^n: new)", id="conversation", compact=True)
+                yield Tick("exact greedy", d.exact, id="exact", compact=True)
             with Vertical(id="main"):
                 with VerticalScroll(id="answer-box"):
                     yield AnswerView(id="answer")
@@ -405,9 +408,10 @@ class EdgespecApp(App[None]):
             target=target,
             proposer=proposer,
             draft=draft,
-            max_tokens=_number(self._main.query_one("#max-tokens", Input).value, int, "max tokens", 256),
+            max_tokens=_number(self._main.query_one("#max-tokens", Input).value, int, "max tokens",
+                               Settings.max_tokens),
             temperature=_number(self._main.query_one("#temperature", Input).value, float,
-                                "temperature", 0.0),
+                                "temperature", Settings.temperature),
             seed=_number(self._main.query_one("#seed", Input).value, int, "seed", None),
             stop=parse_stop(self._main.query_one("#stop", Input).value),
             draft_len=_number(self._main.query_one("#draft-len", Input).value, int,
@@ -514,7 +518,7 @@ class EdgespecApp(App[None]):
         if settings is not None:
             self._plain_timing[settings.target] = self.metrics.plain_timing
         table = self._main.query_one("#history", DataTable)
-        label = settings.label.split(" + ", 1)[1] if settings else s.proposer
+        label = settings.how(ran=s.proposer) if settings else s.proposer
         table.add_row(*history_row(self.requests_done, label, s))
         while table.row_count > HISTORY_ROWS:
             table.remove_row(next(iter(table.rows)))

@@ -15,8 +15,11 @@ from edgespec.api.events import Control, Event, Finished, PrefillDone, RequestSt
 from edgespec.proposers import needs_model
 
 from .metrics import fold_stats
-from .source import NO_PROPOSER, Prompt, Settings, default_proposer
+from .source import AUTO_PROPOSER, NO_PROPOSER, Prompt, Settings, default_proposer
 
+#: what "auto" (the engine's default) stands for here, where no planner runs: prompt
+#: lookup, the proposer this script imitates
+DEMO_PLAN = "ngram"
 DEMO_PROMPT = "Write a Python function is_palindrome(s) that ignores case and punctuation."
 
 DEMO_ANSWER = '''Here is a function that ignores case and punctuation:
@@ -49,6 +52,8 @@ def demo_events(prompt: Prompt = DEMO_PROMPT, settings: Settings | None = None, 
                 answer: str = DEMO_ANSWER, seed: int = 7, request_id: int = 1) -> list[Event]:
     rng = random.Random(seed)
     proposer = settings.proposer if settings else default_proposer()
+    if proposer == AUTO_PROPOSER:
+        proposer = DEMO_PLAN  # as the engine does: the request runs the plan's proposer
     target = settings.target if settings else "qwen-1.5b"
     max_tokens = settings.max_tokens if settings else 256
     toks = pieces(answer)[:max_tokens]

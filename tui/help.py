@@ -40,7 +40,7 @@ divided by its cost in single steps, taken as 1 + 0.25 × drafted tokens (fits Q
 what the prompt cost never dilutes it. [b]ttft[/b]: time to the first token (the \
 prefill, and a proposer's own setup over the prompt), shown apart.
 • [b]share[/b]: emitted tokens per proposer versus the target.
-• [b]time[/b]: prefill / draft / verify (plain steps count as verify).
+• [b]time[/b]: prefill / draft / verify passes / plain steps (nothing drafted).
 • [b]memory[/b]: resident memory of this process.
 • Accepted length per pass, acceptance by draft position, and the last requests \
 for comparison ([b]reused[/b]: prompt tokens whose KV an earlier request left).

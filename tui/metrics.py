@@ -160,7 +160,9 @@ class LiveMetrics:
 
     @property
     def time_split(self) -> dict[str, float]:
-        """Seconds spent so far per phase (verify includes plain steps)."""
+        """Seconds spent so far per phase: prefill, drafting, verify passes (steps that
+        checked a draft) and plain steps (one token, nothing drafted: a Step with
+        ``drafted == 0``, RequestStats.plain_seconds), each under its own label."""
         s = self.stats
         return {"pre": s.prefill_seconds, "draft": s.draft_seconds,
-                "verify": s.verify_seconds + s.plain_seconds}
+                "verify": s.verify_seconds, "plain": s.plain_seconds}

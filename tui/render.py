@@ -23,6 +23,7 @@ class Palette:
     label: Style = Style(bold=True)
     dim: Style = Style(dim=True)
     bar: Style = Style(color="magenta")
+    verify: Style = Style(color="magenta")  # the time split's verify passes
 
 
 def bar(fraction: float, width: int) -> str:
@@ -45,6 +46,17 @@ def split_cells(values: Sequence[float], width: int) -> list[int]:
     for i in by_rest[:width - sum(cells)]:
         cells[i] += 1
     return cells
+
+
+def fill(words: Sequence[str], width: int) -> list[str]:
+    """Words joined by spaces into lines of at most ``width`` (a longer word alone)."""
+    lines: list[str] = []
+    for w in words:
+        if lines and len(lines[-1]) + 1 + len(w) <= width:
+            lines[-1] += " " + w
+        else:
+            lines.append(w)
+    return lines
 
 
 def pct(x: float | None) -> str:
@@ -150,9 +162,11 @@ def live_text(m: LiveMetrics, *, rss: int | None, width: int, p: Palette = Palet
     total = sum(split.values())
     label("time")
     if total > 0:
-        for n, style in zip(split_cells(list(split.values()), inner), (p.dim, p.draft, p.target)):
-            t.append("█" * n, style)
-        caption(" ".join(f"{k} {v / total:.0%}" for k, v in split.items()))
+        styles = {"pre": p.dim, "draft": p.draft, "verify": p.verify, "plain": p.target}
+        for (k, _), n in zip(split.items(), split_cells(list(split.values()), inner)):
+            t.append("█" * n, styles.get(k, p.dim))
+        for line in fill([f"{k} {v / total:.0%}" for k, v in split.items() if v > 0], inner):
+            caption(line)
     else:
         t.append("-", p.dim)
     t.append("\n")

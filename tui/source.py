@@ -16,7 +16,8 @@ from edgespec.api.labels import AUTO, PLAIN
 from edgespec.errors import InvalidInputError
 from edgespec.api.events import Event, Finished, PrefillDone, RequestStarted, Step
 from edgespec.api.params import GenerationParams, SamplingParams
-from edgespec.proposers import free_names, names, needs_model
+from edgespec.engine.config import EngineConfig
+from edgespec.proposers import names, needs_model
 
 from .metrics import fold_stats
 
@@ -29,24 +30,29 @@ AUTO_PROPOSER = AUTO
 
 
 def default_proposer() -> str:
-    """The first model-free proposer: it speculates from the first step at no load cost."""
-    free = free_names()
-    return free[0] if free else NO_PROPOSER
+    """The engine's default (``EngineConfig.proposer``: auto, the planner's choice at load),
+    the one ``edgespec generate``, ``Engine.load`` and ``edgespec serve`` start from."""
+    return EngineConfig.proposer
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything the user chose in the settings panel, for one request."""
+    """Everything the user chose in the settings panel, for one request.
+
+    The defaults are the engine's (EngineConfig) and the request's (GenerationParams), read
+    from those classes rather than copied, so the TUI opens on what every other adapter runs.
+    """
 
     target: str  # registry name or path to a local .gguf
-    proposer: str = field(default_factory=default_proposer)
-    draft: str | None = None  # registry name or path; only used by a proposer that needs a model
-    max_tokens: int = 256
-    temperature: float = 0.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    draft_len: int | None = None  # None: the adaptive controller decides; N: always N
-    exact: bool = False  # greedy output bitwise the plain path's (the engine's --exact)
+    proposer: str = EngineConfig.proposer
+    draft: str | None = EngineConfig.draft  # registry name or path; for a proposer that needs one
+    max_tokens: int = GenerationParams.max_tokens
+    temperature: float = SamplingParams.temperature
+    seed: int | None = SamplingParams.seed
+    stop: tuple[str, ...] = GenerationParams.stop
+    # None: the adaptive controller decides; N: always N
+    draft_len: int | None = EngineConfig.draft_len
+    exact: bool = EngineConfig.exact  # greedy output bitwise the plain path's (--exact)
 
     def params(self) -> GenerationParams:
         """The engine request, validated here so bad input fails before any model loads."""
@@ -61,8 +67,15 @@ class Settings:
 
     @property
     def label(self) -> str:
+        return f"{_short(self.target)} + {self.how()}"
+
+    def how(self, ran: str | None = None) -> str:
+        """The proposer part of the label; with ``ran`` (the proposer a request reported in
+        RequestStarted), "auto" also says what the plan chose: "auto→ngram"."""
         how = f"{self.proposer} {_short(self.draft)}" if needs_model(self.proposer) else self.proposer
-        return f"{_short(self.target)} + {how}{' · exact' if self.exact else ''}"
+        if self.proposer == AUTO_PROPOSER and ran and ran != AUTO_PROPOSER:
+            how = f"{AUTO_PROPOSER}→{ran}"
+        return f"{how}{' · exact' if self.exact else ''}"
 
 
 def _short(name: str | None) -> str:
@@ -236,8 +249,9 @@ class EngineSource:
     two models never sit in memory together.
     """
 
-    n_ctx: int = 4096
-    threads: int | None = None
+    # None: the engine's (4096, or what the model was trained for)
+    n_ctx: int | None = EngineConfig.n_ctx
+    threads: int | None = EngineConfig.threads
     #: Engine.load by default; tests pass a fake with the same signature
     loader: Callable[..., object] | None = None
     _engine: object | None = field(default=None, init=False, repr=False)
@@ -349,7 +363,7 @@ def registry_choices() -> Choices:
     return Choices(
         targets=targets,
         drafts=drafts,
-        proposers=tuple(names(plain=True, auto=True)),
+        proposers=proposer_names(),
         default_target=registry.default_target,
         default_draft=registry.default_draft,
         compatible_drafts={t: tuple(d for d in drafts if d != t and
@@ -362,5 +376,6 @@ def registry_choices() -> Choices:
 
 
 def proposer_names() -> tuple[str, ...]:
-    """The plain path and every registered proposer, as the pickers list them."""
-    return tuple(names(plain=True))
+    """auto (the engine's default), the plain path and every registered proposer, as the
+    pickers list them."""
+    return tuple(names(plain=True, auto=True))

@@ -5,7 +5,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widgets import Static, TextArea
+from textual.widgets import Checkbox, Static, TextArea
 
 from edgespec.api.events import Step
 
@@ -118,6 +118,18 @@ class PromptArea(TextArea):
             self.post_message(self.Recall(+1))
         else:
             super().action_cursor_down(select)
+
+
+class Tick(Checkbox):
+    """A checkbox whose box is empty while it is off.
+
+    Textual draws the X in both states and tells them apart by colour only; in the compact
+    panel an unticked "exact greedy" read as ticked.
+    """
+
+    def render(self):
+        self.BUTTON_INNER = "X" if self.value else " "
+        return super().render()
 
 
 class History:

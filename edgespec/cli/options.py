@@ -9,6 +9,7 @@ from ..errors import InvalidInputError
 
 def proposer_option(fn):
     """--proposer, validated against the proposer registry (several may be joined by '+')."""
+    from ..engine.config import EngineConfig  # deferred: `edgespec` starts without what other commands need
     from ..proposers import names  # deferred: `edgespec` starts without what other commands need
 
     def check(ctx, param, value):
@@ -19,14 +20,16 @@ def proposer_option(fn):
             raise click.BadParameter(str(e)) from None
 
     return click.option(
-        "--proposer", default="auto", show_default=True, callback=check,
+        "--proposer", default=EngineConfig.proposer, show_default=True, callback=check,
         help=f"One of {', '.join(names(plain=True, auto=True))}, or several joined by '+' "
              "(the controller verifies the better draft each step). auto asks the planner; "
              "none is the plain path.")(fn)
 
 
 def engine_options(fn):
-    """The flags that build an EngineConfig, shared by generate and plan."""
+    """The flags that build an EngineConfig, shared by generate and plan. Their defaults are
+    EngineConfig's own, the ones Engine.load and the TUI open on too."""
+    from ..engine.config import EngineConfig  # deferred: `edgespec` starts without what other commands need
     for opt in reversed([
         click.option("--target", default="qwen-1.5b", show_default=True,
                      help="Registry name or .gguf path."),
@@ -41,7 +44,7 @@ def engine_options(fn):
                      help="Draft length (the maximum when adaptive control is on)."),
         click.option("--adaptive/--no-adaptive", default=True, show_default=True,
                      help="Adaptive draft length, fallback and goodput guard."),
-        click.option("--exact/--no-exact", default=False, show_default=True,
+        click.option("--exact/--no-exact", default=EngineConfig.exact, show_default=True,
                      help="Also promise greedy output bitwise equal to the plain path: verify "
                           "passes stay within the batch size this device computes bitwise like "
                           "single-token decoding (probed). The default is lossless: every token "

@@ -160,12 +160,12 @@ class Engine:
             return eng
 
     @classmethod
-    def load(cls, target: str, draft: str | None = None, proposer: str = AUTO, *,
+    def load(cls, target: str, draft: str | None = None, proposer: str = EngineConfig.proposer, *,
              n_ctx: int | None = None, threads: int | None = None, draft_len: int | None = None,
              proposer_options: dict | None = None, n_gpu_layers: int = 0,
              draft_gpu_layers: int = 0, adaptive: bool = True, control_settings=None,
              sinks: Sequence[StatsSink] = (), pull: bool = True,
-             budget: str | int | None = None, exact: bool = False,
+             budget: str | int | None = None, exact: bool = EngineConfig.exact,
              kernel: KernelConfig | None = None, parallel: int = 1,
              kv_cache_ram: int | None = None, tree_width: int = 0) -> "Engine":
         """Keyword form of :meth:`from_config`.

@@ -28,12 +28,13 @@ async def test_typing_a_prompt_streams_the_answer(fixed_memory):
         await run_request(pilot, app)
         prompt, settings = source.requests[0]
         assert prompt == "hi there"
-        assert settings.proposer == "ngram" and settings.max_tokens == 256
+        assert settings.proposer == "auto" and settings.max_tokens == 256  # the engine's default
         assert answer(app).plain == "Hello world!\n"
         table = app.query_one("#history", DataTable)
         assert table.row_count == 1
         row = table.get_row_at(0)
-        assert row[1] == "ngram" and row[2] == "5" and row[3] == "0/5" and row[7] == "length"
+        # auto says what the request ran (RequestStarted: the plan's proposer)
+        assert row[1] == "auto→ngram" and row[2] == "5" and row[3] == "0/5" and row[7] == "length"
         assert "5 tok" in str(app.query_one("#answer-box").border_subtitle)
         assert app._phase == "done" and not app.errors
         # the run button is usable again and a second request appends to the history
@@ -271,8 +272,8 @@ async def test_changing_the_target_offers_only_drafts_that_fit_it(fixed_memory):
         await pilot.pause()
         assert drafts() == ["tiny"]
         # the chosen draft does not fit the new target: back to the default proposer
-        assert proposer.value == ("ngram", None)
-        assert app.current_settings() == Settings(target="other", proposer="ngram")
+        assert proposer.value == ("auto", None)
+        assert app.current_settings() == Settings(target="other", proposer="auto")
         # a free proposer survives a target change
         proposer.value = ("suffix", None)
         app.query_one("#target", Select).value = "big"

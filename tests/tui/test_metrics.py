@@ -8,7 +8,8 @@ import pytest
 from edgespec.api.events import Control, Finished, PrefillDone, RequestStarted, Step
 from tui.app import parse_stop
 from tui.metrics import RATE_STEPS, VERIFY_SLOPE, LiveMetrics, fold_stats
-from tui.render import bar, histogram_text, live_text, positions_text, spark_text, split_cells
+from tui.render import (LABEL, Palette, bar, histogram_text, live_text, positions_text,
+                        spark_text, split_cells)
 from tui.widgets import History, step_pieces
 from tui_helpers import script
 
@@ -149,6 +150,65 @@ def test_renderings_fit_their_width_and_show_the_numbers():
     pos = positions_text(m.stats.position_acceptance, m.stats.position_drafted, width=width)
     rows = pos.plain.split("\n")[1:]
     assert [r[-4:] for r in rows] == ["100%", " 50%", "  0%"]  # drafted 2, 2, 1 times
+
+
+def time_block(m: LiveMetrics, width: int = 30) -> tuple[dict[str, int], list[str]]:
+    """The time row of the numbers block: cells per style name, and its caption lines."""
+    p = Palette()
+    text = live_text(m, rss=None, width=width, p=p)
+    lines = text.plain.split("\n")
+    row = next(i for i, line in enumerate(lines) if line.startswith("time"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("memory"))
+    start = sum(len(line) + 1 for line in lines[:row]) + LABEL
+    names = {p.dim: "pre", p.draft: "draft", p.verify: "verify", p.target: "plain"}
+    cells = Counter()
+    for span in text.spans:
+        if start <= span.start < start + width - LABEL and span.style in names:
+            cells[names[span.style]] += span.end - span.start
+    assert all(len(line) <= width for line in lines[row:end]), lines[row:end]
+    return dict(cells), [line.strip() for line in lines[row + 1:end]]
+
+
+def test_the_time_split_files_plain_steps_under_plain_not_verify():
+    # a plain-only stream: nothing drafted, so no verify pass and no draft time
+    m = LiveMetrics()
+    for ev in script(*[[(f" t{i}", T)] for i in range(6)]):
+        m.observe(ev)
+    split = m.time_split
+    assert split["verify"] == 0 and split["draft"] == 0
+    assert split["plain"] == pytest.approx(6 * 0.1) and split["pre"] == pytest.approx(0.05)
+    cells, caption = time_block(m)
+    assert set(cells) == {"pre", "plain"} and sum(cells.values()) == 30 - LABEL
+    assert " ".join(caption) == "pre 8% plain 92%"  # before, "pre 8% draft 0% verify 92%"
+
+
+def test_the_time_split_of_a_mixed_stream_keeps_verify_passes_apart():
+    # the shape the bug was seen on: a 68-token answer with one draft (2 of 3 accepted) and
+    # 65 plain steps showed "verify 90%"; its one verify pass is a sliver of the time
+    steps = [[(" a", D), (" b", D), (" c", T)]] + [[(f" t{i}", T)] for i in range(65)]
+    m = LiveMetrics()
+    for ev in script(*steps):
+        m.observe(ev)
+    assert m.stats.generated_tokens == 68 and m.stats.verify_passes == 1
+    split = m.time_split
+    assert split["verify"] == pytest.approx(0.1)  # the one pass
+    assert split["plain"] == pytest.approx(65 * 0.1)
+    assert split["draft"] == pytest.approx(0.003) and split["pre"] == pytest.approx(0.05)
+    total = sum(split.values())
+    cells, caption = time_block(m)
+    assert cells["plain"] >= 19 and cells.get("verify", 0) <= 1
+    # every phase that took time is named, wrapped to the panel's width
+    assert " ".join(caption) == " ".join(f"{k} {v / total:.0%}" for k, v in split.items())
+    assert caption == ["pre 1% draft 0%", "verify 2% plain 98%"]  # was "verify 99%"
+
+    # as many verify passes as plain steps, alike in time: two bars of the same length
+    m = LiveMetrics()
+    for ev in script(*[[(" a", D), (" b", T)], [(" c", T)]] * 10):
+        m.observe(ev)
+    assert m.time_split["verify"] == pytest.approx(m.time_split["plain"])
+    cells, caption = time_block(m)
+    assert cells == {"pre": 1, "verify": 10, "plain": 10}
+    assert caption == ["pre 2% draft 1%", "verify 48% plain 48%"]
 
 
 def test_sparkline_is_absolute_and_marks_rejected_passes():

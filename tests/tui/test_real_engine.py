@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.api.events import Finished, Step
+from edgespec.api.events import Finished, RequestStarted, Step
 from tui import EngineSource, Settings, create_app
 from tui.widgets import DRAFT, AnswerView
 from tui_helpers import run_request, start_request, sync, wait_done, wait_for
@@ -79,5 +79,25 @@ async def test_cancel_stops_a_real_stream(model_path):
             fin = next(e for e in seen if isinstance(e, Finished))
             assert fin.stop_reason == "cancelled" and fin.stats.generated_tokens < 1000
             assert app._phase == "cancelled"
+    finally:
+        source.close()
+
+
+@sync
+async def test_the_default_auto_is_planned_by_the_engine(model_path):
+    # no proposer given: the TUI's default is the engine's, auto, which Engine.load plans
+    source = Recording(n_ctx=1024, threads=2)
+    app = create_app(source, initial_prompt=PROMPT,
+                     settings=Settings(target=str(model_path("smollm2-135m")), max_tokens=8))
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            assert app.current_settings().proposer == "auto"
+            await run_request(pilot, app, timeout=300)
+            assert not app.errors, app.errors
+            started = next(e for e in source.seen if isinstance(e, RequestStarted))
+            plan = source._engine.plan
+            assert plan is not None and started.proposer == plan.config.proposer != "auto"
+            row = app.query_one("#history").get_row_at(0)
+            assert row[1] == f"auto→{started.proposer}"
     finally:
         source.close()

@@ -7,7 +7,7 @@ import pytest
 
 from edgespec.errors import InvalidInputError
 from edgespec.api.events import Finished, Step
-from edgespec.proposers import free_names, names, needs_model
+from edgespec.proposers import names, needs_model
 from edgespec.registry import load_registry
 from tui.source import (Choices, EngineSource, ScriptedSource, Settings, proposer_names,
                         registry_choices)
@@ -39,8 +39,10 @@ def test_proposer_options_list_the_draft_proposer_once_per_draft_model():
 
 
 def test_proposer_names_come_from_the_one_registry():
-    assert Choices(targets=("t",)).proposers == tuple(names(plain=True)) == proposer_names()
-    assert Settings(target="t").proposer == free_names()[0]  # free: speculates at once
+    # auto (the engine's default) first, then the plain path and the registry's proposers
+    assert Choices(targets=("t",)).proposers == tuple(names(plain=True, auto=True)) == \
+        proposer_names()
+    assert Settings(target="t").proposer == "auto"  # the engine's default (test_defaults.py)
     c = registry_choices()  # models.toml ships with the package: no pull, no model
     assert c.proposers == tuple(names(plain=True, auto=True))
     labels = [v[0] for _, v in c.proposer_options()]
