@@ -17,6 +17,7 @@ def __getattr__(name):
         from .engine import engine
         return getattr(engine, name)
     if name in ("Llama", "AsyncEngine"):  # llama-cpp-python-shaped and asyncio (edgespec.apps)
+        # lazy, as above: the apps pull in llama.cpp
         from . import apps
         return getattr(apps, name)
     raise AttributeError(name)

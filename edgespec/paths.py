@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+import platformdirs
 
 
 def edgespec_home() -> Path:
@@ -20,7 +21,6 @@ def edgespec_home() -> Path:
     env = os.environ.get("EDGESPEC_HOME")
     if env:
         return Path(env).expanduser()
-    import platformdirs
 
     return Path(platformdirs.user_cache_dir("edgespec", appauthor=False))
 

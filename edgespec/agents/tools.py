@@ -67,6 +67,7 @@ def parse_tools(tools: Sequence[Any] | None) -> tuple[Tool, ...]:
     if not isinstance(tools, (list, tuple)):
         raise ToolError("tools must be a list of {\"type\": \"function\", \"function\": {...}}",
                         "tools", "invalid_type")
+    # deferred: jsonschema is slow to import; only tool requests need it
     import jsonschema
 
     out, seen = [], set()

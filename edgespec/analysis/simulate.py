@@ -41,6 +41,7 @@ from ..control import (AdaptiveController, ControlMemory, ControlRecord, Control
 from ..proposers.base import EMPTY_DRAFT, Draft
 from ..api.params import SamplingParams
 from ..proposers import free_proposer
+import argparse
 
 ProposeFn = Callable[[Sequence[int], int], Draft]
 """(token history, k) -> a draft of at most k tokens continuing the history."""
@@ -384,7 +385,6 @@ def native_proposers(names: Sequence[str], options: Mapping[str, dict] | None = 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
     ap = argparse.ArgumentParser(prog="python -m edgespec.analysis.simulate",
                                  description="Replay fixed and adaptive control on recorded traces.")
     ap.add_argument("traces", help="JSONL of {name, category, prompt, output} token traces")

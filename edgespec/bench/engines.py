@@ -12,6 +12,7 @@ from ..api.labels import AUTO
 from ..errors import EdgespecError, InvalidInputError
 from ..proposers import REGISTRY, free_proposer
 from .matrix import BASELINE, ConfigSpec, Matrix
+from dataclasses import replace
 
 # Knobs that configure the engine as a whole (Engine.load arguments), not one proposer.
 # Knobs of the speculation controller: per request (Engine.stream(control=...)), so fixed
@@ -89,7 +90,6 @@ def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
 def control_settings(base, knobs: dict):
     """The engine's default ControlSettings with a configuration's control knobs applied
     (each tunable converted to the type of the default it replaces)."""
-    from dataclasses import replace
     if not knobs:
         return None
     adaptive = bool(knobs.get("adaptive", base.adaptive))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .matrix import Matrix
 from .tools import ToolAnchor
+import psutil
 
 
 def cpu_model() -> str:
@@ -25,7 +26,6 @@ def cpu_model() -> str:
 
 
 def machine() -> dict:
-    import psutil
 
     try:
         load = list(os.getloadavg())

@@ -12,6 +12,7 @@ from .results import OVERALL, categories, config_labels, config_summary, speedup
 
 def render_plots(run: Mapping, out_dir: Path) -> dict[str, str]:
     """Write the PNGs; returns {title: file name}."""
+    # deferred: matplotlib is the [bench] extra, and slow to import
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -104,6 +105,7 @@ def _latency(plt, run: Mapping, labels: Sequence[str], out_dir: Path) -> str:
 def _save(fig, out_dir: Path, name: str) -> str:
     fig.tight_layout()
     fig.savefig(out_dir / name, dpi=110)
+    # deferred: matplotlib is the [bench] extra, and slow to import
     import matplotlib.pyplot as plt
     plt.close(fig)
     return name

@@ -10,6 +10,7 @@ from ..api.stats import RequestStats
 from ..errors import EdgespecError
 from . import tools
 from .matrix import BASELINE
+import psutil
 
 
 def tool_prompt_text(target, tokens: Sequence[int]) -> str:
@@ -83,7 +84,6 @@ def mark_parity(records: list[dict], greedy: bool, baseline: dict[str, str] | No
 
 def process():
     try:
-        import psutil
         return psutil.Process()
     except ImportError:  # pragma: no cover - psutil is a dependency
         return None

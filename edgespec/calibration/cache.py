@@ -23,6 +23,7 @@ from ..identity import digests
 from ..runtime.kernel import KernelConfig
 from . import cpu, measuring
 from .curve import DEFAULT_KS, FORMAT, Calibration, CalibrationWarning
+from importlib import metadata
 
 def device_fingerprint(n_threads: int | None, n_gpu_layers: int = 0,
                        build: str | None = None, extra: Mapping[str, str] | None = None,
@@ -212,7 +213,6 @@ def llama_build() -> str:
         return f"{info.get('llama_cpp_python', '?')} {info.get('system_info', '')}".strip()
     except Exception:
         try:
-            from importlib.metadata import version
-            return version("llama_cpp_python")
+            return metadata.version("llama_cpp_python")
         except Exception:
             return "unknown"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+import psutil
 
 #: Other processes' share of the CPUs above which a timing is not trusted: llama.cpp's
 #: threads wait for each other, so a core taken by someone else slows every pass.
@@ -16,7 +17,6 @@ class CpuWatch:
     this counts the CPU time actually spent by everyone else while we measured."""
 
     def __init__(self) -> None:
-        import psutil
         self._psutil = psutil
         self._me = psutil.Process()
         self._t0 = time.perf_counter()

@@ -10,6 +10,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from ..errors import InvalidInputError
+from datetime import datetime
 
 Message = Mapping[str, Any]
 
@@ -45,6 +46,7 @@ def render(template: str, messages: Sequence[Message], bos_token: str = "", eos_
     """``tools`` (OpenAI-shaped declarations) and ``extra`` (a request's
     ``chat_template_kwargs``, e.g. ``enable_thinking``) are template variables, as Hugging
     Face's ``apply_chat_template`` passes them; a template that never reads them ignores them."""
+    # deferred: jinja2 loads only when a chat template is rendered
     from jinja2 import TemplateError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -77,5 +79,4 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
 
 def _strftime_now(fmt: str) -> str:
     """Today's date for templates that print it (Llama 3.x), as Hugging Face provides it."""
-    from datetime import datetime
     return datetime.now().strftime(fmt)

@@ -17,6 +17,7 @@ from click.core import ParameterSource
 from .common import handle_errors
 from .extras import require
 from .options import engine_config, engine_options
+from ..api.labels import AUTO
 
 
 class _ServeCommand(click.Command):
@@ -238,7 +239,6 @@ def _pool_models(config, served: str, aliases: tuple[str, ...], extra: tuple[str
     """The served models (the target first) with the planner's memory estimate of each, and
     the host memory budget they share (the target's plan: --budget, else what the machine
     has). Extra models run the target's --proposer, or auto where the target has a draft."""
-    from ..api.labels import AUTO
     from ..planner import plan_engine  # deferred: `edgespec` starts without what other commands need
     from ..serving import PoolModel  # deferred: `edgespec` starts without what other commands need
 

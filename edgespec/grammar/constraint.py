@@ -50,6 +50,7 @@ class Constraint:
             return f"not JSON: {e}"
         if self.kind == "json":
             return None if isinstance(value, dict) else "not a JSON object"
+        # deferred: jsonschema is slow to import; only schema requests need it
         import jsonschema
         err = jsonschema.exceptions.best_match(
             jsonschema.validators.validator_for(json.loads(self.schema))(
@@ -98,6 +99,7 @@ def _from_schema(text: str) -> Constraint:
         raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
     if not isinstance(schema, (dict, bool)):
         raise GrammarError("a JSON schema must be an object (or true/false)")
+    # deferred: jsonschema is slow to import; only schema requests need it
     import jsonschema
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)

@@ -41,6 +41,7 @@ from ..runtime.build import _cpuinfo
 from ..runtime.build import cmake_args as default_args
 from ..runtime.device import probe
 from ..runtime.gguf_facts import read_facts
+from importlib import metadata
 
 SCHEMA = 1
 _REPO = Path(__file__).resolve().parents[2]
@@ -183,6 +184,7 @@ def model_component(name: str, path: Path) -> dict:
 def quantization(path: Path) -> dict:
     """GGUF file type (e.g. MOSTLY_Q4_K_M) and the bytes by tensor type, from the header."""
     try:
+        # deferred: gguf (and its numpy/yaml) only where a header is read
         import gguf
 
         facts = read_facts(path)
@@ -287,8 +289,7 @@ def cmake_args() -> dict:
 
 def _dist_version(dist: str) -> str | None:
     try:
-        from importlib.metadata import version
-        return version(dist)
+        return metadata.version(dist)
     except Exception:
         return None
 

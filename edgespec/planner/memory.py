@@ -45,6 +45,7 @@ from ..runtime.kernel import KV_GGML_TYPE, KV_TYPES, KernelConfig  # noqa: F401 
 from ..runtime.device import Device, fmt_size, parse_size
 from ..runtime.gguf_facts import ModelFacts
 from . import repack as repackmod
+from dataclasses import replace
 
 # --- measured constants (llama-cpp-python 0.3.36, CPython 3.11; docs/planner.md) ------------
 RUNTIME_BYTES = 48 * 2**20            # RSS of python + numpy + llama.cpp initialised
@@ -234,7 +235,6 @@ def estimate_memory(target: ModelFacts, *, n_ctx: int, kernel: KernelConfig | No
     """
     k = kernel or KernelConfig()
     if kv_type is not None or n_batch is not None:
-        from dataclasses import replace
         k = replace(k, kv_type=kv_type or k.kv_type, n_batch=n_batch or k.n_batch)
     items = [MemoryItem("runtime", RUNTIME_BYTES, 0, "python + llama.cpp")]
     items += model_memory("target", target, n_ctx=n_ctx, kernel=k, n_gpu_layers=n_gpu_layers,

@@ -14,6 +14,7 @@ from ..runtime.device import fmt_size
 from ..errors import EdgespecError
 from .memory import K_MAX, MemoryEstimate
 from .result import Plan
+import psutil
 
 #: what measure_memory does not build (the engine's free proposers), left out of comparisons
 NOT_MEASURED = ("engine", "suffix cache", "n-gram index")
@@ -43,7 +44,6 @@ class MemoryCheck:
 
 
 def current_rss(pid: int | None = None) -> int:
-    import psutil
     return int(psutil.Process(pid).memory_info().rss)
 
 

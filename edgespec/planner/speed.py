@@ -24,6 +24,7 @@ from .memory import weight_bytes
 from .trust import calibration_trust
 from ..calibration.curve import Calibration, prior_step_seconds
 from ..proposers import needs_model
+from dataclasses import replace
 
 K_MAX = 16
 #: A bridged draft (another tokenizer, docs/bridge.md) decodes about this many of its tokens
@@ -102,7 +103,6 @@ class SpeedModel:
 def bridged(sm: SpeedModel) -> SpeedModel:
     """The speed model of a bridged draft: each proposed target token costs
     BRIDGE_DRAFT_PER_TARGET draft tokens, and every verify pass the bridge's own work."""
-    from dataclasses import replace
     over = BRIDGE_SECONDS_PER_STEP / sm.step_seconds if sm.step_seconds else 0.02
     base = sm.cost
     return replace(

@@ -109,6 +109,7 @@ def _ranges(s: str, text: str) -> list[int]:
 
 def block_count(path: str | os.PathLike[str]) -> int:
     """The target's transformer block count, from its GGUF header."""
+    # deferred: gguf only where a self-draft is written
     import gguf
     reader = gguf.GGUFReader(str(path))
     arch = reader.fields["general.architecture"].contents()
@@ -120,6 +121,7 @@ def block_count(path: str | os.PathLike[str]) -> int:
 
 def write_subset(src: str | os.PathLike[str], dst: str | os.PathLike[str], layers: LayerSet) -> Path:
     """Write the self-draft of ``src`` keeping ``layers`` to ``dst`` (atomically)."""
+    # deferred: gguf only where a self-draft is written
     import gguf
     src, dst = Path(src), Path(dst)
     reader = gguf.GGUFReader(str(src))
@@ -167,6 +169,7 @@ def write_subset(src: str | os.PathLike[str], dst: str | os.PathLike[str], layer
 
 def subset_layers(path: str | os.PathLike[str]) -> str | None:
     """The layer-set key a self-draft file was written with (None for any other GGUF)."""
+    # deferred: gguf only where a self-draft is written
     import gguf
     field = gguf.GGUFReader(str(path)).fields.get("edgespec.self_draft.layers")
     return None if field is None else str(field.contents())

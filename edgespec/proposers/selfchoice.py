@@ -23,6 +23,7 @@ from .layers import LayerSet, spread
 from .selfspec import SelfDraftProposer, ensure_self_draft
 from ..api.params import GenerationParams
 from ..identity.digests import model_identity
+import numpy as np
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
@@ -174,7 +175,6 @@ def record(target_sha: str, trials: Sequence[Trial], trusted: bool) -> dict[str,
 def _agreement(prop: SelfDraftProposer, prompt: Sequence[int], output: Sequence[int]) -> tuple[int, int]:
     """(hits, positions): where the draft's greedy token, given the target's own prefix,
     is the target's greedy token (one batched draft pass over prompt + output)."""
-    import numpy as np
     out = [int(t) for t in output]
     if not out or not prompt:
         return 0, 0

@@ -179,6 +179,7 @@ def _model_lock(name: str, say: Progress) -> Iterator[None]:
                          "EDGESPEC_HOME to a writable directory") from None
     try:
         try:
+            # deferred: POSIX only; other platforms take the fallback below
             import fcntl
         except ImportError:  # Windows: no advisory locks; concurrent pulls are the user's call
             fcntl = None

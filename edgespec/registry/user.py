@@ -55,6 +55,7 @@ def facts_entry(info: GGUFInfo, path: Path, size: int, sha256: str, role: str,
 def _quant(file_type) -> str:
     if not isinstance(file_type, int):
         return ""
+    # deferred: gguf only where a model is added
     import gguf
     try:
         return gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")

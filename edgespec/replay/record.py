@@ -26,6 +26,8 @@ from typing import Any
 from ..control import Decision, Outcome, StepView
 from ..api.events import Finished, Step
 from .. import control
+import hashlib
+from pathlib import Path
 
 SCHEMA = 1
 
@@ -170,8 +172,6 @@ class Recorder:
 def controller_code() -> str:
     """A digest of the controller's source: a replay through other controller code than
     the run's cannot reproduce its decisions, and says so."""
-    import hashlib
-    from pathlib import Path
 
     h = hashlib.sha256()
     for f in sorted(Path(control.__file__).parent.glob("*.py")):

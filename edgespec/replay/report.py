@@ -8,6 +8,7 @@ from typing import Mapping, Sequence
 from .cost import Overheads
 from .replay import MAIN, PLAIN_LABEL, VARIANTS, Comparison, Traces, geomean
 from .record import controller_code
+from dataclasses import asdict
 
 
 def _pct(x: float) -> str:
@@ -149,7 +150,6 @@ def _overheads(over: Mapping[str, Overheads]) -> list[str]:
 
 
 def comparison_json(comp: Comparison, over: Mapping[str, Overheads]) -> dict:
-    from dataclasses import asdict
     return {"rows": {c: {str(u): r for u, r in units.items()} for c, units in comp.rows.items()},
             "variants": {v: {c: {"measured": m, "predicted": p} for c, (m, p) in cfgs.items()}
                          for v, cfgs in comp.variants.items()},

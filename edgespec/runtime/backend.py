@@ -19,6 +19,8 @@ from typing import Any, Callable
 from ..errors import EdgespecError
 from .build import Build
 from .rpc import lost_server_message
+import sys
+import psutil
 
 try:
     import llama_cpp as _ll
@@ -65,6 +67,7 @@ if _ll is not None:
         constructors silence llama.cpp) and never closes it, which interpreter shutdown
         reports as two ResourceWarnings wherever they are shown (-X dev, -W error). Only
         constructors use the files, and none runs after exit handlers."""
+        # deferred: a llama_cpp internal, touched only at exit
         from llama_cpp import _utils
         for f in (getattr(_utils, "outnull_file", None), getattr(_utils, "errnull_file", None)):
             try:
@@ -110,13 +113,13 @@ if _ll is not None:
         except BaseException:
             line = "llama.cpp stopped on a failure it cannot recover from"
         try:
-            import sys
             sys.stdout.flush()
         except BaseException:
             pass
         try:
             os.write(2, f"Error: {line}\n".encode("utf-8", "replace"))
             if os.environ.get("EDGESPEC_LLAMA_LOG"):  # debugging llama.cpp: where it failed
+                # deferred: libggml loads with the backend, not at import
                 from llama_cpp import _ggml
                 _ggml.libggml.ggml_print_backtrace()
         finally:
@@ -130,6 +133,7 @@ def ensure_init() -> None:
         if not _initialised:
             _ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
             _ll.llama_backend_init()
+            # deferred: libggml loads with the backend, not at import
             from llama_cpp import _ggml
             set_abort = _ggml.libggml.ggml_set_abort_callback
             set_abort.argtypes, set_abort.restype = [ctypes.c_void_p], ctypes.c_void_p
@@ -180,7 +184,6 @@ def build_facts():
 def default_threads() -> int:
     """Physical cores when known (hyper-threads slow llama.cpp's decode), else logical ones."""
     try:
-        import psutil
         n = psutil.cpu_count(logical=False)
     except Exception:
         n = None
@@ -225,6 +228,7 @@ rpc_registered: dict[str, int] = {}
 def json_schema_to_gbnf(schema_json: str) -> str:
     """llama-cpp-python's JSON-schema-to-GBNF converter (llama.cpp's, in Python)."""
     _require()
+    # deferred: the converter module only when a schema is compiled
     from llama_cpp.llama_grammar import json_schema_to_gbnf as convert
     return convert(schema_json)
 
@@ -232,6 +236,7 @@ def json_schema_to_gbnf(schema_json: str) -> str:
 def json_object_gbnf() -> str:
     """llama.cpp's grammar for any JSON object (what OpenAI-style JSON mode produces)."""
     _require()
+    # deferred: the converter module only when a schema is compiled
     from llama_cpp.llama_grammar import JSON_GBNF
     return JSON_GBNF
 
@@ -249,6 +254,7 @@ def high_level_llama(model_path: str | os.PathLike, n_ctx: int, threads: int,
 def prompt_lookup_decoding() -> type:
     """llama-cpp-python's ``LlamaPromptLookupDecoding`` class."""
     ensure_init()
+    # deferred: bench-only, only when the anchor is built
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     return LlamaPromptLookupDecoding
 

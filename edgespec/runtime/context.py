@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import ContextOverflowError, EdgespecError
 from .backend import ll as _ll, recent_log
+import weakref
 
 if TYPE_CHECKING:
     from .model import Model
@@ -237,7 +238,6 @@ class Context:
     def _tree_batch_for(self):
         b = getattr(self, "_tree_batch", None)
         if b is None:
-            import weakref
             b = self._tree_batch = _ll.llama_batch_init(self.n_batch, 0, self.n_seq_max)
             weakref.finalize(self, _ll.llama_batch_free, b)
         return b

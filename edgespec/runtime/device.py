@@ -38,6 +38,7 @@ from typing import Mapping
 
 from ..errors import EdgespecError, InvalidInputError
 from .build import _cpuinfo
+import psutil
 
 # The ISA features llama.cpp's CPU kernels dispatch on; the rest of /proc/cpuinfo is noise here.
 ISA_FLAGS = ("sse3", "ssse3", "sse4_1", "sse4_2", "fma", "f16c", "avx", "avx2", "avx_vnni",
@@ -118,7 +119,6 @@ class Device:
 
 def probe(with_accelerators: bool = True) -> Device:
     """This machine, now. Accelerators come from llama.cpp's device list when it is importable."""
-    import psutil
 
     vm = psutil.virtual_memory()
     total, avail = vm.total, vm.available

@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from .backend import ensure_init, ll as _ll, log_mark, log_since
+import tempfile
 
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -84,7 +85,6 @@ class _captured_stderr:
     """File descriptor 2 into a buffer for the duration (C code writes there directly)."""
 
     def __enter__(self) -> _Captured:
-        import tempfile
         self.out = _Captured()
         self.tmp = tempfile.TemporaryFile()
         self.saved = os.dup(2)

@@ -7,6 +7,7 @@ from .errors import APIError, bad_request, unsupported
 from .schemas import ChatCompletionRequest, CompletionRequest, Message
 from .settings import ServerSettings
 from ..agents import ToolError, ToolSupportError, prepare_turn
+from dataclasses import replace
 
 
 def chat_request(req: ChatCompletionRequest, settings: ServerSettings, n_vocab: int
@@ -157,7 +158,6 @@ def chat_turn(req: ChatCompletionRequest, messages: list[dict], params: Generati
               template: str | None, settings: ServerSettings):
     """The turn's tools, tool_choice, reasoning split and template kwargs (edgespec.agents),
     folded into the request's params: (template messages, params, Turn)."""
-    from dataclasses import replace
 
     forced = req.tool_choice not in (None, "auto", "none")
     if forced and (params.json_schema is not None or params.json_mode):

@@ -30,6 +30,7 @@ def check_bind(host: str, allow_remote: bool) -> None:
 def serve(app, host: str, port: int, *, drain_seconds: float | None = 60.0,
           log_level: str = "info", on_started=None, read_seconds: float = 30.0,
           keep_alive_seconds: float = 5.0) -> None:
+    # deferred: the [server] extra, imported only by `edgespec serve`
     import uvicorn
     from sse_starlette.sse import AppStatus
 
@@ -65,6 +66,7 @@ def _drained(sig, frame) -> None:
 
 def _timed_h11(read_seconds: float):
     """uvicorn's h11 protocol with a deadline on request headers (see the module doc)."""
+    # deferred: the [server] extra, imported only by `edgespec serve`
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
