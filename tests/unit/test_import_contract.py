@@ -210,3 +210,40 @@ def test_unit_tests_mirror_the_package():
     folders = sorted(p.name for p in unit.iterdir() if p.is_dir() and p.name != "__pycache__")
     assert [f for f in folders if not (PKG / f / "__init__.py").is_file()] == []
     assert sorted(p.name for p in unit.glob("test_*.py")) == ["test_import_contract.py"]
+
+
+def _uncommented_deferred_imports(path: Path) -> list[int]:
+    """Imports inside functions with no comment on them or just above their run of imports."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    found = []
+    for fn in ast.walk(ast.parse("\n".join(lines))):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            first = node.lineno - 1
+            while first > 0 and lines[first - 1].strip().startswith(("import ", "from ")):
+                first -= 1  # a run of imports shares one comment
+            said = lines[max(0, first - 3):first] + lines[node.lineno - 1:node.end_lineno]
+            if not any("#" in line for line in said):
+                found.append(node.lineno)
+    return found
+
+
+def test_every_deferred_import_says_why():
+    """An import inside a function is there for a reason (start-up time, an optional extra, a
+    platform) that the next reader needs; one with no comment is a hidden cycle or an
+    accident, and belongs at the top of its module."""
+    offenders = [f"{p.relative_to(ROOT)}:{line}" for p in sorted(PKG.rglob("*.py"))
+                 for line in _uncommented_deferred_imports(p)]
+    assert offenders == []
+
+
+def test_the_deferred_import_check_finds_a_bare_one(tmp_path):
+    bare = tmp_path / "m.py"
+    bare.write_text("import os\n\n\ndef f():\n    import json\n    return json\n")
+    said = tmp_path / "n.py"
+    said.write_text("def f():\n    # deferred: slow to import\n    import json\n    return json\n")
+    assert _uncommented_deferred_imports(bare) == [5]
+    assert _uncommented_deferred_imports(said) == []
