@@ -79,9 +79,9 @@ def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
         raise InvalidInputError(f"the draft proposer takes only control knobs ({', '.join(CONTROL_KNOBS)}); "
                                 f"got {', '.join(options['draft'])}")
 
-    # self: the engine builds a proposer deriving its own model only when its options name it
+    # self, lookahead: the engine builds an asked-only proposer only when its options name it
     return EnginePlan(proposer_options={k: v for k, v in options.items()
-                                        if v or (k in REGISTRY and REGISTRY[k].own_model)},
+                                        if v or (k in REGISTRY and REGISTRY[k].asked_only)},
                       extra=extra, request_name=names, control=control,
                       auto=any(c.proposer == AUTO for c in configs if c.kind == "engine"),
                       exact=any(c.exact for c in configs))

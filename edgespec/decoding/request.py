@@ -307,6 +307,9 @@ class Loop:
         req.in_flight = False
         new = [*draft.tokens[:n_acc], *([] if nxt is None else [nxt])]
         if new:  # empty only where the grammar admits nothing more
+            for s in req.sessions.values():  # a lookahead session's Jacobi rows
+                if hasattr(s, "observe_pass"):
+                    s.observe_pass(ps.tokens, rows)
             for n, s in req.sessions.items():
                 s.accept(new, n_acc if n == used else 0)
         if req.controller is not None:

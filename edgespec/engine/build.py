@@ -194,9 +194,9 @@ def _build_proposers(config: EngineConfig, options: Mapping[str, dict], stack: E
     for name, spec in registry_of_proposers.REGISTRY.items():
         if "draft_model" in spec.needs and ctx.draft_model is None:
             continue
-        if spec.own_model and name not in wanted \
+        if spec.asked_only and name not in wanted \
                 and name not in config.proposer_options:
-            continue  # it derives a model of its own (self): built only when asked for
+            continue  # self (its own model), lookahead (opt-in): built only when asked for
         try:
             p = spec.build(ctx, options.get(name, {}))
         except InvalidInputError:

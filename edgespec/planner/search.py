@@ -212,10 +212,10 @@ def _kinds(proposer: str, has_draft: bool) -> list[tuple[str, bool]]:
     """(proposer, costs a model) to evaluate: every registered one for "auto", else those asked."""
     if proposer == AUTO:
         # self-speculation derives a model of its own, which the planner's draft memory and
-        # speed model do not describe: it runs when asked for (--proposer self), see
-        # docs/benchmarks.md for where it was measured
+        # speed model do not describe, and lookahead is not measured yet: they run when
+        # asked for (--proposer self|lookahead), see docs/benchmarks.md
         names = [PLAIN] + [n for n in proposers.names()
-                           if not proposers.REGISTRY[n].own_model]
+                           if not proposers.REGISTRY[n].asked_only]
     elif proposer == PLAIN:
         names = [PLAIN]
     else:

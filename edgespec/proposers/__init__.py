@@ -88,12 +88,20 @@ class ProposerSpec:
     #: False for a draft model with its own tokenizer (bridged): the engine then skips the
     #: same-vocabulary check (:func:`check_draft`)
     same_vocab: bool = True
+    #: True for a proposer not yet measured to pay (lookahead): built only when asked for,
+    #: and never weighed by auto, like a proposer deriving its own model
+    opt_in: bool = False
 
     @property
     def own_model(self) -> bool:
         """It costs a model it derives itself (self), not one the user loads: built only
         when asked for, and never weighed by auto."""
         return self.costly and not self.needs
+
+    @property
+    def asked_only(self) -> bool:
+        """Built only when a request names it, and never weighed by auto."""
+        return self.own_model or self.opt_in
 
     def check_options(self, raw: Mapping[str, Any]) -> Options:
         """Typed options, or an error naming the unknown key and the known ones."""
@@ -134,6 +142,11 @@ def _ngram(ctx: BuildContext, opts: Options) -> Proposer:
 def _suffix(ctx: BuildContext, opts: Options) -> Proposer:
     from .suffix import SuffixProposer  # deferred: see _ngram
     return SuffixProposer(**opts)
+
+
+def _lookahead(ctx: BuildContext, opts: Options) -> Proposer:
+    from .lookahead import LookaheadProposer  # deferred: see _ngram
+    return LookaheadProposer(**opts)
 
 
 def _loaded(model: Model | None, what: str, proposer: str) -> Model:
@@ -202,6 +215,16 @@ REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
             "use_global": Option(bool, True, "learn across requests"),
         }),
     ProposerSpec(
+        "lookahead", "lookahead decoding: an n-gram pool fed by Jacobi iterations on the verify "
+        "pass's rows (opt-in: auto does not weigh it until measured)", costly=False, needs=(),
+        factory=_lookahead, opt_in=True, options={
+            "n": Option(int, 5, "n-gram size N (candidates are N-1 tokens), 2 to 8"),
+            "window": Option(int, 15, "lookahead window W: guessed positions kept, 1 to 64"),
+            "pool": Option(int, 15, "candidates kept per first token G, 1 to 64"),
+            "max_draft": Option(int, 15, "most tokens per draft"),
+            "max_keys": Option(int, 1 << 16, "memory cap of the pool, in first tokens"),
+        }),
+    ProposerSpec(
         "draft", "a GGUF draft model sharing the target's vocabulary", costly=True,
         needs=("draft_model",), factory=_draft, options={
             "n_batch": Option(int, 0, "draft context batch size (0: the engine's)"),
@@ -257,8 +280,9 @@ def names(plain: bool = False, auto: bool = False) -> list[str]:
 
 
 def free_names() -> list[str]:
-    """Proposers that need no model: cheap enough to load them all in every engine."""
-    return [n for n, s in REGISTRY.items() if not s.costly]
+    """Proposers that need no model: cheap enough to load them all in every engine (an
+    opt-in one is loaded only when asked for)."""
+    return [n for n, s in REGISTRY.items() if not s.costly and not s.opt_in]
 
 
 def needs_model(name: str) -> bool:
