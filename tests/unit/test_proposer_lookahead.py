@@ -238,3 +238,25 @@ def test_tree_passes_verify_pool_candidates_losslessly():
     assert res.tokens == _plain(params)
     assert res.stats.tree_passes > 0
     assert eng.ctx.tokens(1) == [] and eng.ctx.tokens(2) == []
+
+
+# --- the bench and the simulator ---------------------------------------------------------------
+
+def test_the_bench_builds_it_when_a_configuration_names_it():
+    from edgespec.bench.matrix import ConfigSpec
+    from edgespec.bench.runner import plan_engine
+    plan = plan_engine([ConfigSpec("none"), ConfigSpec("lookahead")])
+    assert plan.proposer_options == {"lookahead": {}}
+    plan = plan_engine([ConfigSpec("none"), ConfigSpec.make("lookahead", {"n": 3})])
+    assert plan.proposer_options == {"lookahead": {"n": 3}}
+
+
+def test_the_simulator_replays_it_on_a_flat_curve():
+    """A trace holds the output, not the target's rows on guessed prefixes: replayed, the
+    proposer drafts from its pool over the prompt and the output (no Jacobi rows)."""
+    from edgespec.analysis.simulate import Trace, compare, native_proposers, standard_configs
+    words = [3, 4, 5, 6, 7, 8]
+    t = Trace("rep", tuple(words * 3), tuple(words * 6))
+    table = compare([t], FLAT, native_proposers(["lookahead"], {"lookahead": {"n": 4}}),
+                    standard_configs(FLAT, ["lookahead"]))
+    assert table["adaptive"]["rep"] > 1.5  # copies of a repeated phrase verify almost free
