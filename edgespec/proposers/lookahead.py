@@ -12,18 +12,21 @@ not this proposer's. What is implemented:
 
 * **The pool** (:class:`NgramPool`): ``N``-grams keyed by their first token, at most ``G``
   continuations per key, the most seen (then most recent) first; bounded by ``max_keys``.
-  It is fed the prompt's and the output's own ``N``-grams, and the lookahead signal below.
+  It is fed the lookahead signal below and, unlike llama.cpp's (fed by the window alone),
+  the prompt's and the output's own ``N``-grams.
 * **One-dimensional Jacobi iterations on the verify pass's rows.** A draft is the pool's
   best candidate for the pending token, then the *window*'s guesses (one level of ``W``
   guessed tokens, seeded from the prompt). The loop hands the session the target's rows of
   each pass (:meth:`LookaheadSession.observe_pass`): the target's argmax at every row past
   the first rejection is its output conditioned on a guessed prefix, which is the Jacobi
   update of those positions (:func:`jacobi_update`) and, with the ``N - 1`` tokens before
-  it, a new ``N``-gram for the pool (:func:`speculative_ngrams`), exactly as a column
+  it, a new ``N``-gram for the pool (:func:`speculative_ngrams`), as a column
   trajectory of the paper's window yields one.
-* **The verification branch**: :meth:`LookaheadSession.propose_tree` offers up to ``G``
-  pool candidates as one draft tree; the loop's tree pass verifies them in one pass where
-  the device's measured curve says the extra rows pay (``edgespec.decoding.treepass``).
+* **The verification branch**: :meth:`LookaheadSession.propose_tree` offers the pool's
+  candidates (as many as the tree pass allows children, of the ``G`` kept) as one draft
+  tree; the loop's tree pass verifies them in one pass where the device's measured curve
+  says the extra rows pay (``edgespec.decoding.treepass``). Elsewhere only the best one is
+  verified, linearly.
 
 What is not: the paper's ``N - 1`` levels run as extra rows of their own, beside the
 verified ones, with a custom attention mask, so that a pass advances the whole 2-D window

@@ -260,3 +260,10 @@ def test_the_simulator_replays_it_on_a_flat_curve():
     table = compare([t], FLAT, native_proposers(["lookahead"], {"lookahead": {"n": 4}}),
                     standard_configs(FLAT, ["lookahead"]))
     assert table["adaptive"]["rep"] > 1.5  # copies of a repeated phrase verify almost free
+
+
+def test_the_module_s_examples_hold():
+    import doctest
+
+    import edgespec.proposers.lookahead as mod
+    assert doctest.testmod(mod).failed == 0
