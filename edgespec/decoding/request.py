@@ -308,8 +308,9 @@ class Loop:
         new = [*draft.tokens[:n_acc], *([] if nxt is None else [nxt])]
         if new:  # empty only where the grammar admits nothing more
             for s in req.sessions.values():  # a lookahead session's Jacobi rows
-                if hasattr(s, "observe_pass"):
-                    s.observe_pass(ps.tokens, rows)
+                observe = getattr(s, "observe_pass", None)
+                if observe is not None:
+                    observe(ps.tokens, rows)
             for n, s in req.sessions.items():
                 s.accept(new, n_acc if n == used else 0)
         if req.controller is not None:
