@@ -267,3 +267,20 @@ def test_the_module_s_examples_hold():
 
     import edgespec.proposers.lookahead as mod
     assert doctest.testmod(mod).failed == 0
+
+
+@pytest.mark.parametrize("label, options, built", [
+    (AUTO, {}, False), ("ngram", {}, False), ("lookahead", {}, True),
+    ("ngram+lookahead", {}, True), (AUTO, {"lookahead": {"n": 3}}, True),
+])
+def test_the_engine_builds_it_only_when_asked(label, options, built):
+    from contextlib import ExitStack
+
+    from edgespec.engine.config import EngineConfig
+    from edgespec.engine.engine import _build_proposers
+    config = EngineConfig(target="fake.gguf", proposer=label, proposer_options=options)
+    with ExitStack() as stack:
+        out = _build_proposers(config, options, stack, BuildContext())
+    assert ("lookahead" in out) == built
+    if options:
+        assert out["lookahead"].n == 3
