@@ -308,9 +308,8 @@ class Loop:
         new = [*draft.tokens[:n_acc], *([] if nxt is None else [nxt])]
         if new:  # empty only where the grammar admits nothing more
             for s in req.sessions.values():  # a lookahead session's Jacobi rows
-                observe = getattr(s, "observe_pass", None)
-                if observe is not None:
-                    observe(ps.tokens, rows)
+                if isinstance(s, _ObservesPasses):
+                    s.observe_pass(ps.tokens, rows)
             for n, s in req.sessions.items():
                 s.accept(new, n_acc if n == used else 0)
         if req.controller is not None:
@@ -426,6 +425,14 @@ class _Bridged(Protocol):
 
     @property
     def times(self) -> BridgeTimes: ...
+
+
+@runtime_checkable
+class _ObservesPasses(Protocol):
+    """A session that reads the target's rows of each linear pass before accept (lookahead:
+    the rows past the first rejection are its Jacobi step)."""
+
+    def observe_pass(self, tokens: Sequence[int], rows: FloatArray) -> None: ...
 
 
 class _TargetRows:

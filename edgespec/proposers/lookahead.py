@@ -45,6 +45,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..api.arrays import FloatArray
 from ..api.params import SamplingParams
 from ..decoding.tree import DraftTree
 from ..errors import InvalidInputError
@@ -207,7 +208,7 @@ class LookaheadSession:
         # the window's first guesses are prompt tokens, as llama.cpp seeds its window;
         # seeded per request so that a rerun drafts the same
         self._rng = np.random.default_rng(len(self._hist))
-        self._pass: tuple[list[int], np.ndarray] | None = None  # (draft, the pass's rows)
+        self._pass: tuple[list[int], FloatArray] | None = None  # (draft, the pass's rows)
         self._closed = False
         #: n-grams the speculative rows gave the pool (the lookahead branch's yield)
         self.jacobi_ngrams = 0
@@ -252,7 +253,7 @@ class LookaheadSession:
             first.confidence or (), *([self._pool.share(key, c)] * len(c[:k]) for c in others)]
         return DraftTree.from_paths(paths, confs, source="lookahead", max_nodes=k)
 
-    def observe_pass(self, tokens: Sequence[int], rows: np.ndarray) -> None:
+    def observe_pass(self, tokens: Sequence[int], rows: FloatArray) -> None:
         """The target's rows of the pass about to be accepted: ``tokens`` were its inputs
         (the pending token, then the draft), ``rows[i]`` the logits after input ``i``.
         Kept until :meth:`accept`, which reads only the rows past the verified ones."""

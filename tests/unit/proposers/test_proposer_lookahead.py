@@ -244,7 +244,7 @@ def test_tree_passes_verify_pool_candidates_losslessly():
 
 def test_the_bench_builds_it_when_a_configuration_names_it():
     from edgespec.bench.matrix import ConfigSpec
-    from edgespec.bench.runner import plan_engine
+    from edgespec.bench.engines import plan_engine
     plan = plan_engine([ConfigSpec("none"), ConfigSpec("lookahead")])
     assert plan.proposer_options == {"lookahead": {}}
     plan = plan_engine([ConfigSpec("none"), ConfigSpec.make("lookahead", {"n": 3})])
