@@ -17,8 +17,9 @@ not this proposer's. What is implemented:
 * **One-dimensional Jacobi iterations on the verify pass's rows.** A draft is the pool's
   best candidate for the pending token, then the *window*'s guesses (one level of ``W``
   guessed tokens, seeded from the prompt). The loop hands the session the target's rows of
-  each pass (:meth:`LookaheadSession.observe_pass`): the target's argmax at every row past
-  the first rejection is its output conditioned on a guessed prefix, which is the Jacobi
+  each linear pass (:meth:`LookaheadSession.observe_pass`; a tree pass hands none): the raw
+  argmax at every row past the first rejection is the target's output on a guessed prefix
+  (penalties aside), which is the Jacobi
   update of those positions (:func:`jacobi_update`) and, with the ``N - 1`` tokens before
   it, a new ``N``-gram for the pool (:func:`speculative_ngrams`), as a column
   trajectory of the paper's window yields one.
