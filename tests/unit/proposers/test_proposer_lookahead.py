@@ -8,7 +8,7 @@ import pytest
 
 from edgespec.api.labels import AUTO
 from edgespec.api.params import GenerationParams, SamplingParams
-from edgespec.calibration.calibration import Calibration
+from edgespec.calibration.curve import Calibration
 from edgespec.control import ControlSettings
 from edgespec.errors import InvalidInputError
 from edgespec.proposers import REGISTRY, BuildContext, free_names, free_proposer, names, spec
@@ -277,7 +277,7 @@ def test_the_engine_builds_it_only_when_asked(label, options, built):
     from contextlib import ExitStack
 
     from edgespec.engine.config import EngineConfig
-    from edgespec.engine.engine import _build_proposers
+    from edgespec.engine.build import _build_proposers
     config = EngineConfig(target="fake.gguf", proposer=label, proposer_options=options)
     with ExitStack() as stack:
         out = _build_proposers(config, options, stack, BuildContext())
