@@ -9,7 +9,7 @@
 
 Downloads go through ``huggingface_hub`` (``hf_hub_download``): its cache (``HF_HOME`` /
 ``HF_HUB_CACHE``), its in-download resume (a dropped connection is retried with a Range
-request), ``HF_TOKEN``, ``HF_ENDPOINT``, ``HF_HUB_OFFLINE`` and its progress bars. The
+request; a partial download a killed pull left is finished by the next, hub_download), ``HF_TOKEN``, ``HF_ENDPOINT``, ``HF_HUB_OFFLINE`` and its progress bars. The
 environment is read at each call, not when huggingface_hub was imported, so a long-lived
 process (a server, a test session) sees the settings as they are now.
 

@@ -244,7 +244,7 @@ def test_dropped_connection_resumes_with_a_range_request(env, standin, smol_sha)
     assert not list((env / "hf").rglob("*.incomplete"))
 
 
-def test_a_killed_pull_leaves_nothing_that_resolves_and_the_next_pull_completes(
+def test_a_killed_pull_leaves_nothing_that_resolves_and_the_next_pull_resumes_it(
         env, standin, smol_sha, monkeypatch):
     standin.stall_after[smol_sha] = 40_000_000
     child = subprocess.Popen(
@@ -271,9 +271,33 @@ def test_a_killed_pull_leaves_nothing_that_resolves_and_the_next_pull_completes(
         m.setenv("HF_HUB_OFFLINE", "1")
         with pytest.raises(ModelError, match="HF_HUB_OFFLINE is set"):
             registry.resolve(SMOL_URI)
+    # the next pull, another process, goes on from where the killed one stopped
+    left = [p for p in (env / "hf").rglob("*.incomplete")]
+    assert len(left) == 1
+    had = left[0].stat().st_size
+    standin.clear_log()
     r = _cli("models", "pull", SMOL_URI)
     assert r.exit_code == 0, r.output
+    gets = _gets(standin, smol_sha)
+    assert [g.range for g in gets] == [f"bytes={had}-"], gets
     assert _sha(Path(r.output.strip().splitlines()[-1].split("\t")[1])) == smol_sha
+    assert not list((env / "hf").rglob("*.incomplete"))
+
+
+def test_a_partial_that_does_not_complete_to_the_listed_file_is_deleted(env, standin, smol,
+                                                                         smol_sha):
+    """A leftover whose bytes are wrong (another file's, a disk error) is not linked into
+    the snapshot; the pull after it downloads the file afresh."""
+    from huggingface_hub.file_download import repo_folder_name
+    blobs = env / "hf" / "hub" / repo_folder_name(repo_id=SMOL_REPO, repo_type="model") / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{smol_sha}.deadbeef.incomplete").write_bytes(b"\0" * 1_000_000)
+    with pytest.raises(ModelError, match="did not complete to the file the Hub lists"):
+        hub.pull(SMOL_URI)
+    assert not list(blobs.iterdir())
+    with pytest.raises(ModelError, match="not pulled yet"):
+        registry.resolve(SMOL_URI, pull=False)
+    assert _sha(hub.pull(SMOL_URI)) == smol_sha
 
 
 def test_offline_from_the_cache_with_the_hub_gone(env, smol, smol_sha, monkeypatch):
