@@ -64,28 +64,31 @@ def export(engine: str, target: str | None = None, proposer: str | None = None, 
             if not pairs:
                 raise InvalidInputError(f"{target} has no registered pair; add one to models.toml")
             proposer = pairs[0].key
-    pair = reg.pair(target, proposer)
-    tspec = reg.get(pair.target)
+    # any model, registered or not: qualification records are kept by the files' digests
+    pair = registry.qualification_pair(target, proposer, reg)
     slices = registry.qualification(pair.target, pair.key)
     acceptance = pooled_acceptance(slices)
     if num_tokens is None:
         if acceptance is None:
+            stale = registry.stale_qualification(pair.target, pair.key)
+            why = (" (its records were measured on other files: the model changed since)"
+                   if stale else "")
             raise InvalidInputError(
-                f"pair {pair.target} + {pair.key} has no qualification on this machine; run "
-                f"`edgespec qualify --target {pair.target} --proposer {pair.key}` first, or pass "
+                f"pair {pair.target} + {pair.key} has no qualification on this machine{why}; "
+                f"run `edgespec qualify {pair.target} {pair.key}` first, or pass "
                 "--num-speculative-tokens N to export without one")
         num_tokens = draft_tokens(acceptance)
     elif num_tokens < 1:
         raise InvalidInputError(f"--num-speculative-tokens must be >= 1 (got {num_tokens})")
-    target_path = str(registry.model_path(pair.target))
-    draft_path = str(registry.model_path(pair.draft)) if pair.draft else None
+    target_path, draft_path = _file(reg, pair.target), _file(reg, pair.draft)
     options = {k: o.default for k, o in REGISTRY[pair.proposer].options.items()}
     body = _BUILDERS[engine](pair.proposer, num_tokens, options, target_path, draft_path)
     rests_on = {
         "pair": {"target": pair.target, "proposer": pair.key},
-        "target": {"name": pair.target, "sha256": tspec.sha256, "gguf": target_path},
-        "draft": ({"name": pair.draft, "sha256": reg.get(pair.draft).sha256, "gguf": draft_path}
-                  if pair.draft else None),
+        "target": {"name": pair.target, "sha256": registry.model_digest(pair.target, reg),
+                   "gguf": target_path},
+        "draft": ({"name": pair.draft, "sha256": registry.model_digest(pair.draft, reg),
+                   "gguf": draft_path} if pair.draft else None),
         "qualification": slices,
         "pooled_acceptance": acceptance,
         "num_speculative_tokens": {"value": num_tokens,
@@ -95,6 +98,15 @@ def export(engine: str, target: str | None = None, proposer: str | None = None, 
                                            f"(acceptance^i), at most {MAX_TOKENS}"},
     }
     return {"engine": engine, **body, "rests_on": rests_on}
+
+
+def _file(reg, model: str | None) -> str | None:
+    """The file of a registry model (where it is pulled to) or of a path or reference."""
+    if model is None:
+        return None
+    if model in reg.models:
+        return str(registry.model_path(model))
+    return str(registry.resolve(model, pull=False))
 
 
 def _vllm(kind: str, k: int, opts: Mapping, target: str, draft: str | None) -> dict:

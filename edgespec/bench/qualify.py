@@ -19,4 +19,7 @@ def qualification_records(data: Mapping, config: str, m, evidence: str) -> dict[
         "temperature": m.temperature,
         "evidence": evidence,
     }
-    return {s: {**r, **stamp} for s, r in slice_results(data, config).items()}
+    # "acceptance": per drafted token, the figure the planner weighs for --proposer auto
+    # (edgespec.planner.acceptance reads it; the report calls it acceptance_rate)
+    return {s: {**r, "acceptance": r.get("acceptance_rate"), **stamp}
+            for s, r in slice_results(data, config).items()}

@@ -239,16 +239,20 @@ def _replay(run_dir: Path, out: str | None) -> None:
               help="Where the evidence (bench.json, report.md) goes [default: bench-out/<time>-qualify].")
 @handle_errors
 def qualify(target, proposer, slices, per_slice, max_turns, max_tokens, threads, n_ctx, seed, out):
-    """Measure a registered TARGET–PROPOSER pair per slice and record it for automatic choices.
+    """Measure a TARGET–PROPOSER pair per slice and record it for automatic choices.
 
-    PROPOSER: ngram, suffix, draft, or draft:NAME / a draft model's name.
+    TARGET: any model (a registry name, yours too, a .gguf path, an ollama:/hfcache:
+    reference or a Hub reference). PROPOSER: ngram, suffix, draft (the target's registered
+    draft), or draft:MODEL / a draft model's name. The records are kept by the sha256 of
+    the files measured ($EDGESPEC_HOME/qualification.json): found again under any name for
+    the same files, left out once a name points at another file.
     """
     require("bench", "qualify")  # its evidence report draws plots
     from .. import registry  # deferred: `edgespec` starts without what other commands need
     from ..bench.compose import qualification_matrix  # deferred: `edgespec` starts without what other commands need
     from ..bench.qualify import qualification_records  # deferred: `edgespec` starts without what other commands need
 
-    pair = registry.load_registry().pair(target, proposer)
+    pair = registry.qualification_pair(target, proposer)
     m, names = qualification_matrix(pair, slices, per_slice=per_slice, max_turns=max_turns,
                                     max_tokens=max_tokens, seed=seed, threads=threads, n_ctx=n_ctx)
     out_dir = _out_dir(out, "qualify")
@@ -262,6 +266,7 @@ def qualify(target, proposer, slices, per_slice, max_turns, max_tokens, threads,
         click.echo(f"no paired measurements for {', '.join(missing)} (see {report_path}); "
                    "those slices are not recorded", err=True)
     path = registry.record_qualification(pair.target, pair.key, records)
+    _register_user_pair(pair)
     for s, r in records.items():
         low = r["speedup_ci_low"]
         click.echo(f"  {s}: acceptance {r['acceptance_rate'] or 0:.0%}, accepted length "
@@ -269,3 +274,25 @@ def qualify(target, proposer, slices, per_slice, max_turns, max_tokens, threads,
                    f"(lower bound {low if low is not None else float('nan'):.2f}, n={r['n']})")
     click.echo(f"recorded {len(records)} slice(s) for {pair.target} + {pair.key} in {path}; "
                f"evidence: {report_path}")
+
+
+def _register_user_pair(pair) -> None:
+    """A qualified pair of your own models that no registry lists yet goes into your
+    registry, so `models list`, `export` and `--proposer auto` (which weighs a target's
+    registered draft) find it."""
+    from .. import registry  # deferred: `edgespec` starts without what other commands need
+    from ..errors import ModelError  # deferred: `edgespec` starts without what other commands need
+    from ..registry import user  # deferred: `edgespec` starts without what other commands need
+
+    reg = registry.load_registry()
+    names = [n for n in (pair.target, pair.draft) if n is not None]
+    if pair.proposer == "bridge" or not all(n in reg.models for n in names) or all(reg.origin(n) == "shipped" for n in names):
+        return
+    try:
+        added = user.add_pair(pair.target, pair.proposer, pair.draft)
+    except ModelError as e:
+        click.echo(f"not registered as a pair: {e}", err=True)
+        return
+    if added:
+        click.echo(f"registered the pair {pair.target} + {pair.key} in {reg.user_path}",
+                   err=True)

@@ -65,7 +65,9 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
         cals = {k: v for k, v in (("target", cal), ("draft", draft_cal)) if v is not None}
         return plan(tfacts, dfacts, device=dev, budget=cfg.budget, ctx=cfg.n_ctx, kernel=kernel,
                     kv_type=kv_type, exact=exact, exact_cap=cap, proposer=cfg.proposer,
-                    n_gpu_layers=cfg.n_gpu_layers or None, target_name=tname, draft_name=dname,
+                    n_gpu_layers=cfg.n_gpu_layers or None,
+                    # a path or reference too: qualification records are kept by digest
+                    target_name=tname or str(cfg.target), draft_name=dname,
                     calibrations=cals, base=base)
 
     # Exact mode under each weight layout (the asked one first): its probed cap, and the

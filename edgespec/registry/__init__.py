@@ -18,7 +18,8 @@ and sha256. Anywhere a model name is accepted, a path to a local ``.gguf`` file 
       hub_ref.py        parsing references; hub_listing.py: a commit's files, which to fetch
       hub_download.py   one file into the cache, resuming a partial one another pull left
       hub_pins.py       the digests pinned at first pulls; hub_errors.py: failures -> advice
-    qualification.py  per-machine qualification results of target-proposer pairs
+    qualification.py  per-machine qualification results of any target-proposer pair, keyed
+                      by the sha256 of the files measured
 
 File locations come from :mod:`edgespec.paths` (``$EDGESPEC_HOME``, default the platform's
 user cache dir); ``edgespec_home``/``models_dir`` are re-exported here for callers that
@@ -28,7 +29,8 @@ from __future__ import annotations
 
 from ..paths import edgespec_home, models_dir
 from .pull import pull, resolve, verify
-from .qualification import qualification, qualification_paths, record_qualification
+from .qualification import (model_digest, qualification, qualification_pair, qualification_paths,
+                            record_qualification, stale_qualification)
 from .spec import (PROPOSER_KINDS, ROLES, SCHEMA, SOURCE_KINDS, ModelSpec, PairSpec, Registry,
                    Source, load_registry, registry_path, shipped_registry_path)
 from .store import (Verification, check_gguf, is_path_like, model_path, model_status, sha256_file,
@@ -37,7 +39,8 @@ from .store import (Verification, check_gguf, is_path_like, model_path, model_st
 __all__ = [
     "PROPOSER_KINDS", "ROLES", "SCHEMA", "SOURCE_KINDS",
     "ModelSpec", "PairSpec", "Registry", "Source", "Verification", "check_gguf", "edgespec_home",
-    "is_path_like", "load_registry", "model_path", "model_status", "models_dir", "pull",
-    "qualification", "qualification_paths", "record_qualification", "registry_path", "resolve",
-    "sha256_file", "shipped_registry_path", "spec_file", "verify",
+    "is_path_like", "load_registry", "model_digest", "model_path", "model_status", "models_dir",
+    "pull", "qualification", "qualification_pair", "qualification_paths", "record_qualification",
+    "registry_path", "resolve", "sha256_file", "shipped_registry_path", "spec_file",
+    "stale_qualification", "verify",
 ]

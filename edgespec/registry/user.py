@@ -133,3 +133,24 @@ def remove(name: str) -> tuple[dict, list[dict]]:
     if isinstance(entry, dict) and isinstance(entry.get("path"), str):
         _stamp_path(Path(entry["path"])).unlink(missing_ok=True)
     return entry, dropped
+
+
+def add_pair(target: str, proposer: str, draft: str | None = None, **pins: str) -> bool:
+    """Register the pair ``target`` + ``proposer`` (+ ``draft``) in the user registry, so
+    listings, exports and ``--proposer auto`` find it; both must be registry names. ``pins``:
+    a bridge pair's bridge_version and vocabulary digests. False when already registered.
+    ModelError (the file untouched) when the pair does not validate (a draft of another
+    tokenizer, an unknown name)."""
+    path = user_registry_path()
+    shipped = Registry.load(registry_path())
+    with _model_lock("user-registry", _say):
+        doc = read_user(path) or {"schema": SCHEMA}
+        reg = layer_dict(shipped, doc, path)
+        if any((p.target, p.proposer, p.draft) == (target, proposer, draft) for p in reg.pairs):
+            return False
+        entry = {"target": target, "proposer": proposer, **({"draft": draft} if draft else {}),
+                 **pins}
+        doc.setdefault("pairs", []).append(entry)
+        layer_dict(shipped, doc, path)
+        _atomic_write_text(path, dumps(doc, header=_HEADER))
+    return True
