@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -76,9 +77,41 @@ def is_path_like(name_or_path: str | os.PathLike) -> bool:
 def check_gguf(path: str | os.PathLike) -> GGUFInfo:
     """Fast header validation (no hashing): raises ModelError saying what is wrong and what to do.
 
-    See edgespec.runtime.gguf_header.read_gguf_header for what is checked.
+    See edgespec.runtime.gguf_header.read_gguf_header for what is checked. The first part
+    of a split set (``NAME-00001-of-0000N.gguf``, what llama.cpp loads) is checked with
+    every other part beside it: each present, each a GGUF header that is not truncated.
     """
-    return read_gguf_header(path)
+    info = read_gguf_header(path)
+    _check_split(Path(path), info)
+    return info
+
+
+_SPLIT_NAME = re.compile(r"^(?P<base>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+
+
+def _check_split(path: Path, info: GGUFInfo) -> None:
+    count, no = info.metadata.get("split.count"), info.metadata.get("split.no")
+    if not isinstance(count, int) or count <= 1:
+        return
+    m = _SPLIT_NAME.match(path.name)
+    if m is None or int(m["count"]) != count:
+        raise ModelError(f"{path} is part {(no or 0) + 1} of a split set of {count}, but its "
+                         f"name is not NAME-0000K-of-{count:05d}.gguf, so llama.cpp cannot find "
+                         "the other parts; keep the names the set was written with")
+    if no not in (0, None):
+        first = path.with_name(f"{m['base']}-00001-of-{count:05d}.gguf")
+        raise ModelError(f"{path} is part {no + 1} of {count} of a split set; give its first "
+                         f"part, {first}, which llama.cpp loads the others from")
+    parts = [path.with_name(f"{m['base']}-{i:05d}-of-{count:05d}.gguf")
+             for i in range(2, count + 1)]
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise ModelError(f"{path} is the first of a split set of {count} parts and "
+                         f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                         f"beside it in {path.parent}; download every part of "
+                         f"{m['base']}-*-of-{count:05d}.gguf into that folder")
+    for p in parts:
+        read_gguf_header(p)  # a truncated part fails here, before llama.cpp reads it
 
 
 def sha256_file(path: Path) -> str:

@@ -436,6 +436,29 @@ def test_split_set_is_fetched_whole_and_loads_from_its_first_part(env, standin, 
         json.loads(local.output.strip().splitlines()[-1])["tokens"]
 
 
+def test_a_local_split_set_is_checked_whole(env, split_parts, tmp_path):
+    """A split set on disk (--target PATH, `models add`): its first part is what loads, and
+    every other part must be beside it, whole, before llama.cpp is asked to open it."""
+    folder = tmp_path / "set"
+    folder.mkdir()
+    for p in split_parts:
+        (folder / p.name).symlink_to(p)
+    first, second, third = (folder / p.name for p in split_parts)
+    assert registry.resolve(str(first)) == first.resolve()
+    with pytest.raises(ModelError, match=f"give its first part, {first}"):
+        registry.resolve(str(second))
+    third.unlink()
+    (folder / third.name).write_bytes(split_parts[2].read_bytes()[:100_000])  # truncated
+    with pytest.raises(ModelError, match="truncated"):
+        registry.resolve(str(first))
+    third.unlink()
+    with pytest.raises(ModelError, match=f"{third.name} is not beside it in {folder}"):
+        registry.resolve(str(first))
+    r = _cli("models", "add", "my-split", str(first))
+    assert r.exit_code == 2 and "download every part" in r.output, r.output
+    assert not (env / "home" / "models.toml").exists()
+
+
 def test_a_split_set_with_a_part_missing_is_refused(env, standin, split_parts, monkeypatch):
     repo = "edgespec-test/split-broken-GGUF"
     for p in (split_parts[0], split_parts[2]):
