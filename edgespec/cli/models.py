@@ -129,6 +129,25 @@ def add_model(name: str, path: str, role: str, tokenizer: str | None) -> None:
                err=True)
 
 
+@models.command("pin-bridge")
+@click.argument("target")
+@click.argument("draft")
+@handle_errors
+@_exit_2
+def pin_bridge(target: str, draft: str) -> None:
+    """Let DRAFT, a model with another tokenizer, draft for TARGET through the bridge
+    (`--proposer bridge`; docs/bridge.md): pins both vocabularies' digests and this
+    bridge's version as a pair in your registry. Both are registry names (yours or
+    shipped); a file whose tokenizer changes later is refused until pinned again."""
+    from ..registry import bridges  # deferred: it loads llama.cpp
+
+    pins, written = bridges.pin_user(target, draft)
+    click.echo(f"{target} + bridge:{draft}\t{pins['target_vocab_sha256']}\t"
+               f"{pins['draft_vocab_sha256']}")
+    click.echo(f"pinned in {paths.user_registry_path()}" if written else
+               "already pinned at this bridge version", err=True)
+
+
 @models.command("remove")
 @click.argument("name")
 @handle_errors

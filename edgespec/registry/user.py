@@ -154,3 +154,20 @@ def add_pair(target: str, proposer: str, draft: str | None = None, **pins: str) 
         layer_dict(shipped, doc, path)
         _atomic_write_text(path, dumps(doc, header=_HEADER))
     return True
+
+
+def drop_pair(target: str, proposer: str, draft: str | None = None) -> bool:
+    """Remove that pair from the user registry; whether it was there."""
+    path = user_registry_path()
+    with _model_lock("user-registry", _say):
+        doc = read_user(path)
+        pairs = doc.get("pairs") if doc else None
+        if not isinstance(pairs, list):
+            return False
+        kept = [p for p in pairs if not (isinstance(p, dict) and (
+            p.get("target"), p.get("proposer"), p.get("draft")) == (target, proposer, draft))]
+        if len(kept) == len(pairs):
+            return False
+        doc["pairs"] = kept
+        _atomic_write_text(path, dumps(doc, header=_HEADER))
+    return True

@@ -103,3 +103,29 @@ def test_user_models_qualify_export_and_auto_by_digest(home, tmp_path):
     assert r.exit_code != 0 and "measured on other files" in r.output, r.output
     # the file itself still has them, under the name that still points at it
     assert registry.qualification("same-file", "ngram")["qa"]["n"] == 1
+
+
+def test_a_bridge_pair_of_your_own_models_is_pinned_in_your_registry(home):
+    """smollm2-135m drafts for gemma-270m through the bridge,
+    a pair the shipped registry does not pin: refused, pinned with `models pin-bridge`
+    into the user registry (by vocabulary digests), then run."""
+    from edgespec import registry
+
+    home, smol, _ = home
+    gemma = smol.with_name("gemma-270m.gguf")
+    assert _cli("models", "add", "my-gemma", gemma).exit_code == 0
+    assert _cli("models", "add", "my-smol", smol, "--role", "draft").exit_code == 0
+    gen = ["generate", "--target", "my-gemma", "--draft", "my-smol", "--proposer", "bridge",
+           "--threads", THREADS, "--ctx", "256", "--no-adaptive", "--raw", "--max-tokens", "4",
+           "--json", "The colours of the rainbow are"]
+    r = _cli(*gen)
+    assert r.exit_code != 0 and "edgespec models pin-bridge my-gemma my-smol" in r.output, \
+        r.output
+    r = _cli("models", "pin-bridge", "my-gemma", "my-smol")
+    assert r.exit_code == 0 and "pinned in" in r.output, r.output
+    pair = registry.load_registry().pair("my-gemma", "bridge:my-smol")
+    assert registry.load_registry().origin("my-gemma") == "user" and pair.target_vocab_sha256
+    assert "already pinned" in _cli("models", "pin-bridge", "my-gemma", "my-smol").output
+    r = _cli(*gen)
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output.strip().splitlines()[-1])["stats"]["generated_tokens"] >= 1
