@@ -67,8 +67,7 @@ def qualification_pair(target: str, proposer: str, reg: Registry | None = None) 
         try:
             return reg.pair(target, proposer)
         except ModelError:
-            if proposer == "draft":
-                raise
+            pass  # not registered: made up below, or refused saying how to name it
     elif not is_path_like(target) and ":" not in target and not Path(target).exists():
         reg.get(target)  # raises: unknown name, listing the known ones
     kind, _, draft = proposer.partition(":")

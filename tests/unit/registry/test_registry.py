@@ -397,6 +397,10 @@ def test_qualification_records_are_pinned_to_digests_and_overlay(world):
     assert registry.qualification("tiny-whole", "suffix") == {}
     with pytest.raises(ModelError, match="unknown proposer 'nonsense'"):
         registry.qualification("tiny-whole", "nonsense")
+    with pytest.raises(ModelError, match="no registered bridge pair; name the draft model"):
+        registry.qualification("tiny-whole", "bridge")
+    with pytest.raises(ModelError, match="unknown model 'nobody'"):
+        registry.qualification("tiny-whole", "draft:nobody")
 
 
 def test_corrupt_qualification_file_is_a_clear_error(world):
