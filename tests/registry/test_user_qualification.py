@@ -129,3 +129,25 @@ def test_a_bridge_pair_of_your_own_models_is_pinned_in_your_registry(home):
     r = _cli(*gen)
     assert r.exit_code == 0, r.output
     assert json.loads(r.output.strip().splitlines()[-1])["stats"]["generated_tokens"] >= 1
+
+
+def test_a_scanned_model_and_its_path_share_records_by_digest(home, tmp_path, monkeypatch):
+    """An ollama model (a store reference) is qualified like any other: its record is found
+    again by the path of the same bytes, and by a registry name pinning them."""
+    from edgespec import registry
+    from edgespec.registry.scan_stores import OLLAMA_MODEL_LAYER
+
+    home, smol, _ = home
+    sha = registry.load_registry().get("smollm2-135m").sha256
+    store = tmp_path / "ollama"
+    (store / "blobs").mkdir(parents=True)
+    (store / "blobs" / f"sha256-{sha}").symlink_to(smol)
+    manifest = store / "manifests" / "registry.ollama.ai" / "library" / "smol" / "latest"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"layers": [{"mediaType": OLLAMA_MODEL_LAYER,
+                                                "digest": f"sha256:{sha}",
+                                                "size": smol.stat().st_size}]}))
+    monkeypatch.setenv("OLLAMA_MODELS", str(store))
+    registry.record_qualification("ollama:smol", "ngram", {"qa": {"acceptance": 0.5}})
+    assert registry.qualification(str(smol), "ngram")["qa"]["target"] == "ollama:smol"
+    assert registry.qualification("smollm2-135m", "ngram")["qa"]["target_sha256"] == sha
