@@ -74,7 +74,7 @@ def test_user_errors_are_one_line_messages(tmp_path):
     res = run("qualify", "qwen-1.5b", "ngram", "--slices", "poetry")
     assert res.exit_code == 1 and "unknown slice(s) poetry" in res.output
     res = run("qualify", "qwen-1.5b", "telepathy")
-    assert res.exit_code == 1 and "no registered pair" in res.output
+    assert res.exit_code == 1 and "unknown proposer 'telepathy'" in res.output
 
 
 def test_llama_cpp_anchors_not_built_say_how_to_build_them(tmp_path):
