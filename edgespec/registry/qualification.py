@@ -97,11 +97,11 @@ def model_digest(name_or_path: str, reg: Registry | None = None) -> str:
     key = str(name_or_path)
     if key in reg.models and not is_path_like(key):
         return reg.models[key].sha256
-    from ..calibration import calibration  # deferred: registry modules load without it
+    from ..identity import digests  # deferred: registry modules load without it
     from .pull import resolve
     path = resolve(key, pull=False)
     try:
-        return calibration.model_identity(path)["sha256"]
+        return digests.model_identity(path)["sha256"]
     except EdgespecError as e:
         raise ModelError(str(e)) from None
 
