@@ -93,6 +93,7 @@ def pin_user(target: str, draft: str) -> tuple[dict, bool]:
     pins, whether they were written: False when that pin is registered already). A pair
     pinned before at another version or vocabulary is re-pinned. ModelError when they share
     a tokenizer (proposer 'draft' pairs them) or a name is unknown."""
+    # deferred: only pinning writes the user registry
     from . import user
     reg = load_registry()
     reg.get(target), reg.get(draft)

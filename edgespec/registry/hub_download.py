@@ -35,6 +35,7 @@ def _free_bytes(where: Path) -> int:
 
 
 def _cached(ref: HubRef, commit: str, filename: str, env: _Env) -> Path | None:
+    # deferred: huggingface_hub is slow to import and only some calls need it
     from huggingface_hub import try_to_load_from_cache
     hit = try_to_load_from_cache(ref.repo, filename, cache_dir=str(env.cache_dir),
                                  revision=commit)
@@ -70,6 +71,7 @@ def _download(ref: HubRef, listing: _Listing, filename: str, env: _Env, force: b
 
 def _blob_paths(ref: HubRef, etag: str, env: _Env) -> tuple[Path, Path]:
     """(the blob's path in the cache, huggingface_hub's lock file for it)."""
+    # deferred: huggingface_hub is slow to import and only some calls need it
     from huggingface_hub.file_download import repo_folder_name
     folder = repo_folder_name(repo_id=ref.repo, repo_type="model")
     return (env.cache_dir / folder / "blobs" / etag,
@@ -113,6 +115,7 @@ def _resume_partial(ref: HubRef, listing: _Listing, filename: str, env: _Env) ->
 def _finish(ref: HubRef, listing: _Listing, filename: str, env: _Env, part: Path,
             etag: str) -> bool:
     """Download the rest of `part`; whether it is now the complete, verified blob."""
+    # deferred: huggingface_hub is slow to import and only some calls need it
     from huggingface_hub import hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers

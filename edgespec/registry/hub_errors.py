@@ -18,6 +18,7 @@ def _short(e: BaseException) -> str:
 def _unreachable(e: BaseException) -> bool:
     """A network failure (no route, refused, timed out, dropped mid-body), whichever HTTP
     library this huggingface_hub uses (httpx in 1.x and later, requests before)."""
+    # deferred: huggingface_hub is slow to import and only some calls need it
     from huggingface_hub.utils import OfflineModeIsEnabled
     if isinstance(e, (OfflineModeIsEnabled, ConnectionError, TimeoutError)):
         return True
@@ -31,6 +32,7 @@ def _unreachable(e: BaseException) -> bool:
 
 
 def _hub_error(e: BaseException, ref: "HubRef", env: "_Env", filename: str | None = None) -> ModelError:
+    # deferred: huggingface_hub is slow to import and only some calls need it
     from huggingface_hub.utils import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,
                                        LocalEntryNotFoundError, RepositoryNotFoundError,
                                        RevisionNotFoundError)

@@ -30,6 +30,7 @@ class _Env:
 
     @property
     def token(self) -> bool:
+        # deferred: huggingface_hub is slow to import and only some calls need it
         from huggingface_hub import get_token
         return get_token() is not None
 
@@ -73,6 +74,7 @@ def _listing(ref: HubRef, env: _Env, pull: bool, say: Progress) -> _Listing:
     if not pull:
         return _cached_listing(ref, env, "it is not pulled yet",
                                f"run `edgespec models pull {ref}`")
+    # deferred: huggingface_hub is slow to import and only some calls need it
     from huggingface_hub import HfApi
     try:
         info = HfApi(endpoint=env.endpoint).model_info(ref.repo, revision=ref.revision,
@@ -98,6 +100,7 @@ def _listing(ref: HubRef, env: _Env, pull: bool, say: Progress) -> _Listing:
 def _cached_listing(ref: HubRef, env: _Env, reason: str, fix: str) -> _Listing:
     """The cached snapshot of `ref`'s revision (huggingface_hub.scan_cache_dir), or a
     ModelError that says why nothing could be downloaded (`reason`) and what to do."""
+    # deferred: huggingface_hub is slow to import and only some calls need it
     from huggingface_hub import scan_cache_dir
     nothing = ModelError(f"{ref}: not in the Hugging Face cache {env.cache_dir} and "
                          f"{reason}; {fix}")

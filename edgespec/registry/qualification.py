@@ -98,6 +98,7 @@ def model_digest(name_or_path: str, reg: Registry | None = None) -> str:
     if key in reg.models and not is_path_like(key):
         return reg.models[key].sha256
     from ..identity import digests  # deferred: registry modules load without it
+    # deferred: pull imports the Hub and store modules, needed only for paths
     from .pull import resolve
     path = resolve(key, pull=False)
     try:

@@ -95,6 +95,7 @@ def _list_files(source: str, root: Path) -> list[_Candidate]:
 
 def _list_hf_layout(store: Store) -> tuple[Store, list[_Candidate]]:
     """The GGUF files of a Hugging Face layout cache, named <source>:OWNER/REPO/FILE."""
+    # deferred: huggingface_hub is slow to import and only some calls need it
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
     try:
