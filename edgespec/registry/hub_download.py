@@ -46,6 +46,7 @@ def _download(ref: HubRef, listing: _Listing, filename: str, env: _Env, force: b
     cached = _cached(ref, listing.commit, filename, env)
     if cached is not None and not force:  # the listing named this commit: nothing to ask
         return cached
+    # deferred: huggingface_hub is slow to import; only a pull needs it
     from huggingface_hub import hf_hub_download
     if not force:
         _resume_partial(ref, listing, filename, env)
@@ -94,6 +95,7 @@ def _resume_partial(ref: HubRef, listing: _Listing, filename: str, env: _Env) ->
     etag = listing.sha256.get(filename)  # an LFS file's etag, which names its blob
     if not etag or not partials(ref, etag, env):
         return
+    # deferred: huggingface_hub is slow to import; only a resumed pull needs it
     from huggingface_hub.utils import WeakFileLock
     blob, lock = _blob_paths(ref, etag, env)
     lock.parent.mkdir(parents=True, exist_ok=True)
