@@ -60,7 +60,8 @@ def load_parts(config: EngineConfig, stack: ExitStack) -> Parts:
         config = plan.config
     elif config.rpc:
         config, _ = planner.resolve_rpc(config)
-    tmodel = _load(config.target, config, config.n_gpu_layers, stack, rpc=config.rpc)
+    tmodel = _load(config.target, config, config.n_gpu_layers, stack, rpc=config.rpc,
+                   load_mtp="mtp" in split_proposers(config.proposer))
     tsha = digests.model_identity(tmodel.path)["sha256"]  # digested once: the kernel cache and proposers
     config = replace(config, kernel=_default_kernel(tmodel, tsha, config, pick_kernel,
                                                     plan.kernel if plan else None))
@@ -73,7 +74,7 @@ def load_parts(config: EngineConfig, stack: ExitStack) -> Parts:
     user_len = config.control is not None or config.draft_len is not None
     options = _proposer_options(config)
     loaded = _build_proposers(config, options, stack, _build_context(config, tmodel, dmodel,
-                                                                    n_ctx, tsha))
+                                                                    n_ctx, tsha, ctx))
     default = config.proposer  # never "auto" here: the plan resolved it
     config = replace(config, n_ctx=n_ctx,
                      control=(config.control or
@@ -106,11 +107,11 @@ def _context(tmodel: Model, config: EngineConfig, stack: ExitStack) -> tuple[Con
 
 
 def _build_context(config: EngineConfig, tmodel: Model, dmodel: Model | None, n_ctx: int,
-                   tsha: str) -> BuildContext:
+                   tsha: str, ctx: Context | None = None) -> BuildContext:
     layout = config.layout()
     return BuildContext(
         target=tmodel, draft_model=dmodel, n_ctx=n_ctx, threads=config.threads,
-        kernel=config.kernel,
+        kernel=config.kernel, target_ctx=ctx,
         target_digest=tsha, check_bridge_pair=bridges.check_pair,
         # a proposer that derives its own draft (self) loads it as a draft is loaded
         load_model=lambda path: runtime_model.load_model(
@@ -119,16 +120,16 @@ def _build_context(config: EngineConfig, tmodel: Model, dmodel: Model | None, n_
 
 
 def _load(name: str, config: EngineConfig, gpu_layers: int, stack: ExitStack,
-          rpc: tuple[str, ...] = ()) -> Model:
+          rpc: tuple[str, ...] = (), load_mtp: bool = False) -> Model:
     """Resolve (pull), check the header, load with the engine's kernel configuration (the
     last ``gpu_layers`` layers on the ``rpc`` servers, probed again first: llama.cpp aborts
     on one that went away); the stack frees it if a later step fails."""
     path = registry.resolve(name, pull=config.pull)
     registry.check_gguf(path)
-    split = {}
+    split: dict[str, object] = {"load_mtp": True} if load_mtp else {}  # a NextN head (mtp)
     if rpc:
         probe_all(rpc)
-        split = {"rpc": rpc, "tensor_split": config.tensor_split}
+        split.update(rpc=rpc, tensor_split=config.tensor_split)
     layout = config.layout()
     model = runtime_model.load_model(path, n_gpu_layers=gpu_layers, use_extra_bufts=layout.repack,
                                use_mmap=layout.use_mmap, **split)

@@ -20,6 +20,7 @@ from ..runtime.kernel import KernelConfig
 from .base import EMPTY_DRAFT, Draft, Proposer, ProposerSession
 
 if TYPE_CHECKING:
+    from ..runtime.context import Context
     from ..runtime.model import Model
 
 #: a proposer's options, typed by its :class:`Option` specs (int, float, bool or str values)
@@ -72,6 +73,8 @@ class BuildContext:
     #: its PairSpec or UnqualifiedBridgeError (edgespec.registry.bridges.check_pair); handed
     #: in by the engine so that the proposers need not import the model registry
     check_bridge_pair: Callable[[Model, Model, str], object] | None = None
+    #: the target's context (the mtp proposer reads its hidden states from the verify pass)
+    target_ctx: Context | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,11 @@ def _self(ctx: BuildContext, opts: Options) -> Proposer:
     return build_self(ctx, opts.get("layers", ""), n_batch=opts.get("n_batch", 0))
 
 
+def _mtp(ctx: BuildContext, opts: Options) -> Proposer:
+    from .mtp import build_mtp  # deferred: see _ngram
+    return build_mtp(ctx.target, ctx.target_ctx, ctx.kernel, max_draft=opts.get("max_draft", 3))
+
+
 def _bridge(ctx: BuildContext, opts: Options) -> Proposer:
     from .bridged import BridgedDraftProposer  # deferred: see _ngram
     return BridgedDraftProposer(_loaded(ctx.draft_model, "a draft model (--draft NAME|PATH)",
@@ -236,6 +244,12 @@ REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
             "layers": Option(str, "", "the kept layers: first:N, skip:A-B or a list such as "
                              "0-5,22-27 (default: the measured choice, `edgespec self-draft`)"),
             "n_batch": Option(int, 0, "draft context batch size (0: the engine's)"),
+        }),
+    ProposerSpec(
+        "mtp", "the target's own multi-token-prediction (NextN) head, for GGUFs that carry "
+        "one (no second model; its KV follows the target's verify pass)", costly=True,
+        needs=(), factory=_mtp, options={
+            "max_draft": Option(int, 3, "most tokens per draft"),
         }),
     ProposerSpec(
         "bridge", "a GGUF draft model with another tokenizer, through the vocabulary bridge "

@@ -5,6 +5,7 @@
     model.py        Model (vocabulary, chat template, new contexts) and load_model
     context.py      Context: batched decode, KV sequences, draft trees; the decode guards
     grammar_binding.py  llama.cpp's grammar sampler and parser verdict
+    mtp.py          the MTP context of a target's NextN head; the tap of the target's hidden rows
     ggml_devices.py the backend-device registry: devices, RPC servers as devices
     kernel.py       KernelConfig: how llama.cpp computes (repack, flash attention, KV type)
     build.py        the build's CMake flags and features against the machine (`edgespec doctor`)

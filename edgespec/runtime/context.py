@@ -4,7 +4,7 @@ apply the same ones)."""
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -83,6 +83,8 @@ class Context:
         self._batch_cap = n_batch
         self._batch = _ll.llama_batch_init(n_batch, 0, 1)
         self._closed = False
+        #: called as tap(handle, batch, n) after every decode (edgespec.runtime.mtp.NextnTap)
+        self.nextn_tap: Callable[..., None] | None = None
 
     def _run_batch(self, b, n: int, what: str = "") -> None:
         """Evaluate the first ``n`` entries of batch ``b`` (every decode ends here)."""
@@ -91,6 +93,8 @@ class Context:
         if rc != 0:
             raise EdgespecError(f"llama_decode{what} failed with status {rc}"
                                 f"{' (KV cache full)' if rc == 1 else ''}: {recent_log(3)}")
+        if self.nextn_tap is not None:
+            self.nextn_tap(self._c, b, n)
 
     def decode(self, tokens: Sequence[int], pos0: int, seq_id: int = 0,
                logits: str = "last") -> np.ndarray:

@@ -69,6 +69,15 @@ class ModelFacts:
     # kernel repacks and which file pages stay mapped (edgespec.planner.repack)
     tensors: tuple[TensorInfo, ...] = field(default=(), repr=False, compare=False)
     data_offset: int = 0
+    #: NextN (multi-token-prediction) blocks appended after the trunk (0: none); llama.cpp
+    #: loads them only for an MTP context (edgespec.runtime.mtp), they count in n_layers
+    nextn_predict_layers: int = 0
+
+    @property
+    def mtp_bytes(self) -> int:
+        """Weights of the NextN blocks: the last ``nextn_predict_layers`` layers."""
+        n = self.nextn_predict_layers
+        return sum(self.layer_bytes[-n:]) if n > 0 else 0
 
     @property
     def n_head_kv(self) -> int:
@@ -175,6 +184,8 @@ def read_facts(path: str | os.PathLike) -> ModelFacts:
         output_bytes=sizes.output, other_bytes=sizes.other, n_tensors=len(info.tensors),
         metadata={k: v for k, v in meta.items() if not isinstance(v, ArrayInfo)},
         tensors=info.tensors, data_offset=info.data_offset,
+        nextn_predict_layers=min(max(_num(meta, f"{arch}.nextn_predict_layers", 0) or 0, 0),
+                                 n_layers),
     )
 
 

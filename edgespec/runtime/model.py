@@ -33,6 +33,7 @@ class Model:
         self.size_bytes = int(_ll.llama_model_size(handle))
         self.n_gpu_layers = n_gpu_layers
         self.use_extra_bufts = use_extra_bufts
+        self.load_mtp = False  # loaded with its NextN (MTP) layers (edgespec.runtime.mtp)
         self.rpc: tuple[str, ...] = ()  # RPC servers holding some layers (load_model)
         self.tensor_split: tuple[float, ...] | None = None
         self.bos = int(_ll.llama_vocab_bos(self._vocab))
@@ -182,7 +183,7 @@ class Model:
 
 def load_model(path: str | os.PathLike, n_gpu_layers: int = 0, use_extra_bufts: bool = True,
                use_mmap: bool = True, rpc: Sequence[str] = (),
-               tensor_split: Sequence[float] | None = None) -> Model:
+               tensor_split: Sequence[float] | None = None, load_mtp: bool = False) -> Model:
     """Load a GGUF file. The caller has already checked the header (registry.check_gguf).
 
     ``use_extra_bufts`` (repacked CPU weight layouts, llama.cpp's default) makes verify
@@ -201,6 +202,7 @@ def load_model(path: str | os.PathLike, n_gpu_layers: int = 0, use_extra_bufts: 
     params = _ll.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
     params.use_extra_bufts = use_extra_bufts
+    params.load_mtp = load_mtp  # a NextN head's weights, for the mtp proposer
     if not use_mmap:
         # read the weights into RAM: repacked matrices are then not also resident as mapped
         # file pages (edgespec.planner.repack); llama.cpp's default mode maps the file
@@ -226,6 +228,7 @@ def load_model(path: str | os.PathLike, n_gpu_layers: int = 0, use_extra_bufts: 
                          "Check the file with `edgespec models verify`.")
     model = Model(p, handle, n_gpu_layers, use_extra_bufts)
     model.rpc = tuple(rpc)
+    model.load_mtp = load_mtp
     model.tensor_split = tuple(tensor_split) if tensor_split is not None else None
     return model
 

@@ -229,3 +229,27 @@ def test_random_corruption_is_a_model_error_or_a_result(tmp_path, small_model, d
         return
     assert f.weight_bytes <= len(buf)
     assert f.n_layers == len(f.layer_bytes)
+
+
+def test_nextn_layers_come_from_the_header(tmp_path):
+    plain = read_facts(write_model(tmp_path / "plain.gguf", layers=3))
+    assert (plain.nextn_predict_layers, plain.mtp_bytes) == (0, 0)
+    import gguf
+    path = write_model(tmp_path / "mtp.gguf", layers=3)
+    # the same model with its last block declared a NextN (MTP) layer
+    r = gguf.GGUFReader(str(path))
+    w = gguf.GGUFWriter(str(tmp_path / "mtp2.gguf"), "llama")
+    for key, field in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    w.add_uint32("llama.nextn_predict_layers", 1)
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    f = read_facts(tmp_path / "mtp2.gguf")
+    assert f.nextn_predict_layers == 1 and f.mtp_bytes == f.layer_bytes[2] > 0

@@ -1,0 +1,105 @@
+"""The mtp proposer on a tiny GGUF with a real NextN (MTP) layer (tests/integration/mtp_model.py).
+
+No MTP-capable model can be installed here, so these tests build one: llama.cpp runs its
+real ``mimo2`` MTP graph on it, but its weights are seeded noise shaped to agree with the
+target about half the time. They prove the plumbing (the head's KV in step with the target
+on accept and reject, lossless output, the refusal of a target without MTP layers), not
+the speed.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgespec.analysis import parity as P
+from edgespec.engine.engine import Engine
+from edgespec.errors import InvalidInputError
+from edgespec.runtime.gguf_facts import read_facts
+
+sys.path.insert(0, str(Path(__file__).parent))
+from mtp_model import N_NEXTN, N_TRUNK, write_mtp_model  # noqa: E402
+
+PROMPTS = [
+    P.ParityPrompt("count", "test", "Count from one to twenty in words, separated by commas."),
+    P.ParityPrompt("fox", "test", "Repeat three times: the quick brown fox jumps over the lazy dog."),
+]
+
+
+@pytest.fixture(scope="session")
+def mtp_gguf(model_path, tmp_path_factory):
+    """The tiny MTP model, built once per session (tokenizer: smollm2-135m's)."""
+    return write_mtp_model(tmp_path_factory.mktemp("mtp") / "tiny-mtp.gguf",
+                           model_path("smollm2-135m"))
+
+
+@pytest.fixture(scope="module")
+def engine(mtp_gguf):
+    eng = Engine.load(str(mtp_gguf), proposer="mtp", adaptive=False, draft_len=3,
+                      n_ctx=512, threads=2, pull=False)
+    yield eng
+    eng.close()
+
+
+def test_the_header_counts_the_nextn_layers(mtp_gguf, model_path):
+    facts = read_facts(mtp_gguf)
+    assert facts.nextn_predict_layers == N_NEXTN and facts.n_layers == N_TRUNK + N_NEXTN
+    assert facts.mtp_bytes == facts.layer_bytes[-1] > 0
+    assert read_facts(model_path("qwen-0.5b")).nextn_predict_layers == 0
+
+
+def test_llama_cpp_loads_the_head(engine):
+    from edgespec.runtime.mtp import n_layer_nextn
+    assert engine.target.load_mtp and n_layer_nextn(engine.target) == N_NEXTN
+    assert engine.target.n_layer == N_TRUNK
+
+
+def test_mtp_greedy_output_equals_the_plain_path(engine):
+    """Plumbing, not speed: the drafts come from a noise head; verification keeps the
+    output the target's own, token for token."""
+    outs = list(P.greedy_parity(engine, PROMPTS, ["mtp"], max_tokens=48, tolerance=0.0))
+    for o in outs:
+        assert o.identical, o
+    assert sum(o.drafted for o in outs) > 0
+    # the head agrees with the target about half the time: both accepts and rejects ran
+    assert 0 < sum(o.accepted for o in outs) < sum(o.drafted for o in outs)
+    assert engine.proposers["mtp"].missing_rows == 0
+
+
+def test_the_heads_cache_is_in_step_after_rejections(engine, monkeypatch):
+    """After a generation with rejected drafts, the MTP cache holds exactly the accepted
+    positions, and what it holds equals a from-scratch decode of the accepted sequence
+    with the target's hidden states: the next draft is the same either way."""
+    from edgespec.api.params import GenerationParams
+    prop = engine.proposers["mtp"]
+    sessions = []
+    opened = prop.open
+    monkeypatch.setattr(prop, "open", lambda *a, **kw: sessions.append(opened(*a, **kw))
+                        or sessions[-1])
+    r = engine.generate(PROMPTS[1].prompt, GenerationParams(max_tokens=40), proposer="mtp")
+    assert 0 < r.stats.accepted < r.stats.drafted  # some drafts were rejected
+    s = sessions[-1]
+    assert prop.head.seq_pos_max() == s.kv_len - 1 and s.kv_len <= len(s.seq)
+    kept = s.propose(3)
+    assert prop.head.seq_pos_max() == len(s.seq) - 1
+    # from scratch: the target decodes the whole accepted sequence (the tap keeps its rows),
+    # a fresh session catches the head up in one batch
+    seq = list(s.seq)
+    engine.ctx.trim(0, 0)
+    engine.ctx.decode(seq[:-1], 0, logits="none")
+    fresh = prop.open(seq, s.sampling)
+    try:
+        again = fresh.propose(3)
+    finally:
+        fresh.close(True)
+    assert again.tokens == kept.tokens
+    assert np.allclose(again.confidence, kept.confidence, rtol=1e-3, atol=1e-4)
+
+
+def test_a_target_without_mtp_layers_is_refused_with_what_to_do(model_path):
+    with pytest.raises(InvalidInputError, match=r"qwen-0\.5b\.gguf has no multi-token-"
+                                                r"prediction layers \(qwen2\.nextn_predict"):
+        Engine.load(str(model_path("qwen-0.5b")), proposer="mtp", adaptive=False,
+                    n_ctx=256, threads=2, pull=False)
