@@ -1,6 +1,10 @@
 """The adaptive controller: per step, the proposer and draft length with the highest
 expected goodput (tokens per second), or a plain step when no draft beats one.
 
+One idea, kept in one module over 500 lines: the pricing of a step (drafts against the
+measured curve), its probes and its guard read the same state on every step, and split
+apart they would pass that state back and forth.
+
 The economics. A draft of d tokens emits E(d) tokens on average
 (:func:`~edgespec.control.acceptance.expected_tokens`) and takes t(d + 1) + draft_time(d)
 seconds, against one token in t(1) for a plain step, where t(n) is the measured time of
