@@ -358,23 +358,6 @@ def format_summary(table: Mapping[str, Mapping[str, float]], traces: Sequence[Tr
     return "\n".join(lines)
 
 
-def record_traces(engine, prompts, params, progress: Callable[[str], None] | None = None) -> list[Trace]:
-    """Run each prompt's first turn on the plain path and keep (prompt tokens, output tokens).
-
-    ``prompts`` are :class:`edgespec.bench.prompts.BenchPrompt`; ``params`` should be greedy
-    (a sampled output is one draw, not the target's deterministic choice).
-    """
-    out = []
-    for bp in prompts:
-        msgs = bp.messages([])
-        toks = engine.prompt_tokens(msgs, params)
-        res = engine.generate(msgs, params, proposer="none")
-        out.append(Trace(name=bp.id, prompt=tuple(toks), output=tuple(res.tokens), category=bp.category))
-        if progress:
-            progress(f"{bp.id}: {len(toks)} prompt + {len(res.tokens)} output tokens")
-    return out
-
-
 def native_proposers(names: Sequence[str], options: Mapping[str, dict] | None = None):
     """A per-trace proposer factory for :func:`compare`: the shipped free proposers
     (``ngram``, ``suffix``), each with a fresh session per trace."""

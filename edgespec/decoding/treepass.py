@@ -15,7 +15,7 @@ mode its nodes stay within the probed exact pass size, like a linear draft.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from . import sampling, verify
 from ..api.arrays import FloatArray
@@ -24,6 +24,7 @@ from ..api.params import SamplingParams
 from ..control import Outcome
 from ..control.tree import size_tree
 from ..proposers.base import ProposerSession
+from .kvcache import common_prefix
 from .tree import DraftTree, commit, prepare, release
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ def complete(loop: Loop, ps: Pass, rows: FloatArray, verify_seconds: float) -> S
     req.in_flight = False
     new = [*tree.path_tokens(path), nxt]
     lin = ps.draft.tokens
-    lin_acc = _common_prefix(lin, new)  # what verifying the linear draft would have kept
+    lin_acc = common_prefix(lin, new)  # what verifying the linear draft would have kept
     for n, sess in req.sessions.items():
         # the protocol's count: accepted tokens that came from the session's last draft
         sess.accept(new, min(lin_acc, n_acc) if n == used else 0)
@@ -161,13 +162,4 @@ def complete(loop: Loop, ps: Pass, rows: FloatArray, verify_seconds: float) -> S
                            off_first=bool(path) and tree.branch_of()[path[-1]] != 0)
     return loop.emit(req, new, rows[[0, *(i + 1 for i in path)]], n_acc=n_acc, proposer=used,
                       drafted=len(tree), draft_s=ps.draft_seconds, verify_s=verify_seconds)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 

@@ -2,12 +2,12 @@
 OpenAI-compatible server and any multi-client app drive.
 
     scheduler.py   Scheduler: admission into sequences, one shared pass per step
-    tickets.py     what clients hold: Ticket, Choices, Load, DONE, the refusals
+    tickets.py     what clients hold: Ticket, Choices, QueueLoad, DONE, the refusals
     pool.py        ModelPool: several models served, loaded and evicted by memory
 """
 from .pool import ModelDoesNotFitError, ModelNotServedError, ModelPool, PoolModel
 from .scheduler import Scheduler
-from .tickets import DONE, Load, QueueFullError, Ticket
+from .tickets import DONE, QueueLoad, QueueFullError, Ticket
 
-__all__ = ["DONE", "Load", "ModelDoesNotFitError", "ModelNotServedError", "ModelPool",
+__all__ = ["DONE", "QueueLoad", "ModelDoesNotFitError", "ModelNotServedError", "ModelPool",
            "PoolModel", "QueueFullError", "Scheduler", "Ticket"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from ..errors import EdgespecError, InvalidInputError
-from .tickets import Load
+from .tickets import QueueLoad
 from ..runtime.device import fmt_size
 
 
@@ -218,14 +218,14 @@ class ModelPool:
                 self.reap()
 
     # --- information -------------------------------------------------------------------
-    def load(self) -> Load:
+    def load(self) -> QueueLoad:
         q = r = s = mq = 0
         for m in self.models:
             sch = m.scheduler
             if sch is not None:
                 x = sch.load()
                 q, r, s, mq = q + x.queued, r + x.running, s + x.slots, mq + x.max_queue
-        return Load(q, r, s, mq)
+        return QueueLoad(q, r, s, mq)
 
     def entries(self) -> Iterator[PoolModel]:
         return iter(list(self.models))

@@ -69,7 +69,7 @@ from ..api.params import GenerationParams
 from ..decoding.request import Load as StepLoad
 from ..decoding.request import Request
 from ..decoding.treepass import decode as decode_tree
-from .tickets import DONE, Choices, Load, QueueFullError, ShuttingDownError, Ticket
+from .tickets import DONE, Choices, QueueLoad, QueueFullError, ShuttingDownError, Ticket
 
 if TYPE_CHECKING:
     from ..decoding.request import Pass
@@ -232,9 +232,9 @@ class Scheduler:
                 "n > 1 shares the prompt's KV between sequences of one pool; this server "
                 "splits its pool per sequence (--exact with --parallel): send n = 1")
 
-    def load(self) -> Load:
+    def load(self) -> QueueLoad:
         with self._lock:
-            return Load(len(self._queue), len(self._active), self.parallel, self.max_queue)
+            return QueueLoad(len(self._queue), len(self._active), self.parallel, self.max_queue)
 
     def close(self, drain: bool = True, timeout: float | None = None) -> None:
         with self._lock:

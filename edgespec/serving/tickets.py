@@ -31,7 +31,10 @@ class ShuttingDownError(EdgespecError):
 
 
 @dataclass(frozen=True)
-class Load:
+class QueueLoad:
+    """How full the queue and the sequences are: what /health, /metrics and a 429 report
+    (not a step's shared rows, which are edgespec.decoding.request.Load)."""
+
     queued: int
     running: int
     slots: int

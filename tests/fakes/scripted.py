@@ -16,7 +16,7 @@ import threading
 from typing import Sequence
 
 from edgespec.api.events import Finished, Step
-from edgespec.serving import DONE, Load
+from edgespec.serving import DONE, QueueLoad
 from edgespec.api.stats import RequestStats
 
 
@@ -45,8 +45,8 @@ class ScriptedScheduler:
                 pass
         return Ticket()
 
-    def load(self) -> Load:
-        return Load(0, 0, 1, 4)
+    def load(self) -> QueueLoad:
+        return QueueLoad(0, 0, 1, 4)
 
     def close(self, drain: bool = True) -> None:
         pass

@@ -15,7 +15,7 @@ from edgespec.api.events import Finished, Step
 from edgespec.server import ServerSettings, create_app
 from edgespec.server.auth import check
 from edgespec.server.errors import APIError
-from edgespec.serving import DONE, Load, QueueFullError, Scheduler
+from edgespec.serving import DONE, QueueLoad, QueueFullError, Scheduler
 from edgespec.serving.tickets import ShuttingDownError
 from edgespec.api.stats import RequestStats
 
@@ -41,8 +41,8 @@ class StubScheduler:
                 stub.cancelled += 1
         return Ticket()
 
-    def load(self) -> Load:
-        return Load(0, 0, 1, 4)
+    def load(self) -> QueueLoad:
+        return QueueLoad(0, 0, 1, 4)
 
     def close(self, drain: bool = True) -> None:
         pass

@@ -77,8 +77,8 @@ def test_adaptive_control_on_recorded_generations():
     """Regression guard for the controller's tuning, on real outputs.
 
     The traces are Qwen2.5-Coder-1.5B-Instruct (Q4_K_M) greedy answers, 96 tokens at most, to
-    the first Spec-Bench question of each category and HumanEvalFix Python/0, recorded with
-    :func:`edgespec.analysis.simulate.record_traces`; the cost curve is this 2-core CPU's. Replaying is
+    the first Spec-Bench question of each category and HumanEvalFix Python/0, recorded on the
+    plain path (each prompt's tokens and the output's); the cost curve is this 2-core CPU's. Replaying is
     deterministic, so these bounds are exact properties of the current controller.
     """
     from pathlib import Path

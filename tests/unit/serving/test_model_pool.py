@@ -8,7 +8,7 @@ import pytest
 
 from edgespec.errors import InvalidInputError
 from edgespec.serving import ModelDoesNotFitError, ModelNotServedError, ModelPool, PoolModel
-from edgespec.serving.tickets import Load
+from edgespec.serving.tickets import QueueLoad
 
 MB = 1 << 20
 
@@ -18,8 +18,8 @@ class FakeScheduler:
         self.running = 0
         self.closed = False
 
-    def load(self) -> Load:
-        return Load(0, self.running, 1, 4)
+    def load(self) -> QueueLoad:
+        return QueueLoad(0, self.running, 1, 4)
 
     def close(self, drain: bool = True) -> None:
         self.closed = True
