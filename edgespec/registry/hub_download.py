@@ -19,6 +19,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 from ..errors import ModelError
 from .hub_errors import _hub_error
@@ -42,6 +43,22 @@ def _cached(ref: HubRef, commit: str, filename: str, env: _Env) -> Path | None:
     return Path(hit) if isinstance(hit, str) else None
 
 
+@contextlib.contextmanager
+def _download_errors(ref: HubRef, env: _Env, filename: str, then: str) -> Iterator[None]:
+    """A failed download as what the user should do: a full disk says so, the rest are
+    mapped by the Hub's error (404, 401, offline, a dropped connection)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise ModelError(f"{ref}: the disk filled up while downloading {filename} into "
+                             f"{env.cache_dir}; free some space (or point HF_HOME at a larger "
+                             f"disk) and {then}") from None
+        raise _hub_error(e, ref, env, filename) from None
+    except Exception as e:  # noqa: BLE001 - mapped to what the user should do, or re-raised
+        raise _hub_error(e, ref, env, filename) from None
+
+
 def _download(ref: HubRef, listing: _Listing, filename: str, env: _Env, force: bool) -> Path:
     cached = _cached(ref, listing.commit, filename, env)
     if cached is not None and not force:  # the listing named this commit: nothing to ask
@@ -50,18 +67,10 @@ def _download(ref: HubRef, listing: _Listing, filename: str, env: _Env, force: b
     from huggingface_hub import hf_hub_download
     if not force:
         _resume_partial(ref, listing, filename, env)
-    try:
+    with _download_errors(ref, env, filename, then="pull again"):
         # by the revision asked for, so the cache records where it points (offline use)
         got = hf_hub_download(ref.repo, filename, revision=ref.rev, cache_dir=str(env.cache_dir),
                               endpoint=env.endpoint, force_download=force)
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise ModelError(f"{ref}: the disk filled up while downloading {filename} into "
-                             f"{env.cache_dir}; free some space (or point HF_HOME at a larger "
-                             "disk) and pull again") from None
-        raise _hub_error(e, ref, env, filename) from None
-    except Exception as e:  # noqa: BLE001 - mapped to what the user should do, or re-raised
-        raise _hub_error(e, ref, env, filename) from None
     path = Path(got)
     # the branch may have moved between the listing and this download: the pin is per commit
     now = _cached(ref, listing.commit, filename, env)
@@ -127,18 +136,11 @@ def _finish(ref: HubRef, listing: _Listing, filename: str, env: _Env, part: Path
         part.unlink()
         return False
     url = hf_hub_url(ref.repo, filename, revision=listing.commit, endpoint=env.endpoint)
-    try:
+    with _download_errors(ref, env, filename,
+                          then="pull again: it goes on from where it stopped"):
         with open(part, "ab") as f:
             http_get(url, f, resume_size=have, headers=build_hf_headers(),
                      expected_size=size, displayed_filename=filename)
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise ModelError(f"{ref}: the disk filled up while downloading {filename} into "
-                             f"{env.cache_dir}; free some space (or point HF_HOME at a larger "
-                             "disk) and pull again: it goes on from where it stopped") from None
-        raise _hub_error(e, ref, env, filename) from None
-    except Exception as e:  # noqa: BLE001 - mapped to what the user should do, or re-raised
-        raise _hub_error(e, ref, env, filename) from None
     sha = sha256_file(part)
     if sha != etag:
         part.unlink()
