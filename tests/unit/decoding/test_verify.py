@@ -7,12 +7,11 @@ be rejected at a far smaller p-value (DETECT), so detection is not luck.
 """
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
 from edgespec.decoding.sampling import make_rng, sample
+from fakes.chains import LENGTH, V, chain, joint_counts, joint_probs
 from edgespec.analysis.stattests import goodness_of_fit, homogeneity
 from edgespec.decoding.verify import Verdict, verify_greedy, verify_sampling
 
@@ -93,18 +92,8 @@ def test_draft_probs_row_count_is_checked():
 # A toy "language model": the next-token law depends on the previous token
 # (a Markov chain). Target P and draft Q are unrelated random chains.
 
-V = 5
-LENGTH = 3  # compare the joint law of the first three emitted tokens: 125 cells
 
 
-def _chain(seed: int, zeros: bool = False) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    m = rng.dirichlet(np.full(V, 0.7), size=V)
-    if zeros:  # top-k style truncation: some tokens impossible in some contexts
-        m[rng.random((V, V)) < 0.3] = 0.0
-        m[np.arange(V), np.arange(V)] += 0.05
-        m /= m.sum(axis=1, keepdims=True)
-    return m
 
 
 def _speculate(P, Q, k, runs, seed, draft_mode, residual=True):
@@ -135,19 +124,8 @@ def _speculate(P, Q, k, runs, seed, draft_mode, residual=True):
     return out
 
 
-def _joint_probs(P):
-    probs = np.zeros((V,) * LENGTH)
-    for idx in itertools.product(range(V), repeat=LENGTH):
-        prev, pr = 0, 1.0
-        for t in idx:
-            pr *= P[prev, t]
-            prev = t
-        probs[idx] = pr
-    return probs.ravel()
 
 
-def _joint_counts(samples):
-    return np.bincount(np.ravel_multi_index(samples.T, (V,) * LENGTH), minlength=V ** LENGTH)
 
 
 @pytest.mark.parametrize("draft_mode, k, zeros, seed", [
@@ -158,23 +136,23 @@ def _joint_counts(samples):
     ("fixed", 2, True, 15),
 ])
 def test_speculative_sampling_preserves_the_target_law(draft_mode, k, zeros, seed):
-    P, Q = _chain(seed, zeros), _chain(seed + 100)
+    P, Q = chain(seed, zeros), chain(seed + 100)
     samples = _speculate(P, Q, k, runs=12_000, seed=seed, draft_mode=draft_mode)
-    res = goodness_of_fit(_joint_counts(samples), _joint_probs(P))
+    res = goodness_of_fit(joint_counts(samples), joint_probs(P))
     assert not res.rejects(ALPHA), res
 
 
 @pytest.mark.parametrize("draft_mode, k", [("model", 3), ("greedy", 2)])
 def test_broken_acceptance_without_residual_is_detected(draft_mode, k):
-    P, Q = _chain(21), _chain(121)
+    P, Q = chain(21), chain(121)
     samples = _speculate(P, Q, k, runs=12_000, seed=21, draft_mode=draft_mode, residual=False)
-    res = goodness_of_fit(_joint_counts(samples), _joint_probs(P))
+    res = goodness_of_fit(joint_counts(samples), joint_probs(P))
     assert res.rejects(DETECT), res
 
 
 def test_two_sample_homogeneity_separates_correct_from_broken():
     """The form the parity harness uses: plain samples vs speculative samples, no known law."""
-    P, Q = _chain(31), _chain(131)
+    P, Q = chain(31), chain(131)
     rng = make_rng(31, "draft")
     plain = np.empty((8_000, LENGTH), dtype=np.int64)
     for r in range(8_000):
@@ -183,13 +161,13 @@ def test_two_sample_homogeneity_separates_correct_from_broken():
             prev = plain[r, j] = sample(P[prev], rng)
     good = _speculate(P, Q, 3, runs=8_000, seed=32, draft_mode="model")
     bad = _speculate(P, Q, 3, runs=8_000, seed=33, draft_mode="model", residual=False)
-    assert not homogeneity(_joint_counts(plain), _joint_counts(good)).rejects(ALPHA)
-    assert homogeneity(_joint_counts(plain), _joint_counts(bad)).rejects(DETECT)
+    assert not homogeneity(joint_counts(plain), joint_counts(good)).rejects(ALPHA)
+    assert homogeneity(joint_counts(plain), joint_counts(bad)).rejects(DETECT)
 
 
 def test_point_mass_drafts_reproduce_plain_sampling_token_for_token():
     """Same seed, same rows: an n-gram-style speculative run emits exactly the plain run's tokens."""
-    P = _chain(41, zeros=True)
+    P = chain(41, zeros=True)
     n_tokens = 400
 
     rng = make_rng(7)

@@ -3,12 +3,11 @@ rejection sampling over siblings keeps the target's law (same conventions as
 test_verify.py: fixed seeds, ALPHA false-alarm rate, DETECT for the broken variant)."""
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
 from edgespec.decoding.sampling import make_rng, sample
+from fakes.chains import LENGTH, V, chain, joint_counts, joint_probs
 from edgespec.analysis.stattests import goodness_of_fit
 from edgespec.decoding.verify import (TreeVerdict, verify_greedy, verify_sampling,
                                       verify_tree_greedy, verify_tree_sampling)
@@ -74,7 +73,7 @@ def test_one_hot_target_sampling_equals_greedy():
 
 def test_point_mass_tree_reproduces_plain_sampling_token_for_token():
     """One uniform per emitted token, as plain sampling: same seed, same tokens."""
-    P = _chain(41)
+    P = chain(41)
     n_tokens = 300
     rng = make_rng(7)
     plain, prev = [], 0
@@ -93,18 +92,8 @@ def test_point_mass_tree_reproduces_plain_sampling_token_for_token():
 
 # --- the emitted law equals the target's -------------------------------------------------
 
-V = 5
-LENGTH = 3
 
 
-def _chain(seed: int, zeros: bool = False) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    m = rng.dirichlet(np.full(V, 0.7), size=V)
-    if zeros:
-        m[rng.random((V, V)) < 0.3] = 0.0
-        m[np.arange(V), np.arange(V)] += 0.05
-        m /= m.sum(axis=1, keepdims=True)
-    return m
 
 
 def _random_tree(rng, last):
@@ -165,19 +154,8 @@ def _speculate(P, Q, width, depth, runs, seed, mode, residual=True):
     return out
 
 
-def _joint_probs(P):
-    probs = np.zeros((V,) * LENGTH)
-    for idx in itertools.product(range(V), repeat=LENGTH):
-        prev, pr = 0, 1.0
-        for t in idx:
-            pr *= P[prev, t]
-            prev = t
-        probs[idx] = pr
-    return probs.ravel()
 
 
-def _counts(samples):
-    return np.bincount(np.ravel_multi_index(samples.T, (V,) * LENGTH), minlength=V ** LENGTH)
 
 
 @pytest.mark.parametrize("mode, width, depth, zeros, seed", [
@@ -187,23 +165,23 @@ def _counts(samples):
     ("point", 3, 2, True, 14),
 ])
 def test_tree_sampling_preserves_the_target_law(mode, width, depth, zeros, seed):
-    P, Q = _chain(seed, zeros), _chain(seed + 100)
+    P, Q = chain(seed, zeros), chain(seed + 100)
     samples = _speculate(P, Q, width, depth, runs=10_000, seed=seed, mode=mode)
-    res = goodness_of_fit(_counts(samples), _joint_probs(P))
+    res = goodness_of_fit(joint_counts(samples), joint_probs(P))
     assert not res.rejects(ALPHA), res
 
 
 @pytest.mark.parametrize("mode", ["model", "point"])
 def test_siblings_without_the_residual_are_detected(mode):
-    P, Q = _chain(21), _chain(121)
+    P, Q = chain(21), chain(121)
     samples = _speculate(P, Q, 3, 1, runs=10_000, seed=21, mode=mode, residual=False)
-    res = goodness_of_fit(_counts(samples), _joint_probs(P))
+    res = goodness_of_fit(joint_counts(samples), joint_probs(P))
     assert res.rejects(DETECT), res
 
 
 def test_chain_tree_sampling_matches_linear_sampling_law():
     """A width-1 tree is linear speculative sampling: same rows, same seed, same verdict."""
-    P, Q = _chain(31), _chain(131)
+    P, Q = chain(31), chain(131)
     draft_rng = make_rng(3, "draft")
     for _ in range(300):
         toks, parents, q = _sampled_tree(Q, 0, 1, 3, draft_rng, "model")
