@@ -226,8 +226,13 @@ def estimate_memory(target: ModelFacts, *, n_ctx: int, kernel: KernelConfig | No
                     kv_type: str | None = None, n_batch: int | None = None, n_gpu_layers: int = 0,
                     draft: ModelFacts | None = None, draft_gpu_layers: int = 0,
                     verify_rows: int = K_MAX + 1, suffix_cap: int = SUFFIX_CACHE_CAP,
-                    free_proposers: bool = True, isa: Sequence[str] = ()) -> MemoryEstimate:
+                    free_proposers: bool = True, isa: Sequence[str] = (),
+                    mtp_head: bool = False) -> MemoryEstimate:
     """Memory of a loaded engine: target (+ draft) with one context each, at their peak.
+
+    A target with NextN (MTP) layers is counted without them (llama.cpp loads and caches
+    only its trunk), unless ``mtp_head`` (the mtp proposer): then its head's weights and
+    MTP context's KV are items of their own (:mod:`.heads`).
 
     ``kernel`` defaults to the engine's (:class:`KernelConfig`); ``kv_type``/``n_batch``
     override its fields. ``isa`` (the device's CPU flags) decides which matrices a
@@ -236,9 +241,12 @@ def estimate_memory(target: ModelFacts, *, n_ctx: int, kernel: KernelConfig | No
     k = kernel or KernelConfig()
     if kv_type is not None or n_batch is not None:
         k = replace(k, kv_type=kv_type or k.kv_type, n_batch=n_batch or k.n_batch)
+    from . import heads  # deferred: heads imports this module's helpers
     items = [MemoryItem("runtime", RUNTIME_BYTES, 0, "python + llama.cpp")]
-    items += model_memory("target", target, n_ctx=n_ctx, kernel=k, n_gpu_layers=n_gpu_layers,
-                          rows=verify_rows, isa=isa)
+    items += model_memory("target", heads.trunk(target), n_ctx=n_ctx, kernel=k,
+                          n_gpu_layers=n_gpu_layers, rows=verify_rows, isa=isa)
+    if mtp_head and target.nextn_predict_layers > 0:
+        items += heads.head_items(target, n_ctx=n_ctx, kernel=k, n_gpu_layers=n_gpu_layers)
     if draft is not None:
         # the draft model is loaded with llama.cpp's defaults except for the context's kernel
         items += model_memory("draft", draft, n_ctx=n_ctx, kernel=k, n_gpu_layers=draft_gpu_layers,
