@@ -9,7 +9,8 @@ context size and KV type. So:
 
     trunk(facts)              the target as loaded without its head: NextN blocks' weights
                               and KV left out (the layer indices, hence GPU placement, kept)
-    head_items(facts, ...)    the head's weights and its MTP context's KV cache
+    head_items(facts, ...)    the head's weights and its MTP context's KV cache (in
+                              :mod:`.memory`, beside the rest of the memory model)
     head_step_ratio(facts)    the prior cost of one head decode, in target steps: the bytes
                               it reads (its blocks, plus the output matrix when it has no
                               head of its own) over the trunk's, decode being memory-bound
@@ -19,8 +20,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..runtime.gguf_facts import ModelFacts, block_index
-from ..runtime.kernel import KernelConfig
-from .memory import MemoryItem, gpu_layer_start, layer_kv_bytes, output_matrix_bytes, pad_ctx
 
 
 def nextn_range(facts: ModelFacts) -> range:
@@ -50,28 +49,6 @@ def trunk(facts: ModelFacts) -> ModelFacts:
         nextn_predict_layers=0)
 
 
-def head_kv_bytes(facts: ModelFacts, n_ctx: int, kv_type: str) -> int:
-    """The MTP context's KV cache: one layer's K and V per NextN block, every cell."""
-    cells = pad_ctx(n_ctx)
-    return int(sum(layer_kv_bytes(facts, il, cells, kv_type) for il in nextn_range(facts)))
-
-
-def head_items(facts: ModelFacts, *, n_ctx: int, kernel: KernelConfig,
-               n_gpu_layers: int = 0) -> list[MemoryItem]:
-    """The head's weights (where its blocks are placed) and its MTP context's KV."""
-    start = gpu_layer_start(facts, n_gpu_layers) if n_gpu_layers > 0 else facts.n_layers + 1
-    on_dev = sum(facts.layer_bytes[il] for il in nextn_range(facts) if il >= start)
-    kv = head_kv_bytes(facts, n_ctx, kernel.kv_type)
-    n = facts.nextn_predict_layers
-    blocks = f"{n} NextN block{'s' if n != 1 else ''}"
-    return [
-        MemoryItem("mtp head weights", facts.mtp_bytes - on_dev, on_dev,
-                   f"{blocks}, loaded with load_mtp"),
-        MemoryItem("mtp KV cache", 0 if on_dev else kv, kv if on_dev else 0,
-                   f"{kernel.kv_type}, {pad_ctx(n_ctx)} cells, {blocks}"),
-    ]
-
-
 def own_output_head(facts: ModelFacts) -> bool:
     """Whether the NextN blocks carry an output matrix of their own (shared_head_head)."""
     heads = set(nextn_range(facts))
@@ -81,5 +58,6 @@ def own_output_head(facts: ModelFacts) -> bool:
 
 def head_step_ratio(facts: ModelFacts) -> float:
     """The prior cost of one head decode relative to a target step (see the module doc)."""
-    read = facts.mtp_bytes + (0 if own_output_head(facts) else output_matrix_bytes(facts))
+    output = facts.output_bytes or facts.token_embd_bytes  # tied: the embeddings' matrix
+    read = facts.mtp_bytes + (0 if own_output_head(facts) else output)
     return read / max(facts.weight_bytes - facts.mtp_bytes, 1)

@@ -20,6 +20,7 @@ from ..api.labels import PLAIN
 from ..runtime.device import Device
 from ..runtime.gguf_facts import ModelFacts
 from .acceptance import Acceptance
+from .heads import head_step_ratio, trunk
 from .memory import weight_bytes
 from .trust import calibration_trust
 from ..calibration.curve import Calibration, prior_step_seconds
@@ -67,7 +68,6 @@ def head_speed(sm: SpeedModel, target: ModelFacts, target_cal: Calibration | Non
     """``sm`` for drafting with the target's own NextN head: a draft token costs one head
     decode, measured at calibration (``mtp_step_seconds``, over the measured step) when the
     target's calibration is trusted and holds it, else the prior of :mod:`.heads`."""
-    from .heads import head_step_ratio, trunk  # deferred: heads imports the memory model
     head_s = getattr(target_cal, "mtp_step_seconds", None)
     if head_s and calibration_trust(target_cal, prior_step_seconds(trunk(target).weight_bytes))[0]:
         assert target_cal is not None
