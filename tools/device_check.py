@@ -48,7 +48,8 @@ their process group when it runs out:
     bench      `edgespec bench`: plain, the draft pair (qwen-1.5b + qwen-0.5b), n-grams,
                suffix trees, and llama.cpp's llama-completion / llama-speculative-simple
                anchors when built
-    proposers  the newer proposers that are registered (self, lookahead, ...) against plain
+    proposers  the newer proposers that are registered (self, lookahead) against plain, and
+               mtp on the tests' tiny GGUF with a NextN layer (plumbing, not speed)
     trees      draft trees (--tree-width 4) of the free proposers against plain
 
 The report is rewritten after every stage (and before each, marked running), so a timeout or
@@ -575,9 +576,11 @@ class Check:
                 f"{cal['exact_max_tokens']} tokens ({cal['exact_max_drafts']} drafts); plan runs {chosen}")
 
     def _bench(self, stage: str, d: dict, configs: list[str], *, tree_width: int = 0,
-               anchors: list[str] = (), draft: bool = True) -> str:
+               anchors: list[str] = (), draft: bool = True, target: str | None = None,
+               tag: str | None = None) -> str:
         m = self.models()
-        toml = [f"target = {json.dumps(m['target_path'])}",
+        tag = tag or stage  # names the matrix, the output folder and bench-<tag>.json
+        toml = [f"target = {json.dumps(target or m['target_path'])}",
                 f"max_new_tokens = {16 if self.dry else 128}", "temperature = 0.0",
                 f"n_ctx = {1024 if self.dry else 4096}", f"warmup = {0 if self.dry else 1}",
                 f"n_gpu_layers = {self.gpu_layers()}", f"tree_width = {tree_width}"]
@@ -591,16 +594,16 @@ class Check:
             toml += ["", "[[config]]", f"proposer = {json.dumps(c)}"]
         for a in anchors:
             toml += ["", "[[anchor]]", f"name = {json.dumps(a)}"]
-        mfile = self.work / f"matrix-{stage}.toml"
+        mfile = self.work / f"matrix-{tag}.toml"
         mfile.write_text("\n".join(toml) + "\n")
-        out = self.work / f"bench-{stage}"
+        out = self.work / f"bench-{tag}"
         if out.exists():
             shutil.rmtree(out)
         d["matrix"] = "\n".join(toml)
         p = self.edgespec(stage, "bench", "--config", str(mfile), "--out", str(out))
         bench_json = out / "bench.json"
         if bench_json.is_file():
-            shutil.copy2(bench_json, self.out / f"bench-{stage}.json")
+            shutil.copy2(bench_json, self.out / f"bench-{tag}.json")
             d["results"] = summarize_bench(json.loads(bench_json.read_text()))
         d["overall"] = [x.strip() for x in p.output.splitlines() if "×" in x]
         if not p.ok:
@@ -633,14 +636,41 @@ class Check:
     def stage_proposers(self, d: dict) -> str:
         reg = self.registered()
         d["registered"] = reg
-        # mtp and eagle3 need GGUFs with MTP heads / an EAGLE-3 draft, which no registry model is
+        # self and lookahead run on the target; mtp on the tiny GGUF with a NextN layer that
+        # the tests build (tests/integration/mtp_model.py: plumbing, not speed); eagle3 needs
+        # an EAGLE-3 draft, which no registry model is
         new = [n for n in ("self", "lookahead") if n in reg]
-        d["not_run"] = {n: ("not registered yet" if n not in reg else "needs a GGUF with MTP layers / an "
-                            "EAGLE-3 draft; none is in the registry")
-                        for n in ("self", "lookahead", "mtp", "eagle3") if n not in new}
-        if not new:
-            raise Skip("none of self, lookahead is registered in this checkout")
-        return self._bench("proposers", d, ["none", *new], draft=False)  # they need no second model
+        d["not_run"] = {n: "not registered yet" for n in ("self", "lookahead", "mtp", "eagle3")
+                        if n not in reg}
+        if "eagle3" in reg:
+            d["not_run"]["eagle3"] = "needs an EAGLE-3 draft; none is in the registry"
+        if not new and "mtp" not in reg:
+            raise Skip("none of self, lookahead, mtp is registered in this checkout")
+        parts, failed = [], []
+        for name, run in (("self/lookahead", lambda: self._bench("proposers", d, ["none", *new],
+                                                                  draft=False) if new else ""),
+                          ("mtp", lambda: self._mtp(d.setdefault("mtp", {})) if "mtp" in reg else "")):
+            try:
+                parts.append(run())
+            except StageFailed as e:
+                failed.append(f"{name}: {e}")
+        if failed:
+            raise StageFailed("; ".join(failed + [p for p in parts if p]))
+        return "; ".join(p for p in parts if p)
+
+    def _mtp(self, d: dict) -> str:
+        """mtp against plain on the tests' tiny NextN GGUF, its tokenizer the target's."""
+        path = self.work / "tiny-mtp.gguf"
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
+                "from mtp_model import write_mtp_model; "
+                "write_mtp_model(Path(sys.argv[2]), Path(sys.argv[3]))")
+        p = self.run("proposers", [sys.executable, "-c", code, str(ROOT / "tests" / "integration"),
+                                   str(path), self.models()["target_path"]], limit=120)
+        if not p.ok or not path.is_file():
+            raise StageFailed(f"the tiny MTP GGUF was not written (exit {p.rc}): {tail(p.output, 3)}")
+        d["model"] = f"{path.name} ({mib(path.stat().st_size)}), tests/integration/mtp_model.py"
+        return "mtp (tiny NextN GGUF, plumbing): " + self._bench(
+            "proposers", d, ["none", "mtp"], draft=False, target=str(path), tag="proposers-mtp")
 
     def stage_trees(self, d: dict) -> str:
         return self._bench("trees", d, ["none", "suffix", "ngram"], tree_width=2 if self.dry else 4)
@@ -811,6 +841,20 @@ def summarize_bench(data: dict) -> dict:
                 "requests": len(v["rates"]), "errors": v["errors"]} for k, v in by.items()}
 
 
+def _results_table(w, title: str, det: dict) -> None:
+    res = det.get("results")
+    if not res:
+        return
+    w(f"\n## {title}\n\n| configuration | decode tok/s (median) | acceptance | requests | errors |\n"
+      "|---|---|---|---|---|\n")
+    for k, v in res.items():
+        acc = f"{v['acceptance']:.0%}" if v.get("acceptance") is not None else "-"
+        w(f"| {k} | {v['decode_tok_s']:.1f} | {acc} | {v['requests']} | {v['errors']} |\n")
+    for line in det.get("overall", []):
+        w(f"\n    {line}")
+    w("\n")
+
+
 def render_markdown(rep: dict) -> str:
     out = io.StringIO()
     w = out.write
@@ -836,16 +880,10 @@ def render_markdown(rep: dict) -> str:
         w("| cost (steps) | " + " | ".join(f"{c:.2f}" for _, c in cal["points"]) + " |\n")
     for name in ("bench", "proposers", "trees"):
         det = stages.get(name, {}).get("details", {})
-        res = det.get("results")
-        if res:
-            w(f"\n## {name}\n\n| configuration | decode tok/s (median) | acceptance | requests | errors |\n"
-              "|---|---|---|---|---|\n")
-            for k, v in res.items():
-                acc = f"{v['acceptance']:.0%}" if v.get("acceptance") is not None else "-"
-                w(f"| {k} | {v['decode_tok_s']:.1f} | {acc} | {v['requests']} | {v['errors']} |\n")
-            for line in det.get("overall", []):
-                w(f"\n    {line}")
-            w("\n")
+        _results_table(w, name, det)
+        if name == "proposers" and det.get("mtp"):
+            _results_table(w, "proposers: mtp on the tiny NextN GGUF (plumbing, not speed)",
+                           det["mtp"])
     missing = []
     models = stages.get("models", {}).get("details", {}).get("missing", {})
     for n, m in models.items():

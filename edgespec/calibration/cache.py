@@ -153,30 +153,91 @@ def load_or_measure(model_path: str | os.PathLike, *, n_threads: int | None = No
                                 placement=getattr(model, "placement", "") or "")
     ident = digests.model_identity(model_path, sha256, home)
     key = cache_key(device, ident)
+    head = _Head(model_path, nextn_layers(model_path), n_threads, n_gpu_layers, kernel, repeats,
+                 loader)
     if not force:
         cal = load_cached(key, home, device["build"])
         if cal is not None and not (cal.busy > cpu.BUSY_LIMIT and cpu.machine_busy() <= cpu.BUSY_LIMIT / 2):
-            return cal
+            return head.completed(cal, model, home)
         if cal is not None:
             warnings.warn(f"the cached calibration {key} was timed while other processes used "
                           f"{cal.busy:.0%} of the CPUs; the machine is quiet now, measuring it "
                           "again", CalibrationWarning, stacklevel=2)
     owned = model is None
     if owned:
-        if loader is None:
-            from ..runtime.model import load_model as loader  # deferred: it loads llama.cpp
-        model = loader(model_path, n_gpu_layers=n_gpu_layers, use_extra_bufts=kernel.repack)
+        model = head.load()
     try:
         cal = measuring.measure(model, n_threads=n_threads, ks=ks, repeats=repeats, kernel=kernel)
+        cal = replace(cal, key=key, device=device, model=ident, mtp_step_seconds=head.time(model))
     finally:
         if owned and hasattr(model, "close"):
             model.close()
-    cal = replace(cal, key=key, device=device, model=ident)
+    _save_quietly(cal, home)
+    return cal
+
+
+def _save_quietly(cal: Calibration, home: Path | None) -> None:
     try:
         save(cal, home)
     except OSError:
         pass  # a read-only home still gets a calibration, just not a cached one
-    return cal
+
+
+def nextn_layers(model_path: str | os.PathLike) -> int:
+    """The NextN (MTP) layers the file's header declares; 0 when it has none or the header
+    cannot be read (the curve's own load reports an unusable file)."""
+    from ..runtime.gguf_facts import read_facts  # deferred: only a calibration reads headers
+    try:
+        return read_facts(model_path).nextn_predict_layers
+    except (EdgespecError, OSError, ValueError):
+        return 0
+
+
+class _Head:
+    """The MTP head's cost per draft token for a target with NextN layers, measured beside
+    its curve and cached in the same file (:func:`measuring.measure_head`)."""
+
+    def __init__(self, path, nextn: int, n_threads: int | None, n_gpu_layers: int,
+                 kernel: KernelConfig, repeats: int, loader: Callable | None) -> None:
+        self.path, self.nextn, self.n_threads = path, nextn, n_threads
+        self.n_gpu_layers, self.kernel, self.repeats, self.loader = (n_gpu_layers, kernel,
+                                                                      repeats, loader)
+
+    def load(self):
+        """The model, with its NextN layers when it has some (one load serves both)."""
+        loader = self.loader
+        if loader is None:
+            from ..runtime.model import load_model as loader  # deferred: it loads llama.cpp
+        extra = {"load_mtp": True} if self.nextn > 0 else {}
+        return loader(self.path, n_gpu_layers=self.n_gpu_layers,
+                      use_extra_bufts=self.kernel.repack, **extra)
+
+    def time(self, model) -> float | None:
+        """Seconds of one head decode, or None (no head; a model loaded without it)."""
+        if self.nextn <= 0 or not getattr(model, "load_mtp", False):
+            return None
+        return measuring.measure_head(model, n_threads=self.n_threads, kernel=self.kernel,
+                                      repeats=self.repeats)
+
+    def completed(self, cal: Calibration, model, home: Path | None) -> Calibration:
+        """A cached ``cal`` with the head's cost, measured now when it lacks it and a model
+        with the head is at hand (``model``, or one loaded here when none is given); a
+        model loaded without its head is not loaded twice: the cost waits for a later one."""
+        if self.nextn <= 0 or cal.mtp_step_seconds is not None:
+            return cal
+        owned = model is None
+        if owned:
+            model = self.load()
+        try:
+            seconds = self.time(model)
+        finally:
+            if owned and hasattr(model, "close"):
+                model.close()
+        if seconds is None:
+            return cal
+        cal = replace(cal, mtp_step_seconds=seconds)
+        _save_quietly(cal, home)
+        return cal
 
 
 def exact_cap(model, kernel: KernelConfig, n_threads: int | None, *, sha256: str | None = None,

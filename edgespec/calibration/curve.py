@@ -79,6 +79,9 @@ class Calibration:
     # machine was oversubscribed and the numbers are suspect (see load_or_measure)
     busy: float = 0.0  # other processes' share of the CPUs while it was timed
     exact_max_tokens: int | None = None
+    #: a target with NextN (MTP) layers: median seconds of one MTP-head decode (1 token and
+    #: its hidden row), the mtp proposer's cost per draft token (None: no head, or not measured)
+    mtp_step_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if not self.step_seconds > 0:
@@ -164,7 +167,13 @@ class Calibration:
                    samples={int(k): tuple(float(x) for x in v)
                             for k, v in d.get("samples", {}).items()},
                    measured_at=float(d.get("measured_at", 0.0)), busy=float(d.get("busy", 0.0)),
-                   exact_max_tokens=None if exact is None else int(exact))
+                   exact_max_tokens=None if exact is None else int(exact),
+                   mtp_step_seconds=_positive(d.get("mtp_step_seconds")))
+
+
+def _positive(v: object) -> float | None:
+    """A stored optional duration: a positive number, else None (absent in older files)."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
 
 
 def summarize(cal: Calibration, ns: Iterable[int] = DEFAULT_KS) -> str:

@@ -171,3 +171,53 @@ def time_passes(ctx, toks, pos: int, ks, repeats: int, clock) -> dict[int, list[
             if r:
                 samples[k].append(dt)
     return samples
+
+
+#: the MTP head's timing: tokens of context its cache holds first, then timed 1-token decodes
+HEAD_PREFIX_TOKENS = 32
+
+
+def measure_head(model, *, n_threads: int | None = None, kernel: KernelConfig | None = None,
+                 repeats: int = 5, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Median seconds of one MTP-head decode (one token with a hidden row, logits and hidden
+    state out: what the mtp proposer pays per draft token) of a target loaded with its
+    NextN layers (``load_mtp``), after ``HEAD_PREFIX_TOKENS`` positions in its cache.
+
+    The hidden rows are fixed pseudo-random values: what a decode costs does not depend on
+    them (dense matrices, no data-dependent path).
+    """
+    from ..runtime.mtp import MtpContext  # deferred: it loads llama.cpp
+    kernel = kernel or KernelConfig()
+    n = HEAD_PREFIX_TOKENS
+    ctx = model.new_context(n_ctx=n + 16, n_batch=max(kernel.n_batch, n), n_threads=n_threads,
+                            **context_options(kernel))
+    try:
+        head = MtpContext(ctx, n_batch=n, flash_attn=int(kernel.flash_attn),
+                          type_k=kernel.kv_ggml_type, type_v=kernel.kv_ggml_type)
+        try:
+            return _time_head(head, probe_tokens(model, n + 1), repeats, clock)
+        finally:
+            head.close()
+    finally:
+        close_context(ctx)
+
+
+def _time_head(head, toks: Sequence[int], repeats: int, clock: Callable[[], float]) -> float:
+    """Decode ``toks[:-1]`` into the head's cache, then time ``repeats`` decodes of the last
+    token at the next position (each trimmed away again; the first one warms up)."""
+    n = len(toks) - 1
+    rows = np.random.default_rng(0).standard_normal((n + 1, head.n_embd)).astype(np.float32) * 0.1
+    head.decode(list(toks[:n]), 0, rows[:n], want=False)
+    samples = []
+    for r in range(max(repeats, 1) + 1):
+        t0 = clock()
+        head.decode([toks[n]], n, rows[n:], want=True)
+        dt = clock() - t0
+        head.trim(n)
+        if r:
+            samples.append(dt)
+    med = statistics.median(samples)
+    if not med > 0:
+        raise EdgespecError("the MTP head's timing measured a zero-time decode; the clock is "
+                            "not advancing")
+    return med

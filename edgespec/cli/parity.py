@@ -9,6 +9,7 @@ from .common import handle_errors
 from ..errors import InvalidInputError
 from ..api.params import SamplingParams
 
+#: the configurations run when --proposers is not given (any registered proposer may be asked)
 CONFIGS = ("draft", "ngram", "suffix")
 
 
@@ -16,7 +17,8 @@ CONFIGS = ("draft", "ngram", "suffix")
 @click.option("--target", default="qwen-1.5b", show_default=True, help="Registry name or .gguf path.")
 @click.option("--draft", default=None, help="Draft model; adds the 'draft' configuration.")
 @click.option("--proposers", default=None,
-              help="Comma-separated configurations to compare with the plain path "
+              help="Comma-separated registered proposers to compare with the plain path, "
+                   "asked-only ones (self, lookahead, mtp) included "
                    "(default: draft if --draft is given, plus ngram and suffix).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="JSONL with a 'prompt' or 'turns' field (default: Spec-Bench, all 13 categories).")
@@ -70,7 +72,8 @@ def parity(target, draft, proposers, prompts_file, per_category, limit, mode, ma
     if draft_len is None and not exact:
         draft_len = 4
     # in exact mode without --draft-len the engine drafts the most its probed cap allows
-    engine = Engine.load(target, draft=draft, proposer=configs[0], n_ctx=n_ctx, threads=threads,
+    # every configuration in the label: an asked-only proposer is built only when named
+    engine = Engine.load(target, draft=draft, proposer=_label(configs), n_ctx=n_ctx, threads=threads,
                          draft_len=draft_len, adaptive=False, exact=exact)
     draft_len = engine.control.draft_length
     reports = {c: P.ConfigReport(c, alpha=alpha) for c in configs}
@@ -105,16 +108,29 @@ def parity(target, draft, proposers, prompts_file, per_category, limit, mode, ma
 
 
 def _configs(proposers: str | None, draft: str | None) -> list[str]:
+    """The configurations to compare: registered proposer names, checked (an unknown one
+    is an error listing the registered ones; draft models need --draft)."""
+    from .. import proposers as registry  # deferred: `edgespec` starts without the registry
     if proposers is None:
         return ([("draft")] if draft else []) + ["ngram", "suffix"]
-    names = [p.strip() for p in proposers.split(",") if p.strip()]
-    bad = [p for p in names if p not in CONFIGS]
+    names = list(dict.fromkeys(p.strip() for p in proposers.split(",") if p.strip()))
+    bad = [p for p in names if p not in registry.REGISTRY]
     if bad or not names:
-        raise InvalidInputError(f"--proposers takes a comma-separated list of {', '.join(CONFIGS)} "
-                                f"(got {proposers!r})")
-    if "draft" in names and not draft:
-        raise InvalidInputError("the 'draft' configuration needs --draft NAME|PATH")
+        raise InvalidInputError(f"--proposers takes a comma-separated list of registered "
+                                f"proposers: {', '.join(registry.REGISTRY)} (got {proposers!r}"
+                                + (f"; unknown: {', '.join(bad)})" if bad else ")"))
+    needing = [p for p in names if registry.needs_model(p)]
+    if needing and not draft:
+        raise InvalidInputError(f"the {needing[0]!r} configuration needs --draft NAME|PATH")
     return names
+
+
+def _label(configs: list[str]) -> str:
+    """The engine's proposer label: the first configuration, plus every other one that is
+    built only when asked for (self, lookahead, mtp) so that it is loaded too."""
+    from .. import proposers as registry  # deferred: see _configs
+    asked = [c for c in configs[1:] if registry.REGISTRY[c].asked_only]
+    return "+".join([configs[0], *asked])
 
 
 def _greedy_word(out) -> str:

@@ -81,9 +81,21 @@ def load_parts(config: EngineConfig, stack: ExitStack) -> Parts:
                               _control_from_flags(config, plan, default)).validate())
     cal = (trusted_calibration(tmodel, config.threads, config.kernel)
            if config.control.adaptive else None)
+    _price_heads(loaded, cal)
     return Parts(config, tmodel, ctx, loaded, options, cal, plan,
                  tree_seqs=tuple(range(config.parallel, config.parallel + config.tree_width)),
                  user_len=user_len)
+
+
+def _price_heads(loaded: Mapping[str, Proposer], cal: Calibration | None) -> None:
+    """A proposer drafting with the target's NextN head starts priced at the head's decode
+    measured at calibration (the controller's seconds per draft token), not at a guess."""
+    head_s = getattr(cal, "mtp_step_seconds", None)
+    for name, p in loaded.items():
+        spec = registry_of_proposers.REGISTRY.get(name)
+        if head_s and spec is not None and spec.nextn_head \
+                and not getattr(p, "seconds_per_token", 0.0):
+            setattr(p, "seconds_per_token", float(head_s))
 
 
 def _context(tmodel: Model, config: EngineConfig, stack: ExitStack) -> tuple[Context, int]:

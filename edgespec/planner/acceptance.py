@@ -24,6 +24,10 @@ DEFAULT_ACCEPTANCE = {
     "bridge": Acceptance(0.40, 1.0),
     "suffix": Acceptance(0.55, 0.30),
     "ngram": Acceptance(0.50, 0.25),
+    # a model's own NextN head drafts every step; its acceptance depends on how it was
+    # trained, which nothing here has measured: a prior until a qualification record exists
+    "mtp": Acceptance(0.60, 1.0, source="prior for an MTP head, not measured on this model; a "
+                                        "qualification record replaces it"),
 }
 #: for a proposer registered later without a default of its own
 UNKNOWN_FREE = Acceptance(0.50, 0.25)

@@ -23,6 +23,7 @@ from .memory import K_MAX, estimate_memory
 from .remote import place
 from .search import DEFAULT_CTX
 from ..runtime.rpc import probe_all
+from .. import proposers
 
 #: exact mode's cap before a probe has run (the engine's fallback: 3-token passes with
 #: repacked CPU weights, docs/parity.md)
@@ -163,9 +164,12 @@ def _with_rpc(p: Plan, tfacts, dfacts) -> Plan:
     host memory without them (the draft, if any, stays here)."""
     cfg, placement = resolve_rpc(p.config, tfacts)
     rows = 1 if p.proposer == "none" else K_MAX + 1
+    head = any(n in proposers.REGISTRY and proposers.REGISTRY[n].nextn_head
+               for n in cfg.proposer.split("+"))
     mem = estimate_memory(tfacts, n_ctx=p.n_ctx * cfg.parallel, kernel=p.kernel,
                           n_gpu_layers=placement.n_gpu_layers,
-                          draft=dfacts if p.draft else None, verify_rows=rows, isa=p.device.isa)
+                          draft=dfacts if p.draft else None, verify_rows=rows, isa=p.device.isa,
+                          mtp_head=head)
     mem = mem.without("GPU runtime")
     note = (f"{placement.n_gpu_layers} of {tfacts.n_layers + 1} target layers on "
             f"{len(placement.shares)} RPC device{'s' if len(placement.shares) != 1 else ''}; "

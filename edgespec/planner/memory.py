@@ -45,6 +45,7 @@ from ..runtime.kernel import KV_GGML_TYPE, KV_TYPES, KernelConfig  # noqa: F401 
 from ..runtime.device import Device, fmt_size, parse_size
 from ..runtime.gguf_facts import ModelFacts
 from . import repack as repackmod
+from .heads import nextn_range, trunk
 from dataclasses import replace
 
 # --- measured constants (llama-cpp-python 0.3.36, CPython 3.11; docs/planner.md) ------------
@@ -222,12 +223,39 @@ def model_memory(label: str, facts: ModelFacts, *, n_ctx: int, kernel: KernelCon
     return items
 
 
+def head_kv_bytes(facts: ModelFacts, n_ctx: int, kv_type: str) -> int:
+    """The MTP context's KV cache: one layer's K and V per NextN block, every cell."""
+    cells = pad_ctx(n_ctx)
+    return int(sum(layer_kv_bytes(facts, il, cells, kv_type) for il in nextn_range(facts)))
+
+
+def head_items(facts: ModelFacts, *, n_ctx: int, kernel: KernelConfig,
+               n_gpu_layers: int = 0) -> list[MemoryItem]:
+    """The head's weights (where its blocks are placed) and its MTP context's KV."""
+    start = gpu_layer_start(facts, n_gpu_layers) if n_gpu_layers > 0 else facts.n_layers + 1
+    on_dev = sum(facts.layer_bytes[il] for il in nextn_range(facts) if il >= start)
+    kv = head_kv_bytes(facts, n_ctx, kernel.kv_type)
+    n = facts.nextn_predict_layers
+    blocks = f"{n} NextN block{'s' if n != 1 else ''}"
+    return [
+        MemoryItem("mtp head weights", facts.mtp_bytes - on_dev, on_dev,
+                   f"{blocks}, loaded with load_mtp"),
+        MemoryItem("mtp KV cache", 0 if on_dev else kv, kv if on_dev else 0,
+                   f"{kernel.kv_type}, {pad_ctx(n_ctx)} cells, {blocks}"),
+    ]
+
+
 def estimate_memory(target: ModelFacts, *, n_ctx: int, kernel: KernelConfig | None = None,
                     kv_type: str | None = None, n_batch: int | None = None, n_gpu_layers: int = 0,
                     draft: ModelFacts | None = None, draft_gpu_layers: int = 0,
                     verify_rows: int = K_MAX + 1, suffix_cap: int = SUFFIX_CACHE_CAP,
-                    free_proposers: bool = True, isa: Sequence[str] = ()) -> MemoryEstimate:
+                    free_proposers: bool = True, isa: Sequence[str] = (),
+                    mtp_head: bool = False) -> MemoryEstimate:
     """Memory of a loaded engine: target (+ draft) with one context each, at their peak.
+
+    A target with NextN (MTP) layers is counted without them (llama.cpp loads and caches
+    only its trunk), unless ``mtp_head`` (the mtp proposer): then its head's weights and
+    MTP context's KV are items of their own (:mod:`.heads`).
 
     ``kernel`` defaults to the engine's (:class:`KernelConfig`); ``kv_type``/``n_batch``
     override its fields. ``isa`` (the device's CPU flags) decides which matrices a
@@ -237,8 +265,10 @@ def estimate_memory(target: ModelFacts, *, n_ctx: int, kernel: KernelConfig | No
     if kv_type is not None or n_batch is not None:
         k = replace(k, kv_type=kv_type or k.kv_type, n_batch=n_batch or k.n_batch)
     items = [MemoryItem("runtime", RUNTIME_BYTES, 0, "python + llama.cpp")]
-    items += model_memory("target", target, n_ctx=n_ctx, kernel=k, n_gpu_layers=n_gpu_layers,
-                          rows=verify_rows, isa=isa)
+    items += model_memory("target", trunk(target), n_ctx=n_ctx, kernel=k,
+                          n_gpu_layers=n_gpu_layers, rows=verify_rows, isa=isa)
+    if mtp_head and target.nextn_predict_layers > 0:
+        items += head_items(target, n_ctx=n_ctx, kernel=k, n_gpu_layers=n_gpu_layers)
     if draft is not None:
         # the draft model is loaded with llama.cpp's defaults except for the context's kernel
         items += model_memory("draft", draft, n_ctx=n_ctx, kernel=k, n_gpu_layers=draft_gpu_layers,

@@ -81,7 +81,7 @@ def _fit_reasons(best, dev: Device, budgets, target: ModelFacts, draft: ModelFac
                  + (f"; draft {cfg['draft_gpu_layers']}/{draft.n_layers + 1}"
                     if cfg["draft_gpu_layers"] and draft else ""))
     r.append(f"verify cost: {sm.describe()}")
-    if draft is not None and sm.draft_ratio is not None:
+    if sm.draft_ratio is not None:  # a draft model's, or the target's own head's
         r.append(f"draft cost: one draft token costs {sm.draft_ratio:.2f} of a target step ({sm.draft_source})")
     return r
 

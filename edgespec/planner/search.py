@@ -24,7 +24,7 @@ from .memory import (KV_TYPES, SUFFIX_CACHE_CAP, MemoryEstimate, default_budgets
                      estimate_memory)
 from .reasons import explain_choice
 from .result import Candidate, Plan
-from .speed import K_MAX, SpeedModel, best_draft_len, bridged, speed_model
+from .speed import K_MAX, SpeedModel, best_draft_len, bridged, head_speed, speed_model
 from .. import proposers
 from ..proposers.vocab_check import SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 
@@ -87,27 +87,27 @@ class _Search:
 
     def __init__(self, target: ModelFacts, draft: ModelFacts | None, dev: Device,
                  budgets: tuple[int, int], suffix_cap: int, gpu_cap: int | None,
-                 speed_for: Callable[[int, int], SpeedModel], k_max: int) -> None:
+                 speed_for: Callable[[int, int, bool], SpeedModel], k_max: int) -> None:
         self.target, self.draft, self.dev = target, draft, dev
         self.budgets, self.suffix_cap, self.gpu_cap = budgets, suffix_cap, gpu_cap
         self.speed_for, self.k_max = speed_for, k_max
         self.sequences = 1  # --parallel: the context holds this many sequences of ctx cells
 
     def memory(self, ctx: int, kernel: KernelConfig, g_t: int, draft: ModelFacts | None, g_d: int,
-               rows: int) -> MemoryEstimate:
+               rows: int, head: bool = False) -> MemoryEstimate:
         return estimate_memory(self.target, n_ctx=ctx * self.sequences, kernel=kernel, n_gpu_layers=g_t, draft=draft,
                                draft_gpu_layers=g_d, verify_rows=rows, suffix_cap=self.suffix_cap,
-                               isa=self.dev.isa)
+                               isa=self.dev.isa, mtp_head=head)
 
     def place(self, ctx: int, kernel: KernelConfig, draft: ModelFacts | None,
-              rows: int) -> tuple[int, int]:
+              rows: int, head: bool = False) -> tuple[int, int]:
         """GPU layers for target then draft: the target gets the accelerator first."""
         vram = self.budgets[1]
         if vram <= 0 or self.gpu_cap == 0:
             return 0, 0
 
         def dev_mem(g_t: int, g_d: int) -> int:
-            return self.memory(ctx, kernel, g_t, draft, g_d, rows).device
+            return self.memory(ctx, kernel, g_t, draft, g_d, rows, head).device
 
         g_t = _max_offload(self.target, lambda g: dev_mem(g, 0) <= vram)
         if self.gpu_cap is not None and self.gpu_cap > 0:
@@ -126,31 +126,36 @@ class _Search:
         """
         host_budget, vram = self.budgets
         use_draft = self.draft if costly else None
+        head = _nextn_head(kind)
         rows = self.k_max + 1 if kind != PLAIN else 1
         for ctx, kernel in configs:
             fitting = []
             for nb in BATCH_CHOICES:
                 k = replace(kernel, n_batch=nb)
-                g_t, g_d = self.place(ctx, k, use_draft, rows)
-                mem = self.memory(ctx, k, g_t, use_draft, g_d, rows)
+                g_t, g_d = self.place(ctx, k, use_draft, rows, head)
+                mem = self.memory(ctx, k, g_t, use_draft, g_d, rows, head)
                 if mem.host <= host_budget and mem.device <= vram:
                     fitting.append((g_t, g_d, nb, mem, k))
             if not fitting:
                 continue
             g_t, g_d, nb, mem, k = max(fitting, key=lambda f: (f[0], f[1], f[2]))
-            sm = self.speed_for(g_t, g_d)
+            sm = self.speed_for(g_t, g_d, head)
             if costly and _bridged(kind):
                 sm = bridged(sm)
             if kind == PLAIN:
                 best, s, rng = 0, 1.0, (0, 0)
             else:
-                best, s, rng = best_draft_len(kind, acc, sm.cost, sm.draft_ratio or 0.0, self.k_max)
+                best, s, rng = best_draft_len(kind, acc, sm.cost, sm.draft_ratio or 0.0,
+                                              _k_max(kind, self.k_max))
             return Candidate(kind, True, s, best, rng, acc, mem,
                              {"n_ctx": ctx, "kernel": k, "n_gpu_layers": g_t,
                               "draft_gpu_layers": g_d, "speed": sm})
         ctx, kernel = configs[-1]
-        least = self.memory(ctx, replace(kernel, n_batch=BATCH_CHOICES[-1]), 0, use_draft, 0, rows)
+        least = self.memory(ctx, replace(kernel, n_batch=BATCH_CHOICES[-1]), 0, use_draft, 0, rows,
+                            head)
         what = f"the draft's weights are {fmt_size(use_draft.weight_bytes)}; " if use_draft else ""
+        if head:
+            what = f"the MTP head's weights are {fmt_size(self.target.mtp_bytes)}; "
         return Candidate(kind, False, acceptance=acc,
                          note=f"does not fit: {what}needs at least {fmt_size(least.host)} host "
                               f"(ctx {ctx}, KV {kernel.kv_type}) against a budget of {fmt_size(host_budget)}")
@@ -184,6 +189,20 @@ class _Search:
         return msg + " Smallest change that fits: " + "; or ".join(fixes) + "."
 
 
+def _nextn_head(kind: str) -> bool:
+    """A proposer drafting with the target's own NextN layers (mtp): its memory and cost are
+    the head's, never a draft model's."""
+    return kind in proposers.REGISTRY and proposers.REGISTRY[kind].nextn_head
+
+
+def _k_max(kind: str, k_max: int) -> int:
+    """The longest draft weighed: a NextN head's is capped by its max_draft (what it runs)."""
+    if not _nextn_head(kind):
+        return k_max
+    cap = proposers.REGISTRY[kind].options.get("max_draft")
+    return min(k_max, int(cap.default)) if cap is not None else k_max
+
+
 def _bridged(kind: str) -> bool:
     """A proposer that drafts with another tokenizer through the vocabulary bridge."""
     return kind in proposers.REGISTRY and not proposers.REGISTRY[kind].same_vocab
@@ -208,20 +227,25 @@ def _draft_incompatibility(target: ModelFacts, draft: ModelFacts, kind: str = "d
     return ""
 
 
-def _kinds(proposer: str, has_draft: bool) -> list[tuple[str, bool]]:
-    """(proposer, costs a model) to evaluate: every registered one for "auto", else those asked."""
+def _kinds(proposer: str, has_draft: bool, nextn_layers: int = 0) -> list[tuple[str, bool]]:
+    """(proposer, costs a draft model) to evaluate: for "auto" every registered one auto
+    weighs for this target (``nextn_layers``: its header's NextN count), else those asked."""
     if proposer == AUTO:
         # self-speculation derives a model of its own, which the planner's draft memory and
         # speed model do not describe, and lookahead is not measured yet: they run when
-        # asked for (--proposer self|lookahead), see docs/benchmarks.md
+        # asked for (--proposer self|lookahead), see docs/benchmarks.md. mtp is weighed on
+        # a target that carries NextN layers (its head's memory and cost are described)
         names = [PLAIN] + [n for n in proposers.names()
-                           if not proposers.REGISTRY[n].asked_only]
+                           if proposers.REGISTRY[n].weighable(nextn_layers)]
     elif proposer == PLAIN:
         names = [PLAIN]
     else:
         names = proposer.split("+")
     out = []
     for n in names:
+        if _nextn_head(n):
+            out.append((n, False))  # the target's own head: no draft model to count
+            continue
         # a proposer deriving its own model (self) costs one too when the caller describes
         # it as the draft (plan_engine does: planner.selfdraft); undescribed, it is weighed
         # without one rather than dropped
@@ -262,12 +286,13 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
     cals = dict(calibrations or {})
     k_max = K_MAX if not exact else max(exact_cap if exact_cap is not None else 2, 1)
 
-    def speed_for(g_t: int, g_d: int) -> SpeedModel:
+    def speed_for(g_t: int, g_d: int, head: bool = False) -> SpeedModel:
         # a measured calibration holds for the CPU layout it was measured with
         tc = cals.get("target") if g_t == 0 and not dev.synthetic else None
         dc = cals.get("draft") if g_d == 0 and not dev.synthetic else None
-        return speed_model(dev, target, draft, n_gpu_layers=g_t, draft_gpu_layers=g_d,
-                           target_cal=tc, draft_cal=dc)
+        sm = speed_model(dev, target, draft, n_gpu_layers=g_t, draft_gpu_layers=g_d,
+                         target_cal=tc, draft_cal=dc)
+        return head_speed(sm, target, tc) if head else sm
 
     search = _Search(target, draft, dev, budgets, suffix_cap, n_gpu_layers, speed_for, k_max)
     search.sequences = base.parallel if base is not None else 1
@@ -317,7 +342,7 @@ def _candidates(search: _Search, proposer: str, configs: Sequence[tuple[int, Ker
     """Every proposer weighed, in the order _kinds gives (fitting or not, with its note)."""
     target, draft = search.target, search.draft
     cands: list[Candidate] = []
-    for kind, costly in _kinds(proposer, draft is not None):
+    for kind, costly in _kinds(proposer, draft is not None, target.nextn_predict_layers):
         if proposer == AUTO and costly and _bridged(kind) and _sizes_pair(target, draft):
             continue  # a draft sharing the vocabulary needs no bridge: not a choice to weigh
         acc = acceptance_for(kind, target_name, draft_name) if kind != PLAIN else None
@@ -334,7 +359,7 @@ def _best(cands: Sequence[Candidate], fitting: Sequence[Candidate]
     order = {c.proposer: i for i, c in enumerate(cands)}
     best = max(fitting, key=lambda c: (round(c.speedup, 3), -order[c.proposer]))
     draft_len = best.draft_len
-    free = [c for c in fitting if c.proposer != PLAIN and not _costly(c.proposer)]
+    free = [c for c in fitting if c.proposer != PLAIN and not _drafts_per_step(c.proposer)]
     if best.proposer == PLAIN and free:
         # Requests may still name a free proposer (the engine loads them all): give them the
         # range their own prediction prefers rather than a draft length of zero.
@@ -366,7 +391,14 @@ def _own_model_names() -> set[str]:
 
 
 def _costly(name: str) -> bool:
+    """It needs a draft model the engine loads (--draft)."""
     return name != PLAIN and proposers.needs_model(name)
+
+
+def _drafts_per_step(name: str) -> bool:
+    """It costs a model's compute each draft (a draft model, the target's own head): not a
+    free proposer the engine loads beside every plan."""
+    return _costly(name) or _nextn_head(name)
 
 
 def _label(asked: str, best: Candidate, free: Sequence[Candidate], adaptive: bool) -> str:
@@ -380,6 +412,6 @@ def _label(asked: str, best: Candidate, free: Sequence[Candidate], adaptive: boo
     if best.proposer == PLAIN and not (adaptive and free):
         return PLAIN
     names = [c.proposer for c in free]
-    if _costly(best.proposer):
+    if _costly(best.proposer) or _nextn_head(best.proposer):
         names.append(best.proposer)
     return "+".join(names) or best.proposer

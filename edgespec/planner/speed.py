@@ -20,10 +20,11 @@ from ..api.labels import PLAIN
 from ..runtime.device import Device
 from ..runtime.gguf_facts import ModelFacts
 from .acceptance import Acceptance
+from .heads import head_step_ratio, trunk
 from .memory import weight_bytes
 from .trust import calibration_trust
 from ..calibration.curve import Calibration, prior_step_seconds
-from ..proposers import needs_model
+from ..proposers import REGISTRY, needs_model
 from dataclasses import replace
 
 K_MAX = 16
@@ -51,10 +52,31 @@ def predicted_speedup(kind: str, k: int, acc: Acceptance, cost: Callable[[float]
     if kind == PLAIN or k <= 0:
         return 1.0
     e = expected_tokens(acc.alpha, k)
-    if needs_model(kind):
+    if drafts_with_a_model(kind):
         return e / (cost(k + 1) + draft_ratio * k)
     c = acc.coverage
     return (c * e + 1.0 - c) / (c * cost(k + 1) + 1.0 - c)
+
+
+def drafts_with_a_model(kind: str) -> bool:
+    """A draft model's or the target's own NextN head's: every step drafts, each draft
+    token costs ``draft_ratio`` target steps."""
+    return needs_model(kind) or (kind in REGISTRY and REGISTRY[kind].nextn_head)
+
+
+def head_speed(sm: SpeedModel, target: ModelFacts, target_cal: Calibration | None = None) -> SpeedModel:
+    """``sm`` for drafting with the target's own NextN head: a draft token costs one head
+    decode, measured at calibration (``mtp_step_seconds``, over the measured step) when the
+    target's calibration is trusted and holds it, else the prior of :mod:`.heads`."""
+    head_s = getattr(target_cal, "mtp_step_seconds", None)
+    if head_s and calibration_trust(target_cal, prior_step_seconds(trunk(target).weight_bytes))[0]:
+        assert target_cal is not None
+        return replace(sm, draft_ratio=head_s / target_cal.step_seconds,
+                       draft_source=f"the MTP head's decode measured at calibration "
+                                    f"({head_s * 1000:.2f} ms a draft token)")
+    return replace(sm, draft_ratio=head_step_ratio(target),
+                   draft_source="prior: the bytes one MTP head decode reads over the trunk's "
+                                "(not measured yet: `edgespec plan --calibrate` measures it)")
 
 
 def best_draft_len(kind: str, acc: Acceptance, cost: Callable[[float], float],

@@ -94,6 +94,14 @@ class ProposerSpec:
     #: True for a proposer not yet measured to pay (lookahead): built only when asked for,
     #: and never weighed by auto, like a proposer deriving its own model
     opt_in: bool = False
+    #: True for a proposer drafting with the target's own NextN (MTP) layers: auto weighs
+    #: it on a target whose header has some (the planner counts their weights and KV, the
+    #: calibration measures their cost per draft token), and never on any other
+    nextn_head: bool = False
+
+    def weighable(self, nextn_layers: int = 0) -> bool:
+        """Whether auto weighs it for a target with ``nextn_layers`` NextN layers."""
+        return nextn_layers > 0 if self.nextn_head else not self.asked_only
 
     @property
     def own_model(self) -> bool:
@@ -248,7 +256,7 @@ REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
     ProposerSpec(
         "mtp", "the target's own multi-token-prediction (NextN) head, for GGUFs that carry "
         "one (no second model; its KV follows the target's verify pass)", costly=True,
-        needs=(), factory=_mtp, options={
+        needs=(), factory=_mtp, nextn_head=True, options={
             "max_draft": Option(int, 3, "most tokens per draft"),
         }),
     ProposerSpec(

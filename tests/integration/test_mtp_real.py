@@ -103,3 +103,53 @@ def test_a_target_without_mtp_layers_is_refused_with_what_to_do(model_path):
                                                 r"prediction layers \(qwen2\.nextn_predict"):
         Engine.load(str(model_path("qwen-0.5b")), proposer="mtp", adaptive=False,
                     n_ctx=256, threads=2, pull=False)
+
+
+def test_plan_with_mtp_shows_the_heads_memory(mtp_gguf):
+    from click.testing import CliRunner
+    from edgespec.cli import cli
+    r = CliRunner().invoke(cli, ["plan", "--target", str(mtp_gguf), "--proposer", "mtp"])
+    assert r.exit_code == 0, r.output
+    assert "proposer   mtp" in r.output
+    assert "mtp head weights" in r.output and "mtp KV cache" in r.output
+    assert "MTP head" in r.output  # its cost per draft token, and where it came from
+
+
+def test_calibration_measures_the_heads_cost_per_draft_token(mtp_gguf, tmp_path):
+    from edgespec.calibration import cache
+    cal = cache.load_or_measure(mtp_gguf, n_threads=2, home=tmp_path, repeats=1)
+    assert cal.mtp_step_seconds is not None and 0 < cal.mtp_step_seconds < 1
+    assert cache.load_cached(cal.key, tmp_path).mtp_step_seconds == cal.mtp_step_seconds
+
+
+def test_auto_on_a_nextn_target_weighs_mtp_and_records_its_choice(mtp_gguf):
+    eng = Engine.load(str(mtp_gguf), proposer="auto", adaptive=False, n_ctx=512, threads=2,
+                      pull=False)
+    try:
+        cands = {c.proposer: c for c in eng.plan.candidates}
+        assert "mtp" in cands and cands["mtp"].acceptance is not None
+        picked = "mtp" in eng.config.proposer.split("+")
+        assert picked == (eng.plan.proposer == "mtp")
+        assert any(r.startswith(("chosen mtp", "not mtp")) for r in eng.plan.reasons)
+        if eng.config.proposer != "none":
+            outs = list(P.greedy_parity(eng, PROMPTS[:1], [eng.config.proposer], max_tokens=24,
+                                        tolerance=0.0))
+            assert all(o.identical for o in outs), outs
+    finally:
+        eng.close()
+
+
+def test_parity_cli_runs_asked_only_proposers(mtp_gguf, tmp_path):
+    import json
+    from click.testing import CliRunner
+    from edgespec.cli import cli
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": PROMPTS[1].prompt, "category": "test"}) + "\n")
+    r = CliRunner().invoke(cli, ["parity", "--target", str(mtp_gguf), "--proposers",
+                                 "mtp,lookahead", "--prompts", str(prompts), "--max-tokens", "16",
+                                 "--ctx", "512", "--threads", "2", "--draft-len", "3",
+                                 "--no-exact", "--tolerance", "0"])
+    assert r.exit_code == 0, r.output
+    rows = {line.split()[0]: line.split() for line in r.output.splitlines()
+            if line.startswith(("mtp ", "lookahead "))}
+    assert set(rows) == {"mtp", "lookahead"} and rows["mtp"][1] == "1" and rows["mtp"][4] == "0"

@@ -48,6 +48,9 @@ def test_dry_run_reports_every_stage(tmp_path):
     assert {"none", "draft", "ngram", "suffix"} <= set(res)
     assert all(r["decode_tok_s"] > 0 and r["requests"] >= 1 for r in res.values())
     assert "tree_width = 2" in stages["trees"]["details"]["matrix"]
+    mtp = stages["proposers"]["details"].get("mtp", {})  # the tiny NextN GGUF, plumbing
+    if stages["proposers"]["status"] == "ok":
+        assert {"none", "mtp"} <= set(mtp["results"]) and "tiny-mtp.gguf" in mtp["matrix"]
     md = (out / "report.md").read_text()
     for name in mod.STAGES:
         assert f"| {name} | {stages[name]['status']} |" in md
