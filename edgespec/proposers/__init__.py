@@ -73,7 +73,8 @@ class BuildContext:
     #: its PairSpec or UnqualifiedBridgeError (edgespec.registry.bridges.check_pair); handed
     #: in by the engine so that the proposers need not import the model registry
     check_bridge_pair: Callable[[Model, Model, str], object] | None = None
-    #: the target's context (the mtp proposer reads its hidden states from the verify pass)
+    #: the target's context (the mtp and eagle3 proposers read its hidden states from the
+    #: verify pass)
     target_ctx: Context | None = None
 
 
@@ -167,10 +168,19 @@ def _loaded(model: Model | None, what: str, proposer: str) -> Model:
     return model
 
 
+def _not_eagle3(draft: Model, proposer: str) -> Model:
+    """An EAGLE-3 head is no standalone model: only the eagle3 proposer can run it."""
+    if draft.meta("general.architecture") == "eagle3":
+        raise InvalidInputError(f"draft {draft.path.name} is an EAGLE-3 head, not a model the "
+                                f"{proposer} proposer can run; use --proposer eagle3")
+    return draft
+
+
 def _draft(ctx: BuildContext, opts: Options) -> Proposer:
     from .draft import DraftModelProposer  # deferred: see _ngram
     from .vocab_check import vocab_mismatch  # deferred: see _ngram
-    draft = _loaded(ctx.draft_model, "a draft model (--draft NAME|PATH)", "draft")
+    draft = _not_eagle3(_loaded(ctx.draft_model, "a draft model (--draft NAME|PATH)", "draft"),
+                        "draft")
     if ctx.target is not None and vocab_mismatch(ctx.target, draft) is not None:
         # loaded for the bridge: this draft's token ids mean nothing to the target
         raise InvalidInputError(f"draft {draft.path.name} does not share the target's "
@@ -190,10 +200,17 @@ def _mtp(ctx: BuildContext, opts: Options) -> Proposer:
     return build_mtp(ctx.target, ctx.target_ctx, ctx.kernel, max_draft=opts.get("max_draft", 3))
 
 
+def _eagle3(ctx: BuildContext, opts: Options) -> Proposer:
+    from .eagle3 import build_eagle3  # deferred: see _ngram
+    return build_eagle3(ctx.target, ctx.target_ctx, ctx.draft_model, ctx.kernel,
+                        max_draft=opts.get("max_draft", 3))
+
+
 def _bridge(ctx: BuildContext, opts: Options) -> Proposer:
     from .bridged import BridgedDraftProposer  # deferred: see _ngram
-    return BridgedDraftProposer(_loaded(ctx.draft_model, "a draft model (--draft NAME|PATH)",
-                                        "bridge"),
+    return BridgedDraftProposer(_not_eagle3(_loaded(ctx.draft_model,
+                                                    "a draft model (--draft NAME|PATH)",
+                                                    "bridge"), "bridge"),
                                 _loaded(ctx.target, "the loaded target", "bridge"), n_ctx=ctx.n_ctx,
                                 n_threads=ctx.threads, kernel=ctx.kernel,
                                 pin_check=ctx.check_bridge_pair, **opts)
@@ -257,6 +274,12 @@ REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
         "mtp", "the target's own multi-token-prediction (NextN) head, for GGUFs that carry "
         "one (no second model; its KV follows the target's verify pass)", costly=True,
         needs=(), factory=_mtp, nextn_head=True, options={
+            "max_draft": Option(int, 3, "most tokens per draft"),
+        }),
+    ProposerSpec(
+        "eagle3", "an EAGLE-3 head (--draft FILE, arch eagle3) fed by three of the target's "
+        "layers from its verify pass (opt-in: auto does not weigh it until measured)",
+        costly=True, needs=("draft_model",), factory=_eagle3, opt_in=True, options={
             "max_draft": Option(int, 3, "most tokens per draft"),
         }),
     ProposerSpec(

@@ -13,8 +13,7 @@ The target's hidden states are a by-product of its verify pass: :class:`NextnTap
 and copies the rows out after every decode, keyed by sequence and position.
 
 ``llama_set_embeddings_nextn`` and its getters live in llama.cpp's staging header
-(``src/llama-ext.h``), exported with C++ linkage and not bound by llama-cpp-python: they
-are reached by their mangled names, which :func:`_staging` checks at first use. The
+(``src/llama-ext.h``), bound by their mangled names in :mod:`edgespec.runtime.staging`. The
 batch carries a hidden row with ``llama_batch_ext_set_embd_token`` (what llama.cpp's
 ``common_batch`` does); ``llama_batch_ext_set_embd_state`` is still a stub returning false.
 """
@@ -29,34 +28,7 @@ from ..errors import EdgespecError
 from .backend import ll as _ll, recent_log
 from .context import Context
 from .model import Model
-
-_FloatP = ctypes.POINTER(ctypes.c_float)
-_SYMBOLS = {
-    "set_nextn": ("_Z26llama_set_embeddings_nextnP13llama_contextbb",
-                  [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None),
-    "get_nextn": ("_Z26llama_get_embeddings_nextnP13llama_context", [ctypes.c_void_p], _FloatP),
-    "get_nextn_ith": ("_Z30llama_get_embeddings_nextn_ithP13llama_contexti",
-                      [ctypes.c_void_p, ctypes.c_int32], _FloatP),
-}
-_fns: dict[str, Any] = {}
-
-
-def _staging(name: str) -> Any:
-    """A function of llama.cpp's staging API, by its mangled name (checked once)."""
-    if not _fns:
-        if _ll is None:
-            raise EdgespecError("llama-cpp-python is not importable; run `make install`")
-        lib = _ll.llama_cpp._lib  # the loaded libllama (the backend imported llama_cpp)
-        for key, (sym, args, res) in _SYMBOLS.items():
-            fn = getattr(lib, sym, None)
-            if fn is None:
-                raise EdgespecError(
-                    f"this llama.cpp build does not export {sym} (the MTP staging API); "
-                    "the mtp proposer needs the llama-cpp-python 0.3.36 that `make install` builds")
-            fn.argtypes, fn.restype = args, res
-            _fns[key] = fn
-    return _fns[name]
-
+from .staging import FloatP as _FloatP, staging as _staging
 
 def n_layer_nextn(model: Model) -> int:
     """NextN (MTP) blocks the loaded model has (0 for most models)."""
