@@ -12,9 +12,13 @@ Alternates, in one process, on one prompt:
   same text with the same context size, threads, KV type, flash attention and repacking,
   timed as the bench times it (its decode and sampling timers).
 
+* ``llama-completion-shared`` (with ``--shared-bin DIR``): the same tool built from the same
+  source and flags as shared libraries (``-DBUILD_SHARED_LIBS=ON``), as llama-cpp-python
+  builds llama.cpp; ``make anchors`` links its tools statically.
+
 ``engine`` = ``bare`` puts the gap outside our per-step code; ``bare`` = ``bare-1seq``
 outside the context's layout; what remains is between llama-cpp-python's build of
-llama.cpp and the tool's.
+llama.cpp and the tool's, and the shared arm tests the one build difference there is.
 
     python tools/plain_overhead.py ~/.cache/edgespec/models/qwen-1.5b.gguf --threads 2
 """
@@ -24,6 +28,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -57,6 +63,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shared-bin", default=None,
+                    help="folder of a llama-completion built with -DBUILD_SHARED_LIBS=ON")
     a = ap.parse_args()
     params = GenerationParams(max_tokens=a.tokens, chat=False)
     rates: dict[str, list[float]] = {}
@@ -70,6 +78,9 @@ def main() -> None:
         except AnchorsNotBuiltError as e:
             print(f"llama-completion left out: {e}")
             setup = None
+        shared = None
+        if a.shared_bin and setup is not None:
+            shared = replace(setup, bin_dir=check_built(["llama-completion"], Path(a.shared_bin)))
         try:
             for r in range(a.rounds):
                 fin = engine.generate(PROMPT, params, reuse=False)
@@ -83,6 +94,9 @@ def main() -> None:
                         raise SystemExit(f"llama-completion read {run.timing.prompt_tokens} prompt "
                                          f"tokens, the engine {len(tokens)}")
                     row["llama-completion"] = run.timing.decode_tokens_per_second
+                if shared is not None:
+                    run = run_tool("llama-completion", shared, PROMPT, a.tokens)
+                    row["llama-completion-shared"] = run.timing.decode_tokens_per_second
                 print(f"round {r}: " + ", ".join(f"{k} {v:.2f}" for k, v in row.items())
                       + f" tok/s (engine generated {len(fin.tokens)})")
                 for k, v in row.items():
