@@ -18,6 +18,8 @@ the head's cache holds, at every position, only pairs made from the *target's* f
 Features the target never produced here (a prefix restored from the KV cache instead of
 decoded) read as zeros and are counted (``missing_rows``): drafts may be worse, the output
 never changes (verification decides). One request at a time, on the target's sequence 0.
+That bookkeeping is the one MTP shares (:mod:`.heads`: an EAGLE-3 head is MTP's read one
+position later); this module says what is EAGLE-3's own: the lead, the encoder, the refusals.
 
 :func:`refusal` checks a target and a draft from their headers before llama.cpp runs
 anything: llama.cpp aborts the process on a target architecture that does not publish
@@ -25,7 +27,6 @@ its layer inputs, or on a layer id past the target's.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
@@ -33,11 +34,9 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from ..api.params import SamplingParams
-from ..decoding.sampling import distribution, make_rng, sample
 from ..errors import InvalidInputError
 from ..runtime.gguf_facts import ModelFacts, read_facts
-from .base import EMPTY_DRAFT, Draft
-from .draft import fit_row
+from .heads import HeadContext, HeadProposer, HeadSession
 
 #: GGUF architectures whose graph publishes every layer's input (``res->t_layer_inp``);
 #: llama.cpp aborts on a layer-input request for any other (src/models/*.cpp, 0.3.36)
@@ -57,144 +56,32 @@ _INSTEAD = ("use another proposer: --proposer self (no second model), draft --dr
             "ngram or suffix")
 
 
-class Head(Protocol):
-    """What the proposer needs of :class:`edgespec.runtime.eagle3.Eagle3Context`."""
-    n_ctx: int
-    n_embd: int
+class Head(HeadContext, Protocol):
+    """What the proposer needs of :class:`edgespec.runtime.eagle3.Eagle3Context`: a head
+    that also encodes the target's features into its input rows."""
     n_feat: int
 
     def encode(self, features: np.ndarray) -> np.ndarray: ...
 
-    def decode(self, tokens: list[int], pos0: int, g: np.ndarray,
-               want: bool = True) -> tuple[np.ndarray, np.ndarray] | None: ...
 
-    def trim(self, from_pos: int) -> None: ...
-
-    def clear(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class Features(Protocol):
-    """What the proposer needs of :class:`edgespec.runtime.eagle3.LayerTap`."""
-
-    def row(self, seq: int, pos: int) -> np.ndarray | None: ...
-
-    def forget_below(self, seq: int, pos: int) -> None: ...
-
-    def detach(self) -> None: ...
-
-
-class Eagle3Proposer:
+class Eagle3Proposer(HeadProposer[Head]):
     name = "eagle3"
-    costly = True
+    serves = "the EAGLE-3 head"
 
-    def __init__(self, head: Head, tap: Features, target_vocab: int, max_draft: int = 3,
-                 target_seq: int = 0) -> None:
-        self.head = head
-        self.tap = tap
-        self.target_vocab = int(target_vocab)
-        self.max_draft = max(1, int(max_draft))
-        self.target_seq = target_seq
-        self.seconds_per_token = 0.0  # running estimate, read by the controller
-        self.missing_rows = 0  # feature rows read as zeros (never decoded by the target here)
-        self._busy = False
-
-    def open(self, prompt_tokens: Sequence[int], sampling: SamplingParams) -> "Eagle3Session":
-        if self._busy:
-            raise RuntimeError("the EAGLE-3 head serves one request at a time")
-        self.head.clear()
-        self._busy = True
-        return Eagle3Session(self, [int(t) for t in prompt_tokens], sampling)
-
-    def _release(self) -> None:
-        self._busy = False
-
-    def close(self) -> None:
-        try:
-            self.tap.detach()
-        finally:
-            self.head.close()
+    def _session(self, tokens: list[int], sampling: SamplingParams) -> "Eagle3Session":
+        return Eagle3Session(self, tokens, sampling)
 
 
-class Eagle3Session:
-    def __init__(self, owner: Eagle3Proposer, tokens: list[int], sampling: SamplingParams) -> None:
-        self.owner = owner
-        self.seq = tokens  # the accepted sequence, as the target sees it
-        #: the head's cache holds positions [0, kv_len), each (seq[P+1], the target's g_P)
-        self.kv_len = 0
-        self.sampling = sampling
-        self._rng = None if sampling.greedy else make_rng(sampling.seed, "draft")
+class Eagle3Session(HeadSession[Head]):
+    """Head position ``P`` reads ``(t_{P+1}, g_P)``: the token one ahead (``lead`` 1) with
+    the target's features of its own position, encoded by the head."""
+    lead = 1
 
-    def _features(self, pos: int) -> np.ndarray:
-        o = self.owner
-        row = o.tap.row(o.target_seq, pos)
-        if row is None:
-            o.missing_rows += 1
-            return np.zeros(o.head.n_feat, dtype=np.float32)
-        return row
+    def _width(self) -> int:
+        return self.owner.head.n_feat
 
-    def _catch_up(self) -> tuple[np.ndarray, np.ndarray]:
-        """Decode positions kv_len .. len(seq)-2 from the target's features; the logits and
-        pre-norm state of the last one (which predict the first draft token)."""
-        o, top = self.owner, len(self.seq) - 2
-        start = min(self.kv_len, top)
-        if start < self.kv_len:
-            o.head.trim(start)  # the last position is decoded again for its output
-        feats = np.stack([self._features(p) for p in range(start, top + 1)])
-        out = o.head.decode(self.seq[start + 1:top + 2], start, o.head.encode(feats), want=True)
-        assert out is not None
-        self.kv_len = top + 1
-        o.tap.forget_below(o.target_seq, top)
-        return out
-
-    def propose(self, k: int) -> Draft:
-        o = self.owner
-        k = min(k, o.max_draft)
-        if k <= 0 or len(self.seq) < 2 or len(self.seq) + k >= o.head.n_ctx:
-            return EMPTY_DRAFT
-        t0 = time.perf_counter()
-        logits, h = self._catch_up()
-        tokens: list[int] = []
-        probs: list[np.ndarray] = []
-        conf: list[float] = []
-        history = list(self.seq)
-        for i in range(k):
-            tok, p, c = self._choose(fit_row(logits, o.target_vocab), history)
-            tokens.append(tok)
-            conf.append(c)
-            if p is not None:
-                probs.append(p)
-            history.append(tok)
-            if i + 1 < k:
-                out = o.head.decode([tok], self.kv_len + i, h[None, :], want=True)
-                assert out is not None
-                logits, h = out
-        if k > 1:
-            o.head.trim(self.kv_len)  # draft positions: never kept (see the module doc)
-        est = (time.perf_counter() - t0) / k
-        o.seconds_per_token = est if o.seconds_per_token == 0 else \
-            0.8 * o.seconds_per_token + 0.2 * est
-        return Draft(tokens=tuple(tokens), probs=np.stack(probs) if probs else None,
-                     confidence=tuple(conf), source="eagle3")
-
-    def _choose(self, logits: np.ndarray,
-                history: list[int]) -> tuple[int, np.ndarray | None, float]:
-        if self._rng is None:
-            tok = int(np.argmax(logits))
-            x = logits.astype(np.float64)
-            return tok, None, 1.0 / float(np.sum(np.exp(x - x[tok])))
-        p = distribution(logits, history, self.sampling)
-        tok = sample(p, self._rng)
-        return tok, p, float(p[tok])
-
-    def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None:  # noqa: ARG002
-        # the cache already holds only positions made from the target's features; the new
-        # tokens are decoded at the next catch-up
-        self.seq.extend(int(t) for t in tokens)
-
-    def close(self, completed: bool) -> None:  # noqa: ARG002
-        self.owner._release()
+    def _head_input(self, rows: np.ndarray) -> np.ndarray:
+        return self.owner.head.encode(rows)
 
 
 def refusal(target: ModelFacts, draft: ModelFacts, layers: Sequence[int],

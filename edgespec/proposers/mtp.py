@@ -21,160 +21,36 @@ every position, only entries made from the *target's* hidden states:
 A hidden row the target never produced here (a prefix restored from the KV cache instead
 of decoded) is read as zeros, as llama.cpp does for the first position: drafts may be
 worse, the output never changes (verification decides). One request at a time, on the
-target's sequence 0.
+target's sequence 0. That bookkeeping is the one EAGLE-3 shares (:mod:`.heads`); this
+module says what is MTP's own: which token a head position reads, and the refusal.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any, Protocol, Sequence
-
-import numpy as np
+from typing import Any
 
 from ..api.params import SamplingParams
-from ..decoding.sampling import distribution, make_rng, sample
 from ..errors import InvalidInputError
 from ..runtime.gguf_facts import read_facts
-from .base import EMPTY_DRAFT, Draft
+from .heads import HeadContext, HeadProposer, HeadSession
 
 
-class Head(Protocol):
-    """What the proposer needs of :class:`edgespec.runtime.mtp.MtpContext`."""
-    n_ctx: int
-    n_embd: int
 
-    def decode(self, tokens: list[int], pos0: int, hidden: np.ndarray,
-               want: bool = True) -> tuple[np.ndarray, np.ndarray] | None: ...
-
-    def trim(self, from_pos: int) -> None: ...
-
-    def clear(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class Rows(Protocol):
-    """What the proposer needs of :class:`edgespec.runtime.mtp.NextnTap`."""
-
-    def row(self, seq: int, pos: int) -> np.ndarray | None: ...
-
-    def forget_below(self, seq: int, pos: int) -> None: ...
-
-    def detach(self) -> None: ...
-
-
-class MtpProposer:
+class MtpProposer(HeadProposer[HeadContext]):
     name = "mtp"
-    costly = True
+    serves = "the MTP head"
 
-    def __init__(self, head: Head, tap: Rows, target_vocab: int, max_draft: int = 3,
-                 target_seq: int = 0) -> None:
-        self.head = head
-        self.tap = tap
-        self.target_vocab = int(target_vocab)
-        self.max_draft = max(1, int(max_draft))
-        self.target_seq = target_seq
-        self.seconds_per_token = 0.0  # running estimate, read by the controller
-        self.missing_rows = 0  # hidden rows read as zeros (never decoded by the target here)
-        self._busy = False
-
-    def open(self, prompt_tokens: Sequence[int], sampling: SamplingParams) -> "MtpSession":
-        if self._busy:
-            raise RuntimeError("the MTP head serves one request at a time")
-        self.head.clear()
-        self._busy = True
-        return MtpSession(self, [int(t) for t in prompt_tokens], sampling)
-
-    def _release(self) -> None:
-        self._busy = False
-
-    def close(self) -> None:
-        try:
-            self.tap.detach()
-        finally:
-            self.head.close()
+    def _session(self, tokens: list[int], sampling: SamplingParams) -> "MtpSession":
+        return MtpSession(self, tokens, sampling)
 
 
-class MtpSession:
-    def __init__(self, owner: MtpProposer, tokens: list[int], sampling: SamplingParams) -> None:
-        self.owner = owner
-        self.seq = tokens  # the accepted sequence, as the target sees it
-        #: the MTP cache holds positions [0, kv_len), each made from the target's hidden state
-        self.kv_len = 0
-        self.sampling = sampling
-        self._rng = None if sampling.greedy else make_rng(sampling.seed, "draft")
+class MtpSession(HeadSession[HeadContext]):
+    """Head position ``p`` reads ``(x_p, h_{p-1})``: the token at its own position (``lead``
+    0) with the target's hidden state, as it is, after the position before."""
+    lead = 0
 
-    def _hidden(self, pos: int) -> np.ndarray:
-        """The target's hidden state after position ``pos`` (zeros before the start)."""
-        o = self.owner
-        row = o.tap.row(o.target_seq, pos) if pos >= 0 else None
-        if row is None:
-            if pos >= 0:
-                o.missing_rows += 1
-            return np.zeros(o.head.n_embd, dtype=np.float32)
-        return row
-
-    def _catch_up(self) -> tuple[np.ndarray, np.ndarray]:
-        """Decode positions kv_len .. len(seq)-1 with the target's hidden states; the
-        logits and hidden state of the last one (the first draft position)."""
-        o, m = self.owner, len(self.seq)
-        start = min(self.kv_len, m - 1)
-        if start < self.kv_len:
-            o.head.trim(start)  # the last position is decoded again for its output
-        hidden = np.stack([self._hidden(p - 1) for p in range(start, m)])
-        out = o.head.decode(self.seq[start:m], start, hidden, want=True)
-        assert out is not None
-        self.kv_len = m
-        o.tap.forget_below(o.target_seq, m - 2)
-        return out
-
-    def propose(self, k: int) -> Draft:
-        o = self.owner
-        k = min(k, o.max_draft)
-        if k <= 0 or not self.seq or len(self.seq) + k >= o.head.n_ctx:
-            return EMPTY_DRAFT
-        t0 = time.perf_counter()
-        logits, h = self._catch_up()
-        tokens: list[int] = []
-        probs: list[np.ndarray] = []
-        conf: list[float] = []
-        history = list(self.seq)
-        for i in range(k):
-            tok, p, c = self._choose(logits[:o.target_vocab], history)
-            tokens.append(tok)
-            conf.append(c)
-            if p is not None:
-                probs.append(p)
-            history.append(tok)
-            if i + 1 < k:
-                out = o.head.decode([tok], self.kv_len + i, h[None, :], want=True)
-                assert out is not None
-                logits, h = out
-        if k > 1:
-            o.head.trim(self.kv_len)  # draft positions: never kept (see the module doc)
-        est = (time.perf_counter() - t0) / k
-        o.seconds_per_token = est if o.seconds_per_token == 0 else \
-            0.8 * o.seconds_per_token + 0.2 * est
-        return Draft(tokens=tuple(tokens), probs=np.stack(probs) if probs else None,
-                     confidence=tuple(conf), source="mtp")
-
-    def _choose(self, logits: np.ndarray,
-                history: list[int]) -> tuple[int, np.ndarray | None, float]:
-        if self._rng is None:
-            tok = int(np.argmax(logits))
-            x = logits.astype(np.float64)
-            return tok, None, 1.0 / float(np.sum(np.exp(x - x[tok])))
-        p = distribution(logits, history, self.sampling)
-        tok = sample(p, self._rng)
-        return tok, p, float(p[tok])
-
-    def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None:  # noqa: ARG002
-        # the cache already holds only positions made from the target's hidden states;
-        # the new tokens are decoded at the next catch-up
-        self.seq.extend(int(t) for t in tokens)
-
-    def close(self, completed: bool) -> None:  # noqa: ARG002
-        self.owner._release()
+    def _width(self) -> int:
+        return self.owner.head.n_embd
 
 
 def refusal(path: Any, loaded_with_mtp: bool) -> str | None:

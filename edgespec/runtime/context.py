@@ -83,7 +83,7 @@ class Context:
         self._batch_cap = n_batch
         self._batch = _ll.llama_batch_init(n_batch, 0, 1)
         self._closed = False
-        #: called as tap(handle, batch, n) after every decode (edgespec.runtime.mtp.NextnTap)
+        #: called as tap(handle, batch, n) after every decode (an edgespec.runtime.taps.RowTap)
         self.nextn_tap: Callable[..., None] | None = None
 
     def _run_batch(self, b, n: int, what: str = "") -> None:

@@ -17,18 +17,15 @@ import pytest
 from click.testing import CliRunner
 
 from edgespec.analysis import parity as P
-from edgespec.api.params import GenerationParams, SamplingParams
+from edgespec.api.params import SamplingParams
 from edgespec.cli import cli
 from edgespec.engine.engine import Engine
 from edgespec.errors import EdgespecError, InvalidInputError
 
 sys.path.insert(0, str(Path(__file__).parent))
 from eagle3_model import write_eagle3_model, write_plain_gguf  # noqa: E402
-
-PROMPTS = [
-    P.ParityPrompt("count", "test", "Count from one to twenty in words, separated by commas."),
-    P.ParityPrompt("fox", "test", "Repeat three times: the quick brown fox jumps over the lazy dog."),
-]
+from head_checks import (PROMPTS, assert_fresh_catch_up_drafts_alike,  # noqa: E402
+                         session_after_rejections)
 
 
 @pytest.fixture(scope="session")
@@ -71,26 +68,11 @@ def test_the_heads_cache_is_in_step_after_rejections(engine, monkeypatch):
     """After a generation with rejected drafts the head's cache holds exactly the
     positions made from the target's features, and equals a from-scratch catch-up."""
     prop = engine.proposers["eagle3"]
-    sessions = []
-    opened = prop.open
-    monkeypatch.setattr(prop, "open", lambda *a, **kw: sessions.append(opened(*a, **kw))
-                        or sessions[-1])
-    r = engine.generate(PROMPTS[1].prompt, GenerationParams(max_tokens=40), proposer="eagle3")
-    assert 0 < r.stats.accepted < r.stats.drafted
-    s = sessions[-1]
+    s = session_after_rejections(engine, "eagle3", monkeypatch)
     assert prop.head.seq_pos_max() == s.kv_len - 1 and s.kv_len <= len(s.seq) - 1
     kept = s.propose(3)
     assert prop.head.seq_pos_max() == len(s.seq) - 2 == s.kv_len - 1
-    seq = list(s.seq)
-    engine.ctx.trim(0, 0)
-    engine.ctx.decode(seq[:-1], 0, logits="none")
-    fresh = prop.open(seq, s.sampling)
-    try:
-        again = fresh.propose(3)
-    finally:
-        fresh.close(True)
-    assert again.tokens == kept.tokens
-    assert np.allclose(again.confidence, kept.confidence, rtol=1e-3, atol=1e-4)
+    assert_fresh_catch_up_drafts_alike(engine, "eagle3", s, kept)
 
 
 def test_eagle3_passes_sampling_parity(engine):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from edgespec.analysis import parity as P
@@ -20,12 +19,9 @@ from edgespec.errors import InvalidInputError
 from edgespec.runtime.gguf_facts import read_facts
 
 sys.path.insert(0, str(Path(__file__).parent))
+from head_checks import (PROMPTS, assert_fresh_catch_up_drafts_alike,  # noqa: E402
+                         session_after_rejections)
 from mtp_model import N_NEXTN, N_TRUNK, write_mtp_model  # noqa: E402
-
-PROMPTS = [
-    P.ParityPrompt("count", "test", "Count from one to twenty in words, separated by commas."),
-    P.ParityPrompt("fox", "test", "Repeat three times: the quick brown fox jumps over the lazy dog."),
-]
 
 
 @pytest.fixture(scope="session")
@@ -72,30 +68,12 @@ def test_the_heads_cache_is_in_step_after_rejections(engine, monkeypatch):
     """After a generation with rejected drafts, the MTP cache holds exactly the accepted
     positions, and what it holds equals a from-scratch decode of the accepted sequence
     with the target's hidden states: the next draft is the same either way."""
-    from edgespec.api.params import GenerationParams
     prop = engine.proposers["mtp"]
-    sessions = []
-    opened = prop.open
-    monkeypatch.setattr(prop, "open", lambda *a, **kw: sessions.append(opened(*a, **kw))
-                        or sessions[-1])
-    r = engine.generate(PROMPTS[1].prompt, GenerationParams(max_tokens=40), proposer="mtp")
-    assert 0 < r.stats.accepted < r.stats.drafted  # some drafts were rejected
-    s = sessions[-1]
+    s = session_after_rejections(engine, "mtp", monkeypatch)
     assert prop.head.seq_pos_max() == s.kv_len - 1 and s.kv_len <= len(s.seq)
     kept = s.propose(3)
     assert prop.head.seq_pos_max() == len(s.seq) - 1
-    # from scratch: the target decodes the whole accepted sequence (the tap keeps its rows),
-    # a fresh session catches the head up in one batch
-    seq = list(s.seq)
-    engine.ctx.trim(0, 0)
-    engine.ctx.decode(seq[:-1], 0, logits="none")
-    fresh = prop.open(seq, s.sampling)
-    try:
-        again = fresh.propose(3)
-    finally:
-        fresh.close(True)
-    assert again.tokens == kept.tokens
-    assert np.allclose(again.confidence, kept.confidence, rtol=1e-3, atol=1e-4)
+    assert_fresh_catch_up_drafts_alike(engine, "mtp", s, kept)
 
 
 def test_a_target_without_mtp_layers_is_refused_with_what_to_do(model_path):

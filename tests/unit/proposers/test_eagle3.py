@@ -16,70 +16,17 @@ from edgespec.proposers import REGISTRY, BuildContext
 from edgespec.proposers.eagle3 import Eagle3Proposer, refusal
 from edgespec.runtime.gguf_facts import ModelFacts
 from edgespec.runtime.gguf_header import TensorInfo
-
-N_EMBD, N_FEAT, N_VOCAB = 4, 12, 16
-
-
-class FakeHead:
-    """An EAGLE-3 context: its cache maps a position to (token, the g row's tag); encode
-    tags g with the feature row's first value."""
-
-    def __init__(self) -> None:
-        self.n_ctx, self.n_embd, self.n_feat = 256, N_EMBD, N_FEAT
-        self.kv: dict[int, tuple[int, float]] = {}
-        self.closed = False
-
-    def encode(self, features):
-        return np.repeat(features[:, :1], N_EMBD, axis=1).astype(np.float32)
-
-    def decode(self, tokens, pos0, g, want=True):
-        for i, tok in enumerate(tokens):
-            assert pos0 + i not in self.kv, f"position {pos0 + i} decoded twice"
-            self.kv[pos0 + i] = (int(tok), float(g[i][0]))
-        assert sorted(self.kv) == list(range(len(self.kv))), "a hole in the cache"
-        logits = np.zeros(N_VOCAB, np.float32)
-        logits[(tokens[-1] + 1) % N_VOCAB] = 5.0  # drafts "the next id"
-        return (logits, np.full(N_EMBD, -1.0, np.float32)) if want else None
-
-    def trim(self, from_pos):
-        self.kv = {p: v for p, v in self.kv.items() if p < from_pos}
-
-    def clear(self):
-        self.kv = {}
-
-    def close(self):
-        self.closed = True
-
-
-class FakeTap:
-    """The target's features: row p is tagged p, as the verify pass gives."""
-
-    def __init__(self, missing=()) -> None:
-        self.missing = set(missing)
-        self.detached = False
-        self.forgotten = -1
-
-    def row(self, seq, pos):
-        assert seq == 0 and pos >= self.forgotten
-        return None if pos in self.missing else np.full(N_FEAT, float(pos), np.float32)
-
-    def forget_below(self, seq, pos):
-        self.forgotten = max(self.forgotten, pos)
-
-    def detach(self):
-        self.detached = True
+from fakes.heads import N_FEAT, N_VOCAB, FakeHead, FakeTap, in_step
 
 
 def _in_step(head: FakeHead, session) -> None:
-    """The cache holds positions 0..kv_len-1 = 0..len(seq)-2, each (seq[P+1], g_P)."""
+    """In step (fakes.heads.in_step), and caught up: 0..len(seq)-2, each (seq[P+1], g_P)."""
     assert session.kv_len == len(session.seq) - 1
-    assert sorted(head.kv) == list(range(session.kv_len))
-    for p, (tok, tag) in head.kv.items():
-        assert tok == session.seq[p + 1] and tag == float(p)
+    in_step(head, session)
 
 
 def test_the_first_draft_comes_from_the_last_accepted_token_and_no_draft_stays():
-    head, tap = FakeHead(), FakeTap()
+    head, tap = FakeHead(), FakeTap(N_FEAT)
     s = Eagle3Proposer(head, tap, target_vocab=N_VOCAB, max_draft=3).open([1, 2, 3],
                                                                           SamplingParams())
     d = s.propose(3)
@@ -90,7 +37,7 @@ def test_the_first_draft_comes_from_the_last_accepted_token_and_no_draft_stays()
 
 @pytest.mark.parametrize("n_acc", [0, 1, 2, 3])
 def test_the_cache_stays_in_step_whatever_is_accepted(n_acc):
-    head, tap = FakeHead(), FakeTap()
+    head, tap = FakeHead(), FakeTap(N_FEAT)
     s = Eagle3Proposer(head, tap, target_vocab=N_VOCAB).open([1, 2, 3], SamplingParams())
     for _ in range(4):
         d = s.propose(3)
@@ -100,46 +47,19 @@ def test_the_cache_stays_in_step_whatever_is_accepted(n_acc):
     _in_step(head, s)
 
 
-def test_proposing_twice_without_accepting_decodes_the_last_position_again():
-    head, tap = FakeHead(), FakeTap()
-    s = Eagle3Proposer(head, tap, target_vocab=N_VOCAB).open([1, 2, 3], SamplingParams())
-    assert s.propose(2).tokens == s.propose(2).tokens
-    _in_step(head, s)
-
-
 def test_a_single_token_sequence_gives_no_draft():
-    head, tap = FakeHead(), FakeTap()
+    head, tap = FakeHead(), FakeTap(N_FEAT)
     s = Eagle3Proposer(head, tap, target_vocab=N_VOCAB).open([1], SamplingParams())
     assert not s.propose(3).tokens and not head.kv
 
 
 def test_features_the_target_never_produced_read_as_zeros_and_are_counted():
-    head, tap = FakeHead(), FakeTap(missing={0, 1})
+    head, tap = FakeHead(), FakeTap(N_FEAT, missing={0, 1})
     p = Eagle3Proposer(head, tap, target_vocab=N_VOCAB)
     s = p.open([1, 2, 3, 4], SamplingParams())
     s.propose(1)
     assert p.missing_rows == 2
     assert [head.kv[i][1] for i in range(3)] == [0.0, 0.0, 2.0]
-
-
-def test_one_request_at_a_time_and_close_releases_both():
-    head, tap = FakeHead(), FakeTap()
-    p = Eagle3Proposer(head, tap, target_vocab=N_VOCAB)
-    s = p.open([1, 2], SamplingParams())
-    with pytest.raises(RuntimeError):
-        p.open([1, 2], SamplingParams())
-    s.close(True)
-    p.open([1, 2], SamplingParams())
-    p.close()
-    assert head.closed and tap.detached
-
-
-def test_sampling_returns_the_distributions_it_drew_from():
-    s = Eagle3Proposer(FakeHead(), FakeTap(), target_vocab=N_VOCAB).open(
-        [1, 2], SamplingParams(temperature=0.8, seed=3))
-    d = s.propose(3)
-    assert d.probs is not None and d.probs.shape == (3, N_VOCAB)
-    assert all(d.probs[i, t] > 0 for i, t in enumerate(d.tokens))
 
 
 def test_the_registry_knows_eagle3_as_an_opt_in_draft_model_proposer():
