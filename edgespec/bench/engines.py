@@ -167,6 +167,25 @@ def _own_instances(engine, c: ConfigSpec, asked: str | None) -> str:
     return "+".join(parts) if parts else BASELINE
 
 
+def renew_clones(engine, label: str, request_name: str) -> int:
+    """Fresh instances of configuration ``label``'s own proposers (those `_own_instances`
+    cloned as ``label/name``), so a new round of ``--repeats`` drafts from nothing the last
+    round taught them: a suffix tree that holds the previous round's answer to the same
+    prompt would make every round after the first look better than a user's first request.
+    Returns how many were renewed."""
+    prefix = f"{label}/"
+    renewed = 0
+    for part in request_name.split("+"):
+        if not part.startswith(prefix):
+            continue  # the plain path, or a model proposer (it learns nothing across requests)
+        source = part[len(prefix):]
+        engine.remove_proposer(part)
+        engine.clone_proposer(source, part, **_no_persistence(
+            getattr(engine.proposers[source], "name", source)))
+        renewed += 1
+    return renewed
+
+
 def _no_persistence(kind: str) -> dict:
     """Options that keep a fresh instance from reading or writing statistics on disk."""
     return {"stats_path": ""} if kind == "ngram" else {}

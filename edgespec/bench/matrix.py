@@ -164,6 +164,9 @@ class Matrix:
     anchor_n_ctx: int = 2048  # the anchor allocates n_ctx x n_vocab logits (models.md): keep modest
     # protocol
     warmup: int = 1  # requests per configuration run first and discarded
+    #: rounds over the whole prompt set: each (prompt, turn) is measured this many times, a
+    #: round at a time, so per-prompt figures rest on more than one sample of a noisy machine
+    repeats: int = 1
     warmup_tokens: int = 8
     bootstrap_resamples: int = 2000
     # keep every engine request's passes for `edgespec bench --replay` (edgespec.replay)
@@ -190,6 +193,7 @@ class Matrix:
                f"per_category must be >= 1 (got {self.per_category})")
         ensure(self.humanevalfix >= 0, f"humanevalfix must be >= 0 (got {self.humanevalfix})")
         ensure(self.warmup >= 0, f"warmup must be >= 0 (got {self.warmup})")
+        ensure(self.repeats >= 1, f"repeats must be >= 1 (got {self.repeats})")
         ensure(self.n_gpu_layers >= -1, f"n_gpu_layers must be >= -1 (got {self.n_gpu_layers})")
         ensure(0 <= self.tree_width <= 32,
                f"tree_width must be between 0 and 32 branches (got {self.tree_width})")
@@ -243,7 +247,7 @@ class Matrix:
 # --- TOML --------------------------------------------------------------------
 _SCALARS = {"target", "draft", "max_new_tokens", "temperature", "seed", "threads", "n_ctx",
             "n_gpu_layers", "tree_width", "anchor_n_ctx", "warmup", "warmup_tokens",
-            "bootstrap_resamples", "confidence"}
+            "repeats", "bootstrap_resamples", "confidence"}
 _PROMPT_KEYS = {"spec_bench", "per_category", "max_turns", "humanevalfix", "long", "jsonl",
                 "prompt_field", "jsonl_n"}
 

@@ -45,6 +45,11 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     return out
 
 
+def _rounds(repeats: int) -> str:
+    return (f", each measured in {repeats} rounds (ratios paired per round, intervals "
+            "resampling prompts)" if repeats > 1 else "")
+
+
 def render_markdown(run: Mapping, plots: Mapping[str, str] | None = None) -> str:
     m = run["matrix"]
     ident = run.get("identity", {})
@@ -74,8 +79,10 @@ def render_markdown(run: Mapping, plots: Mapping[str, str] | None = None) -> str
     for role, info in models.items():
         facts.append((role, f"{info.get('name')} (sha256 {str(info.get('sha256'))[:16]}…)"))
     facts += [
-        ("workload", f"{len(cats)} categories, {len({u[0] for u in units})} prompts, {len(units)} "
-                     f"turns; {m['max_new_tokens']} new tokens; temperature {m['temperature']}"),
+        ("workload", f"{len(cats)} categories, {len({u[0] for u in units})} prompts, "
+                     f"{len({u[:2] for u in units})} turns"
+                     f"{_rounds(m.get('repeats', 1))}; {m['max_new_tokens']} new tokens; "
+                     f"temperature {m['temperature']}"),
         ("configurations", ", ".join(labels)),
         ("engine", f"n_ctx {eng.get('n_ctx', m.get('n_ctx'))}, draft length {eng.get('draft_len', '?')}"),
         ("cold load", ", ".join(f"{k} {v:.2f} s" for k, v in run.get("load_seconds", {}).items())),

@@ -5,7 +5,7 @@ Everything here reads the JSON-shaped dict, so a report can be rebuilt from a sa
 run (``edgespec bench --report-from run.json``) and tests can feed literal records.
 
 Speedup = the paired ratio config / plain of decode tokens per second per unit (prompt,
-turn), summarised per category by the median and over all prompts by the geometric mean,
+turn, round), summarised per category by the median and over all prompts by the geometric mean,
 each with a bootstrap interval that resamples prompts. An anchor is paired with its own
 plain path (llama-lookup with llama-completion), so every ratio measures speculation.
 """
@@ -86,8 +86,10 @@ class SpeedupCell:
     missing: int  # units measured on one side only (error, or <2 tokens)
 
 
-def unit_key(r: Mapping) -> tuple[str, int]:
-    return (r["prompt_id"], int(r["turn"]))
+def unit_key(r: Mapping) -> tuple[str, int, int]:
+    """One measured unit: a (prompt, turn) in one round (``--repeats``). Bootstrap intervals
+    resample prompts (the first element), so repeated rounds add samples, not prompts."""
+    return (r["prompt_id"], int(r["turn"]), int(r.get("round", 0)))
 
 
 def speedup_cell(records: Sequence[Mapping], config: str, *, resamples: int = 2000,

@@ -35,7 +35,7 @@ from ..api.params import GenerationParams, SamplingParams
 from . import tools
 from .anchor import trace_to_stats
 from .anchors import ANCHORS
-from .engines import control_settings, load_engine, plan_engine
+from .engines import control_settings, load_engine, plan_engine, renew_clones
 from .matrix import ANCHOR_KIND, BASELINE, ConfigSpec, Matrix
 from .prompts import (BenchPrompt, bucket_label, load_humanevalfix, load_jsonl_prompts,
                       load_long, load_spec_bench)
@@ -74,7 +74,7 @@ def collect_prompts(m: Matrix) -> list[BenchPrompt]:
 
 def total_requests(m: Matrix, prompts: Sequence[BenchPrompt]) -> int:
     """Requests a run makes, warm-ups included (for progress and ETA)."""
-    units = sum(len(p.turns) for p in prompts)
+    units = sum(len(p.turns) for p in prompts) * m.repeats
     return (units + (m.warmup if prompts else 0)) * len(m.configs)
 
 
@@ -135,7 +135,9 @@ class Runner:
                         done += 1
                         self.progress(done, total, None)
             unit = 0
-            for prompt in prompts:
+            for rnd, prompt in ((r, p) for r in range(self.m.repeats) for p in prompts):
+                if rnd > 0 and prompt is prompts[0]:
+                    self._renew_learners()
                 answers: dict[str, list[str] | None] = {c.label: [] for c in self.m.configs}
                 for turn in range(len(prompt.turns)):
                     k = unit % len(self.m.configs)
@@ -157,11 +159,12 @@ class Runner:
                                 history.append(rec["text"])
                         rec.update(config=cfg.label, kind=cfg.kind, prompt_id=prompt.id,
                                    category=prompt.category, source=prompt.source, turn=turn,
-                                   n_turns=len(prompt.turns), unit=unit, position=pos)
+                                   n_turns=len(prompt.turns), unit=unit, position=pos,
+                                   round=rnd)
                         trace = rec.pop("_trace", None)
                         if trace is not None:
                             trace.update(unit=unit, prompt_id=prompt.id, turn=turn,
-                                         category=prompt.category)
+                                         category=prompt.category, round=rnd)
                         if "prompt_tokens" in rec:
                             rec["bucket"] = bucket_label(rec["prompt_tokens"], self.m.buckets)
                         unit_records.append(rec)
@@ -221,6 +224,12 @@ class Runner:
                 base["tokens"], r["tokens"], again.logprobs, exact=self._exact(r["config"])) or {
                 "kind": "unattributed", "reason": "same tokens, different length (one run "
                 "stopped earlier)"}
+
+    def _renew_learners(self) -> None:
+        """Every configuration starts a round of ``--repeats`` with fresh learning proposers:
+        the rounds are replicas of one run, not one long run that has seen the answers."""
+        for cfg in self.m.engine_configs:
+            renew_clones(self._engine_for(cfg), cfg.label, self.request_name.get(cfg.label, ""))
 
     def _engine_for(self, cfg: ConfigSpec):
         return self.exact_engine if cfg.exact and self.exact_engine is not None else self.engine

@@ -141,6 +141,9 @@ def _echo_overall(data) -> None:
 @click.option("--threads", type=click.IntRange(1), default=None)
 @click.option("--ctx", "n_ctx", type=click.IntRange(64), default=None)
 @click.option("--warmup", type=click.IntRange(0), default=None, help="Discarded requests per config.")
+@click.option("--repeats", type=click.IntRange(1), default=None,
+              help="Rounds over the prompt set: each prompt measured this many times, a round "
+                   "at a time (per-prompt ratios then rest on several paired samples).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: bench-out/<time>-<preset>].")
 @click.option("--report-from", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -156,8 +159,8 @@ def _echo_overall(data) -> None:
 @handle_errors
 def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, categories,
           per_category, max_turns, humanevalfix, long_, jsonl, prompt_field, jsonl_n, buckets,
-          max_tokens, temperature, seed, threads, n_ctx, warmup, out, report_from, dry_run,
-          record, replay_dir):
+          max_tokens, temperature, seed, threads, n_ctx, warmup, repeats, out, report_from,
+          dry_run, record, replay_dir):
     """Benchmark the plain path, proposers and anchors (llama.cpp, llama-cpp-python) side by side."""
     if replay_dir:
         _replay(Path(replay_dir), out)
@@ -181,7 +184,7 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
                            max_turns=max_turns, humanevalfix=humanevalfix,
                            prompt_field=prompt_field, jsonl_n=jsonl_n, max_new_tokens=max_tokens,
                            temperature=temperature, seed=seed, threads=threads, n_ctx=n_ctx,
-                           warmup=warmup).items())))
+                           warmup=warmup, repeats=repeats).items())))
     if record:  # what the run keeps, not what it measures: the preset stays unmodified
         m = replace(m, record=True)
     if dry_run:
@@ -189,7 +192,8 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
 
         prompts = collect_prompts(m)
         click.echo(f"target {m.target}, draft {m.draft or '-'}; configurations: {', '.join(m.labels)}")
-        click.echo(f"{len(prompts)} prompts ({sum(len(p.turns) for p in prompts)} turns), "
+        click.echo(f"{len(prompts)} prompts ({sum(len(p.turns) for p in prompts)} turns"
+                   f"{f' x {m.repeats} rounds' if m.repeats > 1 else ''}), "
                    f"{m.max_new_tokens} new tokens, temperature {m.temperature}; "
                    f"{total_requests(m, prompts)} requests")
         return

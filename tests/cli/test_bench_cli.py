@@ -23,6 +23,15 @@ def test_quick_dry_run_lists_plain_free_proposers_and_the_pld_anchor_with_its_pl
     assert "80 requests" in res.output  # (15 units + 1 warm-up) x 5 configurations
 
 
+def test_repeats_multiply_the_units_not_the_warmup():
+    res = run("bench", "--dry-run", "--repeats", "3")
+    assert res.exit_code == 0, res.output
+    assert "15 prompts (15 turns x 3 rounds), 64 new tokens" in res.output
+    assert "230 requests" in res.output  # (3 x 15 units + 1 warm-up) x 5 configurations
+    bad = run("bench", "--dry-run", "--repeats", "0")
+    assert bad.exit_code != 0 and "--repeats" in bad.output
+
+
 def test_standard_and_long_presets():
     res = run("bench", "--dry-run", "--preset", "standard")
     assert res.exit_code == 0, res.output

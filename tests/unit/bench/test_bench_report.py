@@ -106,3 +106,22 @@ def test_interrupted_runs_say_so():
     data = run_dict(RECORDS[:2])
     data["interrupted"] = True
     assert "**Interrupted**" in render_markdown(data)
+
+
+def test_rounds_are_paired_round_by_round_and_reported():
+    """With --repeats each (prompt, round) is its own paired unit: a round's plain rate pairs
+    with the same round's candidate, never with another round's."""
+    recs = []
+    for rnd, (plain, fast) in enumerate([(10.0, 20.0), (20.0, 40.0)]):
+        for r in (rec("none", "p1", "summarization", plain, 2.0),
+                  rec("ngram", "p1", "summarization", fast, 1.0, drafted=4, accepted=3)):
+            r["round"] = rnd
+            recs.append(r)
+    run = run_dict(recs)
+    run["matrix"]["repeats"] = 2
+    cell = speedup_table(run)[OVERALL]["ngram"]
+    assert cell.decode.estimate == pytest.approx(2.0)  # 2x in each round; 1x or 4x if crossed
+    assert cell.decode.n == 2
+    assert cell.missing == 0
+    md = render_markdown(run)
+    assert "1 prompts, 1 turns, each measured in 2 rounds" in md

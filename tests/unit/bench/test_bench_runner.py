@@ -4,12 +4,15 @@ import pytest
 from edgespec.bench.anchor import AnchorTrace, trace_to_stats
 from edgespec.bench.matrix import ConfigSpec, Matrix
 from edgespec.bench.prompts import BenchPrompt
-from edgespec.bench.engines import control_settings, plan_engine
+from edgespec.bench.engines import control_settings, plan_engine, renew_clones
+from edgespec.bench.results import unit_key
 from edgespec.bench.runner import BenchRun, Runner, total_requests
 from edgespec.control import ControlSettings
 from edgespec.errors import ContextOverflowError, InvalidInputError
 from edgespec.api.events import Finished, Step, TokenLogprob
 from edgespec.api.stats import RequestStats
+from edgespec.api.params import GenerationParams
+from fakes import FakeModel, fake_engine, fixed
 
 
 class FakeTarget:
@@ -270,3 +273,58 @@ def test_the_policy_choice_is_a_control_knob_of_auto():
     plan = plan_engine([ConfigSpec("none"), ConfigSpec.make("auto", {"policy": "true"})])
     knobs = plan.control[ConfigSpec.make("auto", {"policy": "true"}).label]
     assert control_settings(ControlSettings(), knobs).policy is True
+
+
+# --- --repeats: rounds over the prompt set ------------------------------------------------
+def test_repeats_measure_every_unit_once_per_round_and_keep_rotating():
+    eng = FakeEngine()
+    m = _matrix(warmup=0, repeats=2)
+    run = Runner(m, eng).run(PROMPTS, BenchRun(m))
+    assert total_requests(m, PROMPTS) == 18
+    assert len(run.records) == 18
+    assert [r["round"] for r in run.records] == [0] * 9 + [1] * 9
+    # round 1 is round 0 again, prompt by prompt, with the rotation carried on
+    assert [r["prompt_id"] for r in run.records[9:]] == [r["prompt_id"] for r in run.records[:9]]
+    assert [r["config"] for r in run.records[9:12]] == ["none", "a", "b"]  # unit 3: 3 % 3 == 0
+    assert len({r["unit"] for r in run.records}) == 6
+    assert len({unit_key(r) for r in run.records}) == 6
+
+
+def test_a_new_round_gives_each_configuration_fresh_learning_proposers():
+    from edgespec.proposers import free_proposer
+
+    eng = fake_engine(FakeModel(), {"suffix": free_proposer("suffix")}, control=fixed(3))
+    eng.clone_proposer("suffix", "cfg/suffix")
+    eng.generate("a b a b", GenerationParams(chat=False, max_tokens=6), proposer="cfg/suffix")
+    learnt = eng.proposers["cfg/suffix"]
+    assert learnt.global_tree.num_sequences >= 1
+    assert renew_clones(eng, "cfg", "cfg/suffix+none") == 1
+    fresh = eng.proposers["cfg/suffix"]
+    assert fresh is not learnt and fresh.global_tree.num_sequences == 0
+    assert eng.proposers["suffix"].global_tree.num_sequences == 0  # the source is untouched
+    # another configuration's clones and the plain path are left alone
+    assert renew_clones(eng, "other", "cfg/suffix") == 0
+    assert eng.proposers["cfg/suffix"] is fresh
+
+
+def test_the_runner_renews_learners_between_rounds_only():
+    renewed = []
+
+    class Renewing(FakeEngine):
+        proposers = {"suffix": object()}
+
+        def remove_proposer(self, name):
+            renewed.append(name)
+
+        def clone_proposer(self, source, as_name, **overrides):
+            return as_name
+
+    m = _matrix(warmup=0, repeats=3)
+    names = {"none": "none", "a": "a/suffix", "b": "b"}
+    Runner(m, Renewing(), request_name=names).run(PROMPTS, BenchRun(m))
+    assert renewed == ["a/suffix", "a/suffix"]  # before rounds 1 and 2, not before round 0
+
+
+def test_repeats_must_be_positive():
+    with pytest.raises(InvalidInputError, match="repeats must be >= 1"):
+        _matrix(repeats=0).validate()
