@@ -17,7 +17,7 @@ from edgespec.errors import InvalidInputError
 from edgespec.api.events import Event, Finished, PrefillDone, RequestStarted, Step
 from edgespec.api.params import GenerationParams, SamplingParams
 from edgespec.engine.config import EngineConfig
-from edgespec.proposers import names, needs_model
+from edgespec.proposers import REGISTRY, names, needs_model
 
 from .metrics import fold_stats
 
@@ -112,6 +112,8 @@ class Choices:
         out: list[tuple[str, tuple[str, str | None]]] = []
         for p in self.proposers:
             if needs_model(p):
+                if not _registry_drafts(p):
+                    continue  # its draft is a head file (eagle3), not a model to pick
                 out.extend((f"{p}: {d}", (p, d))
                            for d in self.drafts_for(target, _same_vocab(p)))
             else:
@@ -120,9 +122,13 @@ class Choices:
 
 
 def _same_vocab(proposer: str) -> bool:
-    from edgespec.proposers import REGISTRY
     spec = REGISTRY.get(proposer)
     return spec.same_vocab if spec is not None else True
+
+
+def _registry_drafts(proposer: str) -> bool:
+    spec = REGISTRY.get(proposer)
+    return spec.registry_drafts if spec is not None else True
 
 
 class EventSource(Protocol):

@@ -95,6 +95,9 @@ class ProposerSpec:
     #: True for a proposer not yet measured to pay (lookahead): built only when asked for,
     #: and never weighed by auto, like a proposer deriving its own model
     opt_in: bool = False
+    #: False when its --draft is no model of its own but a head for the target (EAGLE-3):
+    #: pickers then offer no registry model for it (the user names the head's file)
+    registry_drafts: bool = True
     #: True for a proposer drafting with the target's own NextN (MTP) layers: auto weighs
     #: it on a target whose header has some (the planner counts their weights and KV, the
     #: calibration measures their cost per draft token), and never on any other
@@ -279,7 +282,8 @@ REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
     ProposerSpec(
         "eagle3", "an EAGLE-3 head (--draft FILE, arch eagle3) fed by three of the target's "
         "layers from its verify pass (opt-in: auto does not weigh it until measured)",
-        costly=True, needs=("draft_model",), factory=_eagle3, opt_in=True, options={
+        costly=True, needs=("draft_model",), factory=_eagle3, opt_in=True,
+        registry_drafts=False, options={
             "max_draft": Option(int, 3, "most tokens per draft"),
         }),
     ProposerSpec(
