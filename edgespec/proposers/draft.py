@@ -174,16 +174,7 @@ class DraftSession:
 
     def _choose(self, logits: FloatArray,
                 history: list[int]) -> tuple[int, FloatArray | None, float]:
-        if self._rng is None:
-            # greedy verification only needs the draft's best guess; its softmax mass
-            # at that token is the confidence the controller weighs
-            tok = int(np.argmax(logits))
-            m = float(logits[tok])
-            conf = 1.0 / float(np.sum(np.exp(logits.astype(np.float64) - m)))
-            return tok, None, conf
-        p = distribution(logits, history, self.sampling)
-        tok = sample(p, self._rng)
-        return tok, p, float(p[tok])
+        return choose_token(logits, history, self.sampling, self._rng)
 
     def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None:
         if self.pending:
@@ -236,6 +227,22 @@ def check_compatible(target: Model, draft: Model) -> None:
             f"draft {draft.path.name} cannot draft for target {target.path.name}: {why}. Pick a "
             "draft of the same family (see `edgespec models list`), --proposer bridge for a pair "
             "pinned across tokenizers, or --proposer ngram/suffix.")
+
+
+def choose_token(logits: FloatArray, history: list[int], sampling: SamplingParams,
+                 rng: np.random.Generator | None) -> tuple[int, FloatArray | None, float]:
+    """A model draft's next token from its logits: (token, its sampling distribution or None
+    when greedy, the confidence the controller weighs). ``rng`` is None when greedy."""
+    if rng is None:
+        # greedy verification only needs the draft's best guess; its softmax mass
+        # at that token is the confidence the controller weighs
+        tok = int(np.argmax(logits))
+        m = float(logits[tok])
+        conf = 1.0 / float(np.sum(np.exp(logits.astype(np.float64) - m)))
+        return tok, None, conf
+    p = distribution(logits, history, sampling)
+    tok = sample(p, rng)
+    return tok, p, float(p[tok])
 
 
 def fit_row(logits: FloatArray, n_vocab: int) -> FloatArray:

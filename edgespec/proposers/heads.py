@@ -27,9 +27,9 @@ from typing import Generic, Protocol, Sequence, TypeVar
 import numpy as np
 
 from ..api.params import SamplingParams
-from ..decoding.sampling import distribution, make_rng, sample
+from ..decoding.sampling import make_rng
 from .base import EMPTY_DRAFT, Draft
-from .draft import fit_row
+from .draft import choose_token, fit_row
 
 
 class HeadContext(Protocol):
@@ -186,13 +186,7 @@ class HeadSession(Generic[HeadT]):
 
     def _choose(self, logits: np.ndarray,
                 history: list[int]) -> tuple[int, np.ndarray | None, float]:
-        if self._rng is None:
-            tok = int(np.argmax(logits))
-            x = logits.astype(np.float64)
-            return tok, None, 1.0 / float(np.sum(np.exp(x - x[tok])))
-        p = distribution(logits, history, self.sampling)
-        tok = sample(p, self._rng)
-        return tok, p, float(p[tok])
+        return choose_token(logits, history, self.sampling, self._rng)
 
     def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None:  # noqa: ARG002
         # the cache already holds only positions made from the target's rows; the new
