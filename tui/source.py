@@ -112,23 +112,14 @@ class Choices:
         out: list[tuple[str, tuple[str, str | None]]] = []
         for p in self.proposers:
             if needs_model(p):
-                if not _registry_drafts(p):
+                spec = REGISTRY[p]  # needs_model: registered
+                if not spec.registry_drafts:
                     continue  # its draft is a head file (eagle3), not a model to pick
                 out.extend((f"{p}: {d}", (p, d))
-                           for d in self.drafts_for(target, _same_vocab(p)))
+                           for d in self.drafts_for(target, spec.same_vocab))
             else:
                 out.append((p, (p, None)))
         return out
-
-
-def _same_vocab(proposer: str) -> bool:
-    spec = REGISTRY.get(proposer)
-    return spec.same_vocab if spec is not None else True
-
-
-def _registry_drafts(proposer: str) -> bool:
-    spec = REGISTRY.get(proposer)
-    return spec.registry_drafts if spec is not None else True
 
 
 class EventSource(Protocol):
