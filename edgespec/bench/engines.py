@@ -12,6 +12,7 @@ from ..api.labels import AUTO
 from ..errors import EdgespecError, InvalidInputError
 from ..proposers import REGISTRY, free_proposer
 from .matrix import BASELINE, ConfigSpec, Matrix
+from . import oracle as oracles
 from dataclasses import replace
 
 # Knobs that configure the engine as a whole (Engine.load arguments), not one proposer.
@@ -33,6 +34,7 @@ class EnginePlan:
     # a second engine with exact mode's batch-invariant kernel for the exact configurations
     # (the default engine runs the fastest kernel, on which exact mode cannot speculate)
     exact: bool = False
+    oracles: dict[str, str] = field(default_factory=dict)  # label -> oracle kind (bench.oracle)
 
 
 def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
@@ -43,11 +45,21 @@ def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
     extra: dict[str, tuple[str, dict]] = {}
     names: dict[str, str] = {}
     control: dict[str, dict] = {}
+    found: dict[str, str] = {}
     for c in configs:
         if c.kind != "engine":
             continue
         own = {k: v for k, v in c.knob_dict.items() if k not in CONTROL_KNOBS}
         ctl = {k: v for k, v in c.knob_dict.items() if k in CONTROL_KNOBS}
+        if c.proposer in oracles.KINDS:
+            if own or set(ctl) - {"draft_len"} or c.exact:
+                raise InvalidInputError(f"{c.label}: an oracle takes only draft_len (the longest "
+                                        "draft it offers; it cuts each draft on the cost curve)")
+            # the oracle cuts its own drafts: the controller verifies what it offers
+            control[c.label] = {"adaptive": False, "draft_len": oracles.MAX_DRAFT, **ctl}
+            found[c.label] = c.proposer
+            names[c.label] = c.label
+            continue
         if ctl:
             control[c.label] = ctl
         if c.proposer == BASELINE:
@@ -84,7 +96,7 @@ def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
                                         if v or (k in REGISTRY and REGISTRY[k].asked_only)},
                       extra=extra, request_name=names, control=control,
                       auto=any(c.proposer == AUTO for c in configs if c.kind == "engine"),
-                      exact=any(c.exact for c in configs))
+                      exact=any(c.exact for c in configs), oracles=found)
 
 
 def control_settings(base, knobs: dict):
@@ -112,7 +124,8 @@ def control_settings(base, knobs: dict):
     return replace(base, **changes).validate()
 
 
-def load_engine(m: Matrix, plan: EnginePlan) -> tuple[dict, dict[str, str]]:
+def load_engine(m: Matrix, plan: EnginePlan,
+                references: "oracles.References | None" = None) -> tuple[dict, dict[str, str]]:
     """Load the engine (and, for exact configurations, an exact one beside it), then give
     every configuration its own instances of the free proposers it consults: a proposer
     that learns across requests (suffix trees, n-gram statistics) must not see another
@@ -133,7 +146,16 @@ def load_engine(m: Matrix, plan: EnginePlan) -> tuple[dict, dict[str, str]]:
         for label, (name, options) in plan.extra.items():
             for eng in engines.values():
                 eng.add_proposer(label, _free(name, options))
+        for label, kind in plan.oracles.items():
+            if references is None:
+                raise InvalidInputError("an oracle configuration needs the run's references")
+            eng = engines[False]
+            cal = eng.calibration()
+            eng.add_proposer(label, oracles.OracleProposer(
+                kind, references, cal.seconds, max_draft=int(plan.control[label]["draft_len"])))
         for c in m.engine_configs:
+            if c.label in plan.oracles:
+                continue
             if plan.request_name[c.label] != BASELINE:
                 names[c.label] = _own_instances(engines[c.exact and plan.exact], c,
                                                 plan.request_name[c.label])

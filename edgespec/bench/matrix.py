@@ -40,6 +40,7 @@ from ..api.labels import PLAIN
 from ..errors import InvalidInputError, ensure
 from . import anchors as anchor_specs
 from .anchors import ANCHOR_KIND, ANCHORS
+from .oracle import KINDS as ORACLES
 from .prompts import HUMANEVALFIX, SPEC_BENCH_CATEGORIES
 
 BASELINE = PLAIN
@@ -214,6 +215,10 @@ class Matrix:
         ensure(self.draft is not None or all(
             not (c.kind == ANCHOR_KIND and ANCHORS[c.proposer].needs_draft) for c in self.configs),
             "the llama-speculative-simple anchor needs a draft model: pass --draft NAME")
+        ensure(self.temperature == 0 or all(c.proposer not in ORACLES
+                                            for c in self.configs),
+               "an oracle configuration drafts the plain path's greedy answer: it needs "
+               "temperature 0")
         missing = sorted({c.baseline for c in self.configs} - set(labels))
         ensure(not missing, f"an anchor's own plain path is missing: {', '.join(missing)} "
                             "(with_baseline() adds it)")

@@ -36,6 +36,7 @@ from . import tools
 from .anchor import trace_to_stats
 from .anchors import ANCHORS
 from .engines import control_settings, load_engine, plan_engine, renew_clones
+from .oracle import References
 from .matrix import ANCHOR_KIND, BASELINE, ConfigSpec, Matrix
 from .prompts import (BenchPrompt, bucket_label, load_humanevalfix, load_jsonl_prompts,
                       load_long, load_spec_bench)
@@ -109,8 +110,9 @@ class Runner:
     def __init__(self, m: Matrix, engine, anchors: dict | None = None,
                  request_name: dict[str, str] | None = None, progress: Progress | None = None,
                  control: dict[str, dict] | None = None, exact_engine=None,
-                 recorder=None) -> None:
+                 recorder=None, references: References | None = None) -> None:
         self.m = m
+        self.references = references  # filled before the warm-ups for oracle configurations
         self.recorder = recorder  # edgespec.replay.record.Recorder, or None
         self.engine = engine
         self.exact_engine = exact_engine  # runs the exact configurations when given
@@ -127,6 +129,8 @@ class Runner:
         plain_messages: dict[int, list[dict]] = {}  # unit -> what the plain path was asked
         baseline = {c.label: c.parity_baseline for c in self.m.configs}
         try:
+            if prompts and self.references is not None:
+                self._reference_answers(prompts)
             if prompts:
                 for _ in range(self.m.warmup):
                     for cfg in self.m.configs:
@@ -178,6 +182,19 @@ class Runner:
             run.interrupted = True
         run.finished_at = time.time()
         return run
+
+    def _reference_answers(self, prompts: Sequence[BenchPrompt]) -> None:
+        """The plain path's answer to every turn of every prompt, untimed, for the oracle
+        configurations (bench.oracle); a later turn continues the plain path's own answers,
+        as the oracle's conversation will while its output stays on the reference."""
+        params = self._params(self.m.max_new_tokens, 0)
+        for prompt in prompts:
+            answers: list[str] = []
+            for _ in prompt.turns:
+                messages = prompt.messages(answers)
+                res = self.engine.generate(messages, params, proposer=BASELINE)
+                self.references.add(self.engine.prompt_tokens(messages, params), res.tokens)
+                answers.append(res.text)
 
     # --- divergences ---------------------------------------------------------------
     def _exact(self, label: str) -> bool:
@@ -351,7 +368,8 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
     bin_dir = tools.check_built(tool_names) if tool_names else None  # before any load
     run = BenchRun(matrix=m, started_at=time.time())
     t0 = time.perf_counter()
-    engines, request_names = load_engine(m, plan)
+    references = References() if plan.oracles else None
+    engines, request_names = load_engine(m, plan, references)
     engine = engines[False]
     run.load_seconds["target"] = time.perf_counter() - t0
     anchors: dict = {}
@@ -378,7 +396,8 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
         if on_loaded is not None:
             on_loaded(run)
         Runner(m, engine, anchors, request_names, progress, plan.control,
-               exact_engine=engines.get(True), recorder=run.recorder).run(prompts, run)
+               exact_engine=engines.get(True), recorder=run.recorder,
+               references=references).run(prompts, run)
     except KeyboardInterrupt:
         run.interrupted = True
         run.finished_at = time.time()

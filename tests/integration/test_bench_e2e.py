@@ -58,6 +58,33 @@ def test_bench_writes_json_and_report(model_path, tmp_path):
     assert (tmp_path / "re" / "report.md").read_text() == report
 
 
+def test_oracles_draft_the_plain_answer_and_the_target_accepts_all_of_it(model_path, tmp_path):
+    """bench.oracle on a real model: the plain answer taken first, then drafted by the oracle
+    (everything) and the copy oracle (only what an earlier occurrence holds), each draft
+    verified by the target in real passes."""
+    path = model_path(TARGET)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "rep", "category": "copy", "prompt": (
+        "Repeat this list exactly, twice: apple, banana, cherry, damson, elderberry, fig.")})
+        + "\n")
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, [
+        "bench", "--target", str(path), "--proposer", "oracle", "--proposer", "oracle-copy",
+        "--categories", "none", "--humanevalfix", "0", "--jsonl", str(prompts),
+        "--max-tokens", "32", "--warmup", "0", "--threads", THREADS, "--ctx", "512",
+        "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    recs = {r["config"]: r for r in json.loads((out / "bench.json").read_text())["records"]}
+    plain, oracle, copy = recs["none"], recs["oracle"], recs["oracle-copy"]
+    assert oracle["drafted"] > 0 and oracle["accepted"] == oracle["drafted"]
+    assert oracle["mean_accepted_length"] > 1.5
+    assert oracle["tokens"] == plain["tokens"] and oracle["parity"]
+    assert 0 < copy["drafted"] <= oracle["drafted"]
+    assert copy["accepted"] == copy["drafted"] or copy["tokens"] != plain["tokens"]
+    report = (out / "report.md").read_text()
+    assert "| oracle |" in report and "| oracle-copy |" in report
+
+
 def test_qualify_records_into_the_registry(model_path, tmp_path, monkeypatch):
     real = model_path(TARGET)
     home = tmp_path / "home"

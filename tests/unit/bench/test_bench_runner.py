@@ -328,3 +328,24 @@ def test_the_runner_renews_learners_between_rounds_only():
 def test_repeats_must_be_positive():
     with pytest.raises(InvalidInputError, match="repeats must be >= 1"):
         _matrix(repeats=0).validate()
+
+
+def test_oracle_references_are_the_plain_paths_answers_taken_before_the_warmups():
+    from edgespec.bench.oracle import References
+
+    class Answering(FakeEngine):
+        def generate(self, messages, params, proposer=None):
+            res = super().generate(messages, params, proposer)
+            res.text = f"plain answer {len(messages)}"
+            return res
+
+    eng = Answering(tokens_for=lambda p, n: [4, 5, 6][:n])
+    refs = References()
+    m = _matrix(warmup=1, warmup_tokens=2)
+    Runner(m, eng, references=refs).run(PROMPTS, BenchRun(m))
+    # one untimed plain request per turn, first, each turn continuing the plain answers
+    assert [c[0] for c in eng.calls[:3]] == ["generate:none"] * 3
+    assert eng.calls[1][1][-2:] == [{"role": "assistant", "content": "plain answer 1"},
+                                    {"role": "user", "content": "second?"}]
+    assert len(refs) == 2  # x/1 turn 1 and x/2 share a one-message prompt
+    assert refs.get(list(range(30))) == (4, 5, 6) and refs.get(list(range(10))) == (4, 5, 6)
