@@ -125,7 +125,8 @@ def control_settings(base, knobs: dict):
 
 
 def load_engine(m: Matrix, plan: EnginePlan,
-                references: "oracles.References | None" = None) -> tuple[dict, dict[str, str]]:
+                references: "dict[str, oracles.References] | None" = None
+                ) -> tuple[dict, dict[str, str]]:
     """Load the engine (and, for exact configurations, an exact one beside it), then give
     every configuration its own instances of the free proposers it consults: a proposer
     that learns across requests (suffix trees, n-gram statistics) must not see another
@@ -147,12 +148,13 @@ def load_engine(m: Matrix, plan: EnginePlan,
             for eng in engines.values():
                 eng.add_proposer(label, _free(name, options))
         for label, kind in plan.oracles.items():
-            if references is None:
-                raise InvalidInputError("an oracle configuration needs the run's references")
+            if references is None or label not in references:
+                raise InvalidInputError(f"oracle configuration {label} needs its references")
             eng = engines[False]
             cal = eng.calibration()
             eng.add_proposer(label, oracles.OracleProposer(
-                kind, references, cal.seconds, max_draft=int(plan.control[label]["draft_len"])))
+                kind, references[label], cal.seconds,
+                max_draft=int(plan.control[label]["draft_len"])))
         for c in m.engine_configs:
             if c.label in plan.oracles:
                 continue

@@ -15,8 +15,16 @@ the tokens (:class:`References`). In the run an oracle session drafts from that 
 Each draft is cut to the length with the most tokens per second on the engine's cost
 curve (a plain step where no cut pays) and verified by the target like any other draft:
 the passes, kernels and per-pass overheads are the real ones, which is what makes this a
-measurement and not a replay. Once the output leaves the reference (a near-tie decided
-otherwise in a batched pass), the session drafts nothing more for that request.
+measurement and not a replay.
+
+A batched pass can decide a near-tie otherwise than the plain path's single-token steps
+(docs/parity.md), so an oracle drafting the plain answer would go off it. The reference is
+therefore each oracle's own fixed point (:func:`settle`): run it untimed on the plain
+answer; where its output leaves the answer, its output becomes the answer, and again. A
+pass's rows do not depend on the tokens after them, so every run agrees with the last one
+at least up to where they parted, and the point where they part only moves forward; two
+or three runs settle most requests. Should one not settle, the timed request drafts
+nothing from where its output leaves the reference (the parity column shows it).
 """
 from __future__ import annotations
 
@@ -30,6 +38,26 @@ ORACLE_COPY = "oracle-copy"
 KINDS = (ORACLE, ORACLE_COPY)
 #: the longest draft an oracle offers (the cost curve's calibrated range)
 MAX_DRAFT = 16
+
+
+#: untimed oracle runs per request before its reference is left as it is
+SETTLE_RUNS = 6
+
+
+def settle(references: "References", prompt: Sequence[int], plain: Sequence[int],
+           run: Callable[[], Sequence[int]], runs: int = SETTLE_RUNS) -> tuple[tuple[int, ...], int]:
+    """Make ``references`` hold, for ``prompt``, an answer that ``run()`` (the oracle's own
+    request, untimed) reproduces: start from the plain path's answer and replace it by the
+    oracle's output until the two agree. Returns the reference and the runs it took."""
+    ref = tuple(plain)
+    references.add(prompt, ref)
+    for n in range(1, runs + 1):
+        out = tuple(run())
+        if out == ref:
+            return ref, n
+        ref = out
+        references.add(prompt, ref)
+    return ref, runs
 
 
 class References:

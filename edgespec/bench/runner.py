@@ -36,7 +36,7 @@ from . import tools
 from .anchor import trace_to_stats
 from .anchors import ANCHORS
 from .engines import control_settings, load_engine, plan_engine, renew_clones
-from .oracle import References
+from .oracle import References, settle
 from .matrix import ANCHOR_KIND, BASELINE, ConfigSpec, Matrix
 from .prompts import (BenchPrompt, bucket_label, load_humanevalfix, load_jsonl_prompts,
                       load_long, load_spec_bench)
@@ -110,9 +110,10 @@ class Runner:
     def __init__(self, m: Matrix, engine, anchors: dict | None = None,
                  request_name: dict[str, str] | None = None, progress: Progress | None = None,
                  control: dict[str, dict] | None = None, exact_engine=None,
-                 recorder=None, references: References | None = None) -> None:
+                 recorder=None, references: dict[str, References] | None = None) -> None:
         self.m = m
-        self.references = references  # filled before the warm-ups for oracle configurations
+        # oracle configuration -> its references, filled before the warm-ups (bench.oracle)
+        self.references = references or {}
         self.recorder = recorder  # edgespec.replay.record.Recorder, or None
         self.engine = engine
         self.exact_engine = exact_engine  # runs the exact configurations when given
@@ -129,7 +130,7 @@ class Runner:
         plain_messages: dict[int, list[dict]] = {}  # unit -> what the plain path was asked
         baseline = {c.label: c.parity_baseline for c in self.m.configs}
         try:
-            if prompts and self.references is not None:
+            if prompts and self.references:
                 self._reference_answers(prompts)
             if prompts:
                 for _ in range(self.m.warmup):
@@ -184,17 +185,30 @@ class Runner:
         return run
 
     def _reference_answers(self, prompts: Sequence[BenchPrompt]) -> None:
-        """The plain path's answer to every turn of every prompt, untimed, for the oracle
-        configurations (bench.oracle); a later turn continues the plain path's own answers,
-        as the oracle's conversation will while its output stays on the reference."""
+        """Every oracle configuration's reference for every turn of every prompt, untimed
+        (bench.oracle.settle, from the plain path's answer); a later turn continues the
+        oracle's own answers, as its timed conversation will."""
         params = self._params(self.m.max_new_tokens, 0)
-        for prompt in prompts:
-            answers: list[str] = []
-            for _ in prompt.turns:
-                messages = prompt.messages(answers)
-                res = self.engine.generate(messages, params, proposer=BASELINE)
-                self.references.add(self.engine.prompt_tokens(messages, params), res.tokens)
-                answers.append(res.text)
+        plain: dict[tuple[int, ...], tuple[int, ...]] = {}
+        for label, refs in self.references.items():
+            ctl = control_settings(self.engine.control, self.control.get(label, {}))
+            for prompt in prompts:
+                answers: list[str] = []
+                for _ in prompt.turns:
+                    messages = prompt.messages(answers)
+                    key = tuple(self.engine.prompt_tokens(messages, params))
+                    if key not in plain:
+                        plain[key] = tuple(self.engine.generate(messages, params,
+                                                                proposer=BASELINE).tokens)
+                    last: list = []
+
+                    def run(messages=messages, last=last):
+                        last[:] = [self.engine.generate(messages, params, proposer=label,
+                                                        control=ctl)]
+                        return last[0].tokens
+
+                    settle(refs, key, plain[key], run)
+                    answers.append(last[0].text)
 
     # --- divergences ---------------------------------------------------------------
     def _exact(self, label: str) -> bool:
@@ -368,7 +382,7 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
     bin_dir = tools.check_built(tool_names) if tool_names else None  # before any load
     run = BenchRun(matrix=m, started_at=time.time())
     t0 = time.perf_counter()
-    references = References() if plan.oracles else None
+    references = {label: References() for label in plan.oracles}
     engines, request_names = load_engine(m, plan, references)
     engine = engines[False]
     run.load_seconds["target"] = time.perf_counter() - t0
@@ -385,7 +399,7 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
                     num_pred_tokens=int(cfg.knob_dict["num_pred_tokens"]))
                 run.load_seconds[cfg.label] = time.perf_counter() - t0
         if bin_dir is not None:
-            setup = tools.setup_from_engine(engine, bin_dir)
+            setup = tools.setup_from_engine(engine, bin_dir, _draft_path(m))
             for cfg in m.anchor_configs:
                 if ANCHORS[cfg.proposer].tool:
                     anchors[cfg.label] = tools.ToolAnchor(cfg.proposer, setup,
@@ -407,6 +421,14 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
         for eng in engines.values():
             eng.close()
     return run
+
+
+def _draft_path(m: Matrix):
+    """The bench's --draft as a file, for a tool anchor that needs one (None without one)."""
+    if m.draft is None:
+        return None
+    from ..registry import resolve  # deferred: the registry reads its files on first use
+    return resolve(m.draft, pull=False)
 
 
 def deepest_pass(m: Matrix, engine, prompts: Sequence[BenchPrompt]) -> int:

@@ -172,7 +172,10 @@ def command(tool: str, setup: ToolSetup, prompt_file: Path, n_predict: int, *,
     if tool == "llama-speculative-simple":
         if setup.draft_model is None:
             raise EdgespecError("llama-speculative-simple needs the bench's draft model (--draft)")
-        cmd += ["-md", str(setup.draft_model), "-td", str(setup.threads), "-ngld", "0"]
+        # this llama.cpp runs no speculation type unless one is named ("failed to
+        # initialize speculative decoding" otherwise)
+        cmd += ["-md", str(setup.draft_model), "-td", str(setup.threads), "-ngld", "0",
+                "--spec-type", "draft-simple"]
     if draft_max is not None and tool != "llama-completion":
         cmd += ["--spec-draft-n-max", str(draft_max)]
     return cmd
@@ -190,18 +193,21 @@ class ToolAnchor:
         pass
 
 
-def setup_from_engine(engine, bin_dir: Path) -> ToolSetup:
-    """The engine's own context size, threads and kernel configuration, for its anchors."""
+def setup_from_engine(engine, bin_dir: Path, draft_path: Path | None = None) -> ToolSetup:
+    """The engine's own context size, threads and kernel configuration, for its anchors.
+    ``draft_path`` (the bench's ``--draft``) stands in where the engine loaded no draft
+    model of its own: ``auto`` loads one only where the planner weighs it."""
     cfg = getattr(engine, "config", None)
     kernel = getattr(cfg, "kernel", None)
     draft = getattr(engine, "proposers", {}).get("draft")
+    loaded = Path(draft.model.path) if draft is not None and hasattr(draft, "model") else None
     return ToolSetup(
         bin_dir=Path(bin_dir), model=Path(engine.target.path), n_ctx=engine.ctx.n_ctx,
         threads=engine.ctx.n_threads,
         n_ubatch=getattr(kernel, "n_batch", 512), flash_attn=getattr(kernel, "flash_attn", True),
         kv_type=getattr(kernel, "kv_type", "q8_0"), repack=getattr(kernel, "repack", True),
         n_gpu_layers=getattr(cfg, "n_gpu_layers", 0),
-        draft_model=Path(draft.model.path) if draft is not None and hasattr(draft, "model") else None)
+        draft_model=loaded or (Path(draft_path) if draft_path is not None else None))
 
 
 @dataclass(frozen=True)

@@ -326,3 +326,31 @@ def test_every_configuration_is_also_reported_against_llama_completion():
     run = _run(RECORDS[:2])
     run["matrix"]["configs"] = run["matrix"]["configs"][:2]
     assert vs_llama_table(run) == {}
+
+
+def test_a_draft_tool_gets_the_benchs_draft_when_the_engine_loaded_none(tmp_path):
+    """`auto` loads a draft model only where the planner weighs one; the
+    llama-speculative-simple anchor still needs the bench's --draft."""
+    class Ctx:
+        n_ctx, n_threads = 4096, 2
+
+    class Target:
+        path = "/m/t.gguf"
+
+    class Engine:
+        ctx, target, proposers = Ctx(), Target(), {}
+
+    assert tools.setup_from_engine(Engine(), tmp_path).draft_model is None
+    setup = tools.setup_from_engine(Engine(), tmp_path, Path("/m/d.gguf"))
+    assert setup.draft_model == Path("/m/d.gguf")
+    cmd = tools.command("llama-speculative-simple", setup, tmp_path / "p.txt", 8)
+    assert cmd[cmd.index("-md") + 1] == "/m/d.gguf"
+    assert cmd[cmd.index("--spec-type") + 1] == "draft-simple"
+
+    class Draft:
+        class model:
+            path = "/m/loaded.gguf"
+
+    Engine.proposers = {"draft": Draft()}
+    assert tools.setup_from_engine(Engine(), tmp_path, Path("/m/d.gguf")).draft_model == Path(
+        "/m/loaded.gguf")

@@ -330,22 +330,37 @@ def test_repeats_must_be_positive():
         _matrix(repeats=0).validate()
 
 
-def test_oracle_references_are_the_plain_paths_answers_taken_before_the_warmups():
+def test_oracle_references_are_settled_before_the_warmups_per_turn():
     from edgespec.bench.oracle import References
 
     class Answering(FakeEngine):
-        def generate(self, messages, params, proposer=None):
-            res = super().generate(messages, params, proposer)
-            res.text = f"plain answer {len(messages)}"
-            return res
+        """The plain path answers 4 5 6; the oracle's own passes answer 4 5 7 (a near-tie
+        its batched pass decides otherwise), whatever it drafted."""
 
-    eng = Answering(tokens_for=lambda p, n: [4, 5, 6][:n])
+        def generate(self, messages, params, proposer=None, control=None):
+            self.calls.append(("generate:" + str(proposer), messages, params.max_tokens,
+                               control))
+            toks = (4, 5, 6) if proposer == "none" else (4, 5, 7)
+            return type("Result", (), {"tokens": toks, "text": f"{proposer} {len(messages)}"})()
+
+        def stream(self, messages, params, proposer=None, control=None):
+            return super().stream(messages, params, proposer)
+
+    eng = Answering()
+    eng.control = ControlSettings()
     refs = References()
-    m = _matrix(warmup=1, warmup_tokens=2)
-    Runner(m, eng, references=refs).run(PROMPTS, BenchRun(m))
-    # one untimed plain request per turn, first, each turn continuing the plain answers
-    assert [c[0] for c in eng.calls[:3]] == ["generate:none"] * 3
-    assert eng.calls[1][1][-2:] == [{"role": "assistant", "content": "plain answer 1"},
-                                    {"role": "user", "content": "second?"}]
-    assert len(refs) == 2  # x/1 turn 1 and x/2 share a one-message prompt
-    assert refs.get(list(range(30))) == (4, 5, 6) and refs.get(list(range(10))) == (4, 5, 6)
+    cfgs = (ConfigSpec("none"), ConfigSpec("oracle"))
+    m = Matrix(target="t", configs=cfgs, spec_bench=("writing",), max_new_tokens=3, warmup=1,
+               warmup_tokens=2)
+    Runner(m, eng, references={"oracle": refs},
+           control={"oracle": {"adaptive": False, "draft_len": 16}}).run(PROMPTS, BenchRun(m))
+    pre = [c for c in eng.calls if c[0].startswith("generate:")]
+    # per turn: the plain answer once, then the oracle until it reproduces its reference
+    assert [c[0] for c in pre[:3]] == ["generate:none", "generate:oracle", "generate:oracle"]
+    assert eng.calls.index(pre[-1]) < eng.calls.index(next(c for c in eng.calls if c[2] == 2))
+    assert all(c[3].adaptive is False and c[3].draft_length == 16 for c in pre[1:3])
+    # the second turn continues the oracle's own first answer
+    second = next(c for c in pre if len(c[1]) == 3)
+    assert second[1][1] == {"role": "assistant", "content": "oracle 1"}
+    assert len(refs) == 2 and refs.get(list(range(30))) == (4, 5, 7)
+    assert refs.get(list(range(10))) == (4, 5, 7)

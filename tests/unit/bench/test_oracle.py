@@ -4,7 +4,8 @@ import pytest
 from edgespec.api.params import SamplingParams
 from edgespec.bench.engines import plan_engine
 from edgespec.bench.matrix import ConfigSpec, Matrix
-from edgespec.bench.oracle import ORACLE, ORACLE_COPY, OracleProposer, References, best_cut
+from edgespec.bench.oracle import (ORACLE, ORACLE_COPY, OracleProposer, References, best_cut,
+                                   settle)
 from edgespec.errors import InvalidInputError
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -110,3 +111,24 @@ def test_an_oracle_needs_greedy_decoding():
                spec_bench=("writing",), temperature=0.7)
     with pytest.raises(InvalidInputError, match="needs temperature 0"):
         m.validate()
+
+
+def test_settle_replaces_the_reference_until_the_oracle_reproduces_it():
+    refs = References()
+    outputs = iter([(1, 2, 9, 9), (1, 2, 9, 8), (1, 2, 9, 8)])
+    seen = []
+
+    def run():
+        seen.append(refs.get([7]))  # what the oracle drafts from in this run
+        return next(outputs)
+
+    ref, runs = settle(refs, [7], (1, 2, 3, 4), run)
+    assert (ref, runs) == ((1, 2, 9, 8), 3) and refs.get([7]) == ref
+    assert seen == [(1, 2, 3, 4), (1, 2, 9, 9), (1, 2, 9, 8)]
+
+
+def test_settle_gives_up_after_its_runs_and_keeps_the_last_output():
+    refs = References()
+    n = iter(range(100))
+    ref, runs = settle(refs, [7], (0,), lambda: (next(n) + 1,), runs=3)
+    assert runs == 3 and ref == (3,) and refs.get([7]) == (3,)
