@@ -151,9 +151,8 @@ def load_engine(m: Matrix, plan: EnginePlan,
             if references is None or label not in references:
                 raise InvalidInputError(f"oracle configuration {label} needs its references")
             eng = engines[False]
-            cal = eng.calibration()
             eng.add_proposer(label, oracles.OracleProposer(
-                kind, references[label], cal.seconds,
+                kind, references[label], eng.calibration(),
                 max_draft=int(plan.control[label]["draft_len"])))
         for c in m.engine_configs:
             if c.label in plan.oracles:

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from ..analysis.simulate import best_cut
 from ..api.params import SamplingParams
+from ..calibration.curve import Calibration
 from ..proposers.base import EMPTY_DRAFT, Draft
 
 ORACLE = "oracle"
@@ -61,7 +63,8 @@ def settle(references: "References", prompt: Sequence[int], plain: Sequence[int]
 
 
 class References:
-    """The plain path's answer to each prompt, keyed by the prompt's token ids."""
+    """One oracle's answer to each prompt (the plain path's, then settled), keyed by the
+    prompt's token ids."""
 
     def __init__(self) -> None:
         self._answers: dict[tuple[int, ...], tuple[int, ...]] = {}
@@ -76,26 +79,20 @@ class References:
         return len(self._answers)
 
 
-def best_cut(seconds: Callable[[int], float], available: int) -> int:
-    """Of ``available`` tokens the target will accept, how many to draft: the prefix whose
-    pass (drafts plus the target's own token) gives the most tokens per second; 0 (a
-    plain step) where none pays, the shortest on a tie."""
-    return max(range(max(0, available) + 1), key=lambda d: (d + 1) / seconds(d + 1))
-
-
 class OracleProposer:
-    """``kind`` is :data:`ORACLE` or :data:`ORACLE_COPY`; ``seconds(n)`` prices an n-token
-    pass (the engine's calibration)."""
+    """``kind`` is :data:`ORACLE` or :data:`ORACLE_COPY`; ``calibration`` (the engine's) prices
+    the passes each draft is cut for (:func:`edgespec.analysis.simulate.best_cut`, the cut
+    the replay's foresight bounds make)."""
 
     costly = False
 
-    def __init__(self, kind: str, references: References, seconds: Callable[[int], float],
+    def __init__(self, kind: str, references: References, calibration: Calibration,
                  max_draft: int = MAX_DRAFT) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown oracle {kind!r}; choose {', '.join(KINDS)}")
         self.name = kind
         self.references = references
-        self.seconds = seconds
+        self.calibration = calibration
         self.max_draft = max_draft
         self.misses = 0  # requests whose prompt had no reference (they draft nothing)
 
@@ -144,7 +141,7 @@ class OracleSession:
             return EMPTY_DRAFT
         if self.owner.name == ORACLE_COPY:
             available = self._copyable(cur, available)
-        d = best_cut(self.owner.seconds, available)
+        d = best_cut(self.owner.calibration, available)
         if d == 0:
             return EMPTY_DRAFT
         return Draft(tokens=tuple(self.seq[cur:cur + d]), confidence=(1.0,) * d,

@@ -4,8 +4,9 @@ import pytest
 from edgespec.api.params import SamplingParams
 from edgespec.bench.engines import plan_engine
 from edgespec.bench.matrix import ConfigSpec, Matrix
-from edgespec.bench.oracle import (ORACLE, ORACLE_COPY, OracleProposer, References, best_cut,
-                                   settle)
+from edgespec.analysis.simulate import best_cut
+from edgespec.bench.oracle import ORACLE, ORACLE_COPY, OracleProposer, References, settle
+from edgespec.calibration.curve import Calibration
 from edgespec.errors import InvalidInputError
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -13,15 +14,15 @@ GREEDY = SamplingParams(temperature=0.0)
 
 def linear(per_token):
     """A pass of n tokens costs 1 + per_token * (n - 1) steps."""
-    return lambda n: 1.0 + per_token * (n - 1)
+    return Calibration.linear(per_token)
 
 
-def steep_with_a_cheap_16(n):
-    # this CPU's shape: nearly linear to 15, a cheaper kernel at 16
-    return 8.7 if n == 16 else 1.0 + 0.7 * (n - 1)
+# this CPU's shape: nearly linear to 15, a cheaper kernel at 16
+steep_with_a_cheap_16 = Calibration.from_costs(
+    {**{n: 1.0 + 0.7 * (n - 1) for n in range(1, 16)}, 16: 8.7}, 0.04)
 
 
-def test_best_cut_takes_the_most_tokens_per_second_or_a_plain_step():
+def test_the_oracles_cut_takes_the_most_tokens_per_second_or_a_plain_step():
     assert best_cut(linear(0.1), 5) == 5  # flat: draft all that will be accepted
     assert best_cut(linear(1.0), 5) == 0  # each token costs a step: never pays
     assert best_cut(linear(0.5), 0) == 0
