@@ -13,6 +13,12 @@ def prompt_tokens(target, template: str | None, prompt: str | Sequence[dict],
                   params: GenerationParams) -> list[int]:
     """Tokenize a prompt (a string or a list of chat messages) the way a request will;
     ``template`` is the target's chat template (None: it has none)."""
+    if isinstance(prompt, tuple):  # token ids (a completions prompt, a FIM prompt)
+        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < target.n_vocab]
+        if bad or not prompt:
+            raise InvalidInputError(f"a token-id prompt holds ids in 0..{target.n_vocab - 1} "
+                                    f"(got {bad[0] if bad else 'none'})")
+        return list(prompt)
     if isinstance(prompt, str):
         try:
             prompt.encode("utf-8")
