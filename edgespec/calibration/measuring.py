@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import EdgespecError
 from ..runtime.kernel import KernelConfig
 from . import cpu
+from . import progress
 from .curve import DEFAULT_KS, Calibration
 
 
@@ -116,10 +117,13 @@ def probe_exactness(model, *, n_threads: int | None = None, kernel: KernelConfig
                             **context_options(kernel))
     try:
         best = max_tokens
-        for n_cached in sorted(contexts):
-            best = min(best, _largest_exact(ctx, toks, n_cached, best))
-            if best <= 1:
-                break
+        with progress.task("probing which pass sizes are bitwise exact",
+                           total=len(contexts)) as done:
+            for n_cached in sorted(contexts):
+                best = min(best, _largest_exact(ctx, toks, n_cached, best))
+                done.advance()
+                if best <= 1:
+                    break
     finally:
         close_context(ctx)
     return best
@@ -162,14 +166,17 @@ def time_passes(ctx, toks, pos: int, ks, repeats: int, clock) -> dict[int, list[
     """Seconds of a k-token pass after ``pos`` cached tokens, ``repeats`` times per k in
     round-robin, each pass trimmed away again; round 0 warms caches and is discarded."""
     samples: dict[int, list[float]] = {k: [] for k in ks}
-    for r in range(repeats + 1):
-        for k in ks:
-            t0 = clock()
-            ctx.decode(toks[pos:pos + k], pos, logits="all")
-            dt = clock() - t0
-            ctx.trim(0, pos)
-            if r:
-                samples[k].append(dt)
+    with progress.task(f"timing verify passes of {min(ks)}-{max(ks)} tokens",
+                       total=(repeats + 1) * len(ks)) as done:
+        for r in range(repeats + 1):
+            for k in ks:
+                t0 = clock()
+                ctx.decode(toks[pos:pos + k], pos, logits="all")
+                dt = clock() - t0
+                ctx.trim(0, pos)
+                if r:
+                    samples[k].append(dt)
+                done.advance()
     return samples
 
 

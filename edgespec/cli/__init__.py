@@ -9,7 +9,11 @@ from .._version import __version__
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="edgespec")
 def cli() -> None:
-    """Exact speculative decoding for GGUF models on llama.cpp."""
+    """Lossless speculative decoding for GGUF models on llama.cpp: the same answer as plain
+    decoding, faster where the output repeats its input (code edits, extraction, summaries)."""
+    from .feedback import install  # one-line warnings, first-run progress (edgespec.cli.feedback)
+
+    install()
 
 
 # --- subcommands: each lives in its own module, registered here explicitly ---

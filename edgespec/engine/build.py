@@ -159,14 +159,20 @@ def _default_kernel(model: Model, sha: str, config: EngineConfig, pick: bool,
     if not pick:
         return config.layout()
     repack = bool(getattr(model, "use_extra_bufts", True))
-    offered = kernels.cached(model.path, n_threads=config.threads, sha256=sha, repack=repack).kernel
+    offered_choice = kernels.cached(model.path, n_threads=config.threads, sha256=sha,
+                                    repack=repack)
+    offered = offered_choice.kernel
     if planned is not None and (planned.kv_type, planned.flash_attn) != (offered.kv_type, offered.flash_attn):
         return planned
     # a split across RPC servers runs what this machine measured for itself: timing the
     # candidates over the network would measure the network, and the split's output must
     # equal the local run's
     local = not getattr(model, "placement", "")
-    if local and (config.control.adaptive if config.control is not None else config.adaptive):
+    adaptive = config.control.adaptive if config.control is not None else config.adaptive
+    # nothing cached and a busy machine: timing the candidates now would take minutes and
+    # be measured again later anyway; llama.cpp's default runs until then
+    if local and adaptive and not (offered_choice.source == "default"
+                                   and cpu.machine_busy() > cpu.BUSY_LIMIT):
         offered = kernels.load_or_measure(model, n_threads=config.threads, sha256=sha).kernel
     base = planned or config.layout()
     return replace(base, kv_type=offered.kv_type, flash_attn=offered.flash_attn)
@@ -225,9 +231,19 @@ def trusted_calibration(model: Model, threads: int | None, kernel: KernelConfig)
     """The measured verify-cost curve: trusted, or jittery but quiet (its shape is still the
     device's); a noise curve is measured again on a quiet machine; the CPU prior stands in
     only when neither gives a usable one."""
+    expected = prior_step_seconds(model.size_bytes)
+    busy = _busy_before_first_measure(model, threads, kernel)
+    if busy is not None:
+        # Timings taken now would be rejected afterwards (a busy curve is not trusted), so
+        # the minutes they take would buy nothing: price with the prior for this run.
+        warnings.warn(f"other processes are using {busy:.0%} of the CPUs, so this machine's "
+                      "verify cost is not measured now (timings under load are not usable); "
+                      "this run prices drafts with the CPU prior, and a later run on a quiet "
+                      "machine measures it (or `edgespec plan --recalibrate`)",
+                      CalibrationWarning, stacklevel=2)
+        return Calibration.prior_cpu(step_seconds=expected)
     cal = calibration_cache.load_or_measure(model.path, n_threads=threads, model=model,
                                       n_gpu_layers=model.n_gpu_layers, kernel=kernel)
-    expected = prior_step_seconds(model.size_bytes)
     ok, why = calibration_trust(cal, expected)
     ok = ok or usable_shape(cal, expected)
     if not ok and cpu.machine_busy() <= cpu.BUSY_LIMIT / 2:
@@ -250,3 +266,16 @@ def trusted_calibration(model: Model, threads: int | None, kernel: KernelConfig)
                       "machine", CalibrationWarning, stacklevel=2)
         cal = Calibration.prior_cpu(step_seconds=expected)
     return cal
+
+
+def _busy_before_first_measure(model: Model, threads: int | None,
+                               kernel: KernelConfig) -> float | None:
+    """Other processes' CPU share when nothing is cached for this model and configuration
+    and the machine is too busy to time it; None when a curve is cached or it is quiet."""
+    with warnings.catch_warnings():  # a stale file is reported once, by the measuring
+        warnings.simplefilter("ignore", CalibrationWarning)
+        if calibration_cache.cached(model.path, n_threads=threads, kernel=kernel,
+                                    n_gpu_layers=model.n_gpu_layers) is not None:
+            return None
+    busy = cpu.machine_busy()
+    return busy if busy > cpu.BUSY_LIMIT else None

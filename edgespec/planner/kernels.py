@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from ..calibration import cache, cpu, measuring
+from ..calibration import cache, cpu, measuring, progress
 from ..calibration.curve import CalibrationWarning
 from ..identity import digests
 from ..runtime.kernel import KernelConfig
@@ -141,19 +141,22 @@ def measure(model, *, n_threads: int | None = None, repack: bool = True,
             ctxs.append(model.new_context(n_ctx=n_ctx, n_batch=min(512, n_ctx), n_threads=n_threads,
                                           **measuring.context_options(k)))
         filled = [0] * len(ctxs)
-        for d in depths:
-            for i, ctx in enumerate(ctxs):
-                ctx.decode(toks[filled[i]:d], filled[i], logits="none")
-                filled[i] = d
-            for r in range(repeats + 1):  # round 0 warms caches and is discarded
+        with progress.task(f"timing {len(ctxs)} kernel configurations",
+                           total=len(depths) * (repeats + 1)) as done:
+            for d in depths:
                 for i, ctx in enumerate(ctxs):
-                    for n in (1, PASS_TOKENS):
-                        t0 = clock()
-                        ctx.decode(toks[d:d + n], d, logits="last" if n == 1 else "all")
-                        dt = clock() - t0
-                        ctx.trim(0, d)
-                        if r:
-                            samples.setdefault((i, d, n), []).append(dt)
+                    ctx.decode(toks[filled[i]:d], filled[i], logits="none")
+                    filled[i] = d
+                for r in range(repeats + 1):  # round 0 warms caches and is discarded
+                    for i, ctx in enumerate(ctxs):
+                        for n in (1, PASS_TOKENS):
+                            t0 = clock()
+                            ctx.decode(toks[d:d + n], d, logits="last" if n == 1 else "all")
+                            dt = clock() - t0
+                            ctx.trim(0, d)
+                            if r:
+                                samples.setdefault((i, d, n), []).append(dt)
+                    done.advance()
     finally:
         for ctx in ctxs:
             measuring.close_context(ctx)

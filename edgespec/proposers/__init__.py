@@ -10,6 +10,8 @@ no other module lists proposer names. The plain path is :data:`PLAIN`.
 """
 from __future__ import annotations
 
+import difflib
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -300,8 +302,11 @@ def spec(name: str) -> ProposerSpec:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise InvalidInputError(f"unknown proposer {name!r}; choose one of "
-                                f"{', '.join([AUTO, PLAIN, *REGISTRY])}") from None
+        known = [AUTO, PLAIN, *REGISTRY]
+        near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise InvalidInputError(f"unknown proposer {name!r}; {hint}choose one of "
+                                f"{', '.join(known)}") from None
 
 
 def check_label(label: str) -> str:

@@ -9,6 +9,7 @@ layered over it and may pin local files with ``path`` instead of a ``source``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import sys
@@ -327,8 +328,11 @@ class Registry:
         try:
             return self.models[name]
         except KeyError:
-            raise ModelError(f"unknown model {name!r}; known models: {', '.join(self.models)} "
-                             "(or pass the path of a local .gguf file)") from None
+            near = difflib.get_close_matches(name, list(self.models), n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ModelError(f"unknown model {name!r}; {hint}known models: "
+                             f"{', '.join(self.models)} (or pass the path of a local .gguf "
+                             "file)") from None
 
     def pairs_for(self, target: str) -> tuple[PairSpec, ...]:
         return tuple(p for p in self.pairs if p.target == target)

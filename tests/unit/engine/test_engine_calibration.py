@@ -30,6 +30,8 @@ def measured(monkeypatch):
         calls.append(force)
         return queue.pop(0)
     monkeypatch.setattr(cache, "load_or_measure", fake)
+    # a queued curve stands for one in the cache (the busy check before a first measurement)
+    monkeypatch.setattr(cache, "cached", lambda *a, **kw: queue[0] if queue else None)
     return calls, queue
 
 
@@ -59,3 +61,24 @@ def test_a_noise_curve_on_a_busy_machine_falls_back_to_the_prior_and_says_so(mea
     with pytest.warns(CalibrationWarning, match="CPU prior"):
         cal = engmod.trusted_calibration(MODEL, 2, KernelConfig())
     assert calls == [False] and cal.source == "prior"
+
+
+def test_nothing_cached_on_a_busy_machine_is_not_measured_but_priced_with_the_prior(
+        measured, monkeypatch):
+    """A first run under load would spend minutes timing passes that are then rejected as
+    noise: it prices drafts with the prior at once and says why in one warning."""
+    calls, queue = measured  # nothing queued: nothing cached
+    monkeypatch.setattr(cpu, "machine_busy", lambda *a: 0.9)
+    with pytest.warns(CalibrationWarning, match="not measured now") as got:
+        cal = engmod.trusted_calibration(MODEL, 2, KernelConfig())
+    assert calls == [] and cal.source == "prior"
+    assert len(got) == 1 and "90%" in str(got[0].message)
+
+
+def test_nothing_cached_on_a_quiet_machine_is_measured(measured, monkeypatch):
+    calls, queue = measured
+    monkeypatch.setattr(cpu, "machine_busy", lambda *a: 0.0)
+    monkeypatch.setattr(cache, "cached", lambda *a, **kw: None)
+    queue.append(_cal(0.02))
+    cal = engmod.trusted_calibration(MODEL, 2, KernelConfig())
+    assert calls == [False] and cal.source == "measured"
