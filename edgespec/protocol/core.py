@@ -119,10 +119,10 @@ class Core:
             readers: list[ChoiceReader] = []
             handles: list[Any] = []
             try:
-                for req, p in zip(reqs, plans):
+                for k, (req, p) in enumerate(zip(reqs, plans)):
                     base = len(readers)
                     readers += [ChoiceReader(base + j, p.turn.output() if p.turn else None,
-                                             origins=req.origins, prefix=p.prefix)
+                                             origins=req.origins, prefix=p.prefix, request=k)
                                 for j in range(req.n)]
                     relays = [_Relay(loop, queue, base + j, self.metrics) for j in range(req.n)]
                     handles.append(await asyncio.to_thread(

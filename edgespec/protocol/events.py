@@ -71,6 +71,7 @@ class ChoiceDone:
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_cached: int = 0  # prompt tokens whose KV came from an earlier request
     tokens: tuple[int, ...] = ()  # the completion's token ids
+    request: int = 0  # which request of Core.start_all (its choices share one prompt)
 
 
 CoreEvent = Union[TextDelta, ReasoningDelta, ToolCallDelta, ChoiceDone]

@@ -69,7 +69,10 @@ def _token(model: Vocab, role: str) -> int | None:
         if 0 <= tok < model.n_vocab:
             return tok
     for text in _TEXTS[role]:
-        toks = model.tokenize(text, add_special=False, parse_special=True)
+        try:
+            toks = model.tokenize(text, add_special=False, parse_special=True)
+        except Exception:  # a vocabulary that cannot spell the text has no such token
+            continue
         if len(toks) == 1:
             return toks[0]
     return None

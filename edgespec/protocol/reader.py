@@ -36,8 +36,9 @@ class ChoiceReader:
     the answer (completions' ``echo``)."""
 
     def __init__(self, index: int, out: Any = None, *, origins: bool = False,
-                 prefix: str = "") -> None:
+                 prefix: str = "", request: int = 0) -> None:
         self.index = index
+        self.request = request
         self.out = out
         self.origins = origins
         self.prefix = prefix
@@ -86,7 +87,7 @@ class ChoiceReader:
             self.index, finish, fin.stop_reason, self.prefix + text, reasoning, calls,
             prompt_tokens=s.prompt_tokens, completion_tokens=len(fin.tokens),
             timings=timings(fin), stats=s, logprobs=tuple(fin.logprobs),
-            prompt_cached=s.prompt_reused, tokens=tuple(fin.tokens))
+            prompt_cached=s.prompt_reused, tokens=tuple(fin.tokens), request=self.request)
         events.append(self.done)
         return events
 

@@ -7,9 +7,11 @@ per model, the models held in a :class:`~edgespec.serving.ModelPool`.
 A request names its model; the pool loads it on its first request (unloading idle ones to
 make room) and keeps it loaded while its scheduler holds the request.
 
-The routes live beside this module, one group each: generation (chat and completions,
-``n > 1`` in choices, the event relay in relay, the body in body) and info (models,
-health, metrics); auth holds the API-key middleware, errors the error shape.
+Every generation route is a dialect (edgespec.server.dialects: OpenAI chat and
+completions, ...) over one :class:`~edgespec.protocol.Core`, which holds the models and runs
+requests on their schedulers; info has the models, health and metrics routes; body reads a
+request's body within the limits, auth holds the API-key middleware, errors the OpenAI
+error shape.
 """
 from __future__ import annotations
 
@@ -23,7 +25,10 @@ from fastapi.middleware.cors import CORSMiddleware
 from .._version import __version__
 from ..errors import EdgespecError
 from ..serving import ModelPool
-from . import auth, generation, info
+from ..protocol import Core
+from . import auth, guard, info, web
+from .dialects import openai_chat, openai_completions
+from .dialects import anthropic, responses
 from .errors import install_handlers
 from .metrics import ServerMetrics
 from .settings import ServerSettings
@@ -60,7 +65,39 @@ def create_pool_app(pool: ModelPool, settings: ServerSettings) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                            allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
                            expose_headers=["Retry-After"], max_age=600)
+    # outermost: Host, Origin and Content-Type are checked before CORS, the key or a route
+    app.add_middleware(guard.Middleware, hosts=None if settings.allowed_hosts is None else
+                       guard.HostPolicy.for_bind(settings.allowed_hosts),
+                       cors_origins=settings.cors_origins, on_refusal=metrics.reject)
+    app.add_middleware(_Preflight, cors=bool(settings.cors_origins))
     install_handlers(app, on_error=metrics.reject)
-    generation.register(app, pool, settings, metrics)
+    core = Core(pool, settings, metrics)
+    app.state.core = core
+    openai_chat.register(app, core, settings)
+    openai_completions.register(app, core, settings)
+    anthropic.register(app, core, settings)
+    responses.register(app, core, settings)
     info.register(app, pool, settings, metrics, started)
+    web.register(app, pool, settings)  # GET / (unless --no-web) and /v1/edgespec/status
     return app
+
+
+class _Preflight:
+    """A CORS preflight (OPTIONS with Access-Control-Request-Method) that no CORS
+    middleware answers (no --cors-origin) gets a 204 naming the methods, and no
+    Access-Control-Allow-Origin: the browser then refuses the call itself, instead of the
+    server answering 405 to a request it does serve."""
+
+    def __init__(self, app, cors: bool) -> None:
+        self.app, self.cors = app, cors
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope.get("method") == "OPTIONS" and not self.cors:
+            headers = dict(scope.get("headers") or ())
+            if b"access-control-request-method" in headers:
+                await send({"type": "http.response.start", "status": 204,
+                            "headers": [(b"allow", b"GET, POST, OPTIONS"),
+                                        (b"vary", b"Origin")]})
+                await send({"type": "http.response.body", "body": b""})
+                return
+        await self.app(scope, receive, send)

@@ -1,14 +1,15 @@
 """OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with the status
 OpenAI's clients map to their exception classes (400, 401, 404, 413, 429, 503, 500).
 
-One place maps edgespec's own errors (EdgespecError subclasses, whose messages already say
-what to do) and pydantic's validation errors to that shape, so every endpoint answers bad
-input the same way and the server keeps serving.
+Errors are defined once, in :mod:`edgespec.protocol.errors` (ProtocolError, and the mapping
+of the engine's and the scheduler's errors); this module renders them in OpenAI's shape
+(llama.cpp's native endpoints use the same shape, as llama-server does) and maps pydantic's
+validation errors, so every endpoint answers bad input the same way and the server keeps
+serving. :class:`APIError` is a ProtocolError that names its OpenAI ``type`` itself.
 """
 from __future__ import annotations
 
 import logging
-import math
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,64 +17,77 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import ContextOverflowError, EdgespecError, UnsupportedError
-from ..serving.tickets import QueueFullError, ShuttingDownError
+from ..errors import ContextOverflowError, EdgespecError
+from ..protocol import errors as protocol
+from ..protocol.errors import ProtocolError
 
 log = logging.getLogger("edgespec.server")
 
+#: the neutral kinds as OpenAI's error types
+_TYPES = {"invalid_request": "invalid_request_error", "not_found": "invalid_request_error",
+          "unsupported": "invalid_request_error", "too_large": "invalid_request_error",
+          "context_overflow": "invalid_request_error", "too_complex": "invalid_request_error",
+          "timeout": "invalid_request_error", "overloaded": "rate_limit_error",
+          "server_error": "server_error", "permission": "permission_error",
+          "authentication": "authentication_error"}
+_KINDS = {"server_error": "server_error", "rate_limit_error": "overloaded",
+          "authentication_error": "authentication", "permission_error": "permission",
+          "not_found_error": "not_found"}
+_STATUS_KINDS = {404: "not_found", 408: "timeout", 413: "too_large"}
 
-class APIError(Exception):
-    """An error answered to the client as-is."""
+
+def openai_type(e: ProtocolError) -> str:
+    if isinstance(e, APIError):
+        return e.type
+    if e.status == 503 and e.kind == "overloaded":
+        return "server_error"
+    return _TYPES.get(e.kind, "invalid_request_error")
+
+
+def body(e: ProtocolError) -> dict:
+    """The OpenAI error body of any ProtocolError."""
+    return {"error": {"message": e.message, "type": openai_type(e), "param": e.param,
+                      "code": e.code}}
+
+
+def response(e: ProtocolError) -> JSONResponse:
+    return JSONResponse(body(e), status_code=e.status, headers=e.headers)
+
+
+class APIError(ProtocolError):
+    """An error answered to the client as-is, with its OpenAI ``type``."""
 
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+        kind = _KINDS.get(type) or _STATUS_KINDS.get(status, "invalid_request")
+        super().__init__(status, message, kind=kind, param=param, code=code, headers=headers)
         self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
+        return body(self)
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        return response(self)
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value"
-                ) -> APIError:
-    return APIError(400, message, param=param, code=code)
+                ) -> ProtocolError:
+    return protocol.bad_request(message, param, code)
 
 
-def unsupported(param: str, message: str) -> APIError:
-    return APIError(400, message, param=param, code="unsupported_parameter")
+def unsupported(param: str, message: str) -> ProtocolError:
+    return protocol.unsupported(param, message)
 
 
-def context_overflow(kind: str, e: ContextOverflowError) -> APIError:
+def context_overflow(kind: str, e: ContextOverflowError) -> ProtocolError:
     """A prompt that does not fit, named by the endpoint's field (``kind`` chat or not)."""
-    return APIError(400, str(e), param="messages" if kind == "chat" else "prompt",
-                    code="context_length_exceeded")
+    return protocol.context_overflow(e, "messages" if kind == "chat" else "prompt")
 
 
-def from_edgespec(e: EdgespecError) -> APIError:
+def from_edgespec(e: EdgespecError) -> ProtocolError:
     """The client-facing form of an error the engine or the scheduler raised."""
-    if isinstance(e, QueueFullError):
-        retry = max(1, math.ceil(e.retry_after))
-        return APIError(429, str(e), type="rate_limit_error", code="queue_full",
-                        headers={"Retry-After": str(retry)})
-    if isinstance(e, ShuttingDownError):
-        return APIError(503, str(e), type="server_error", code="shutting_down")
-    if isinstance(e, ContextOverflowError):
-        return APIError(400, str(e), param="messages", code="context_length_exceeded")
-    if getattr(e, "code", None) and getattr(e, "param", None):  # edgespec.agents' errors
-        return APIError(400, str(e), param=e.param, code=e.code)
-    if isinstance(e, UnsupportedError):
-        return APIError(400, str(e), code="unsupported_parameter")
-    return APIError(400, str(e), code="invalid_value")  # InvalidInputError, ModelError, ...
+    return protocol.from_edgespec(e)
 
 
 def from_validation(errors: list[dict]) -> APIError:
@@ -122,12 +136,12 @@ def _field_path(errors: list[dict]) -> list[str]:
 def install_handlers(app: FastAPI, on_error=lambda status, code: None) -> None:
     """Answer every failure OpenAI-shaped; ``on_error(status, code)`` counts it."""
 
-    def answer(e: APIError) -> JSONResponse:
+    def answer(e: ProtocolError) -> JSONResponse:
         on_error(e.status, e.code)
-        return e.response()
+        return response(e)
 
-    @app.exception_handler(APIError)
-    async def _api(request: Request, e: APIError):
+    @app.exception_handler(ProtocolError)
+    async def _api(request: Request, e: ProtocolError):
         return answer(e)
 
     @app.exception_handler(EdgespecError)

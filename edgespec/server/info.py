@@ -15,6 +15,7 @@ def register(app: FastAPI, pool: ModelPool, settings: ServerSettings, metrics: S
     """Add the information routes to ``app``; ``started`` is the models' ``created`` time."""
 
     @app.get("/v1/models")
+    @app.get("/models")  # llama-server answers both
     async def models():
         return {"object": "list", "data": model_list(pool, started)}
 

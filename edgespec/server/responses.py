@@ -1,24 +1,32 @@
-"""Engine events -> OpenAI response bodies (chat and completions, whole and streamed), plus
-the ``edgespec`` extension object with the request's speculation stats."""
+"""Core events -> OpenAI response bodies (chat and completions, whole and streamed): pure
+functions of :mod:`edgespec.protocol.events`, with the ``edgespec`` extension object (the
+request's speculation stats, per-token origins on request) and llama-server's ``timings``.
+"""
 from __future__ import annotations
 
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
-from ..api.events import Finished, TokenLogprob
+from ..api.events import TokenLogprob
+from ..protocol.events import (ChoiceDone, CoreEvent, ReasoningDelta, TextDelta, TokenPiece,
+                               ToolCallDelta)
 
-#: OpenAI has "stop" and "length"; the engine's stop reasons fold into them (the exact one
-#: stays in edgespec.stop_reason)
-FINISH_REASON = {"eos": "stop", "stop": "stop", "grammar": "stop", "length": "length",
-                 "context": "length", "cancelled": "stop"}
+#: OpenAI has no "cancelled": a cancelled answer stopped (the exact reason stays in
+#: edgespec.stop_reason)
+_FINISH = {"cancelled": "stop"}
 
 
-def extension(fin: Finished, identity: str) -> dict:
-    s = fin.stats
+def finish_reason(done: ChoiceDone) -> str:
+    return _FINISH.get(done.finish, done.finish)
+
+
+def extension(done: ChoiceDone, identity: str) -> dict:
+    s = done.stats
     return {
         "proposer": s.proposer,
-        "stop_reason": fin.stop_reason,
+        "stop_reason": done.stop_reason,
         "drafted": s.drafted,
         "accepted": s.accepted,
         "acceptance_rate": s.acceptance_rate,
@@ -35,12 +43,21 @@ def extension(fin: Finished, identity: str) -> dict:
     }
 
 
-def usage(fin: Finished) -> dict:
-    s = fin.stats
-    completion = len(fin.tokens)
-    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": completion,
-            "total_tokens": s.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": s.prompt_reused}}
+def usage(dones: list[ChoiceDone]) -> dict:
+    """The request's usage: each prompt once (the n choices of a prompt share it), every
+    completion."""
+    firsts = {d.request: d for d in reversed(dones)}.values()
+    prompt = sum(d.prompt_tokens for d in firsts)
+    completion = sum(d.completion_tokens for d in dones)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(d.prompt_cached for d in firsts)}}
+
+
+def origins(tokens: tuple[TokenPiece, ...]) -> dict:
+    """The per-token origins extension of a stream chunk (stream_options.include_origins)."""
+    return {"tokens": [{"text": t.text, "origin": t.origin, "drafted": t.drafted,
+                        "position": t.position} for t in tokens]}
 
 
 @dataclass
@@ -50,10 +67,12 @@ class Shape:
     kind: str  # "chat" | "completion"
     model: str
     fingerprint: str
-    piece: object  # token id -> bytes (the target's token_piece)
+    piece: Callable[[int], bytes]  # token id -> bytes (the target's token_piece)
+    identity: str = ""
+    include_usage: bool = False
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
-    offset: int = 0  # characters of text emitted so far (completions' text_offset)
+    offsets: dict = field(default_factory=dict)  # choice -> characters emitted (text_offset)
 
     def __post_init__(self) -> None:
         prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
@@ -68,7 +87,9 @@ class Shape:
         raw = bytes(self.piece(tok))
         return raw.decode("utf-8", "replace"), list(raw)
 
-    def logprobs(self, lps: tuple[TokenLogprob, ...]) -> dict | None:
+    def logprobs(self, lps: tuple[TokenLogprob, ...], at: int = 0) -> dict | None:
+        """Chat's ``content`` list, or completions' parallel lists (``at``: the text offset
+        of the first token)."""
         if not lps:
             return None
         if self.kind == "chat":
@@ -83,7 +104,6 @@ class Shape:
                                 "top_logprobs": top})
             return {"content": content, "refusal": None}
         tokens, offsets, tops = [], [], []
-        at = self.offset
         for lp in lps:
             tok, _ = self._token(lp.token)
             tokens.append(tok)
@@ -94,55 +114,93 @@ class Shape:
                 "top_logprobs": tops, "text_offset": offsets}
 
     # --- whole responses ------------------------------------------------------------------
-    def whole(self, fin: Finished, identity: str, message: dict | None = None,
-              finish_reason: str | None = None) -> dict:
-        """``message`` / ``finish_reason``: a chat turn's own (tool calls, reasoning: an
-        edgespec.agents.TurnOutput's), else the text as content and the mapped reason."""
-        lps = self.logprobs(tuple(fin.logprobs))
-        reason = finish_reason or FINISH_REASON.get(fin.stop_reason, "stop")
-        if self.kind == "chat":
-            msg = message or {"role": "assistant", "content": fin.text}
-            choice = {"index": 0, "message": {**msg, "refusal": None},
-                      "logprobs": lps, "finish_reason": reason}
-            body = self._head("chat.completion")
-        else:
-            choice = {"index": 0, "text": fin.text, "logprobs": lps, "finish_reason": reason}
-            body = self._head("text_completion")
-        body.update(choices=[choice], usage=usage(fin), edgespec=extension(fin, identity))
+    def whole(self, dones: list[ChoiceDone], echoed: dict[int, str] | None = None) -> dict:
+        """The whole body of a request's choices (``echoed``: per choice, the prompt text
+        its completion starts with, outside the logprobs' offsets)."""
+        choices = []
+        for d in dones:
+            lps = self.logprobs(d.logprobs, len((echoed or {}).get(d.index, "")))
+            if self.kind == "chat":
+                msg: dict = {"role": "assistant",
+                             "content": d.text if d.text or not d.tool_calls else None}
+                if d.reasoning:
+                    msg["reasoning_content"] = d.reasoning
+                if d.tool_calls:
+                    msg["tool_calls"] = [{"id": c.id, "type": "function",
+                                          "function": {"name": c.name,
+                                                       "arguments": c.arguments}}
+                                         for c in d.tool_calls]
+                msg["refusal"] = None
+                choices.append({"index": d.index, "message": msg, "logprobs": lps,
+                                "finish_reason": finish_reason(d)})
+            else:
+                choices.append({"index": d.index, "text": d.text, "logprobs": lps,
+                                "finish_reason": finish_reason(d)})
+        body = self._head("chat.completion" if self.kind == "chat" else "text_completion")
+        body.update(choices=choices, usage=usage(dones), timings=dones[0].timings,
+                    edgespec=extension(dones[0], self.identity))
+        if len(dones) > 1:
+            body["edgespec"]["choices"] = [dict(extension(d, self.identity), timings=d.timings)
+                                           for d in dones]
         return body
 
     # --- stream chunks --------------------------------------------------------------------
-    def chunk(self, text: str, lps: tuple[TokenLogprob, ...] = (), *, first: bool = False,
-              include_usage: bool = False, delta: dict | None = None) -> dict:
-        """``delta``: a chat turn's own (reasoning_content, tool_calls), instead of ``text``
-        as content."""
-        logprobs = self.logprobs(lps)
+    def chunk(self, index: int, *, text: str = "", delta: dict | None = None,
+              lps: tuple[TokenLogprob, ...] = (), finish: str | None = None) -> dict:
+        """One choice's chunk: chat's ``delta`` (default: ``text`` as content), or
+        completions' ``text``."""
         if self.kind == "chat":
-            if delta is None:
-                delta = {"content": text}
-            delta = {"role": "assistant", **delta} if first else delta
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+            choice = {"index": index, "delta": {"content": text} if delta is None else delta,
+                      "logprobs": self.logprobs(lps), "finish_reason": finish}
             body = self._head("chat.completion.chunk")
         else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": None}
+            at = self.offsets.get(index, 0)
+            choice = {"index": index, "text": text, "logprobs": self.logprobs(lps, at),
+                      "finish_reason": finish}
+            self.offsets[index] = at + len(text)
             body = self._head("text_completion")
-        self.offset += len(text)
         body["choices"] = [choice]
-        if include_usage:
+        if self.include_usage:
             body["usage"] = None
         return body
 
-    def final_chunk(self, fin: Finished, identity: str, include_usage: bool,
-                    finish_reason: str | None = None) -> dict:
-        body = self.chunk("", include_usage=include_usage)
-        choice = body["choices"][0]
-        if self.kind == "chat":
-            choice["delta"] = {}
-        choice["finish_reason"] = finish_reason or FINISH_REASON.get(fin.stop_reason, "stop")
-        body["edgespec"] = extension(fin, identity)
-        return body
+    def first(self, index: int) -> dict:
+        """A chat choice's opening chunk (the role); completions have none."""
+        return self.chunk(index, delta={"role": "assistant", "content": ""})
 
-    def usage_chunk(self, fin: Finished) -> dict:
+    def event(self, ev: CoreEvent) -> list[dict]:
+        """The stream chunks of one core event."""
+        if isinstance(ev, TextDelta):
+            if not (ev.text or ev.logprobs or ev.tokens):
+                return []
+            if self.kind == "chat":
+                body = self.chunk(ev.index, delta={"content": ev.text} if ev.text else {},
+                                  lps=ev.logprobs)
+            else:
+                body = self.chunk(ev.index, text=ev.text, lps=ev.logprobs)
+            if ev.tokens:
+                body["edgespec"] = origins(ev.tokens)
+            return [body]
+        if isinstance(ev, ReasoningDelta):
+            if self.kind != "chat":
+                return [self.chunk(ev.index, text=ev.text)]
+            return [self.chunk(ev.index, delta={"reasoning_content": ev.text})]
+        if isinstance(ev, ToolCallDelta):
+            call: dict = {"index": ev.call}
+            if ev.id is not None:
+                call.update(id=ev.id, type="function",
+                            function={"name": ev.name, "arguments": ev.arguments})
+            else:
+                call["function"] = {"arguments": ev.arguments}
+            return [self.chunk(ev.index, delta={"tool_calls": [call]})]
+        if isinstance(ev, ChoiceDone):
+            body = self.chunk(ev.index, delta={}, finish=finish_reason(ev))
+            body["timings"] = ev.timings
+            body["edgespec"] = extension(ev, self.identity)
+            return [body]
+        return []
+
+    def usage_chunk(self, dones: list[ChoiceDone]) -> dict:
         body = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
-        body.update(choices=[], usage=usage(fin))
+        body.update(choices=[], usage=usage(dones), timings=dones[0].timings)
         return body

@@ -3,7 +3,7 @@
 Every field this server knows is named here. A field that is not is ignored and named in
 the server log (real clients send fields of newer API versions: ``parse_request``), or,
 with ``--strict``, refused (400, with the field as ``param``). A known field whose value
-this server cannot honour (``functions``, ``echo``; ``n`` beyond ``--parallel``) is always refused: a request is never
+this server cannot honour (``functions``, ``best_of``; ``n`` beyond ``--parallel``) is always refused: a request is never
 answered with some of its meaning dropped. Types are strict: ``"max_tokens": "5"`` is a type
 error, not 5, and NaN or infinite numbers are refused.
 
@@ -28,6 +28,7 @@ class _Strict(BaseModel):
 class StreamOptions(_Strict):
     include_usage: bool = False
     include_obfuscation: bool | None = None  # padding against length side channels: no effect here
+    include_origins: bool = False  # edgespec: each chunk's tokens with their origins (drafted by)
 
 
 class TextPart(_Strict):
@@ -38,7 +39,7 @@ class TextPart(_Strict):
 class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
-    name: str | None = None  # a tool result's function name; refused elsewhere (mapping._message)
+    name: str | None = None  # a participant's name (a tool result's: its function's)
     tool_calls: list[Any] | None = None  # an assistant's calls (checked by edgespec.agents)
     tool_call_id: str | None = None  # the call a role "tool" message answers
     refusal: str | None = None
@@ -62,7 +63,7 @@ class ResponseFormat(_Strict):
 class _Common(_Strict):
     """What chat and completions requests share."""
 
-    model: str
+    model: str | None = None  # none: the server's default model
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)

@@ -25,6 +25,14 @@ class ServerSettings:
     # a leading <think> block: "none" leaves it in the content, "deepseek"/"auto" split it
     # into reasoning_content (llama-server's --reasoning-format); requests may override it
     reasoning_format: str = "auto"
+    # a request naming a model this server does not serve goes to the default model (for
+    # clients that hard-code e.g. "gpt-4o-mini"); off: such a request is a 404
+    model_alias_any: bool = False
+    web: bool = True  # the chat page at GET / (edgespec.server.web); --no-web turns it off
+    # Host names the server answers to (edgespec.server.guard): the addresses it listens on
+    # and --allow-host values, beside localhost and loopback literals; None: no Host check (an
+    # app built in-process, e.g. under a test client; `edgespec serve` always sets it)
+    allowed_hosts: tuple[str, ...] | None = None
 
     def validate(self) -> "ServerSettings":
         if not self.served_model:

@@ -101,7 +101,6 @@ def test_request_fields_reach_the_scheduler_as_generation_params(engine):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages.0.name"),
     ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]},
      "messages.0.tool_call_id"),  # it answers no call
     ({"messages": MSG, "functions": [{"name": "f"}]}, "functions"),
@@ -125,9 +124,10 @@ def test_chat_refusals_name_the_field(engine, body, param):
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"prompt": [1, 2, 3]}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
-    ({"prompt": "a", "echo": True}, "echo"), ({"prompt": "a", "best_of": 2}, "best_of"),
-    ({"prompt": "a", "suffix": "z"}, "suffix"), ({"prompt": "a", "logprobs": 21}, "logprobs"),
+    ({"prompt": []}, "prompt"), ({"prompt": [[1], []]}, "prompt"),
+    ({"prompt": [1, 2, 10**9]}, "prompt"), ({"prompt": "a", "best_of": 2}, "best_of"),
+    ({"prompt": ["a", "b"] * 9}, "prompt"), ({"prompt": "a", "logprobs": 21}, "logprobs"),
+    ({"prompt": "a", "suffix": "z"}, "suffix"),  # the fake model has no FIM tokens
 ])
 def test_completion_refusals_name_the_field(engine, body, param):
     with app_client(StubScheduler([finished()]), engine) as c:
@@ -292,7 +292,7 @@ def test_unknown_fields_are_ignored_unless_strict(engine, caplog):
 @pytest.mark.parametrize("extra", [
     {"stop": [str(i) for i in range(17)]}, {"stop": ""}, {"stream_options": {}},
     {"logit_bias": {"x": 1}}, {"logit_bias": {"1": 500}},
-    {"max_tokens": 3, "max_completion_tokens": 4}, {"top_logprobs": 2},
+    {"top_logprobs": 2},
 ])
 def test_every_refusal_has_a_documented_code(engine, extra):
     import pathlib
