@@ -106,20 +106,35 @@ def _with_envvars(command: click.Command) -> click.Command:
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="0 picks a free port (printed on startup).")
 @click.option("--api-key", default=None,
-              help="Require 'Authorization: Bearer KEY'.")
+              help="Require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route "
+                   "but a minimal GET /health; prefer EDGESPEC_API_KEY or --api-key-file, which "
+                   "keep the key out of the process table.")
+@click.option("--api-key-file", type=click.Path(dir_okay=False), default=None,
+              help="Read the API key from the first line of this file.")
+@click.option("--allow-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="Another Host name the server answers to (besides the address it listens "
+                   "on, localhost and loopback literals; others get 403, so that a web page "
+                   "cannot rebind a name to it); '.example.com' allows a domain, '*' any. "
+                   "Repeatable.")
+@click.option("--max-connections", type=click.IntRange(1), default=256, show_default=True,
+              help="Open connections the server holds; beyond it the oldest idle one is "
+                   "closed, or the new one refused (503) when none is idle.")
+@click.option("--max-connections-per-client", type=click.IntRange(1), default=None,
+              help="Open connections one client address may hold (default: half of "
+                   "--max-connections, so one client cannot take every connection).")
 @click.option("--allow-remote", is_flag=True,
               help="Allow binding a non-loopback address.")
-@click.option("--parallel", type=click.IntRange(1, 64), default=1, show_default=True,
+@click.option("--parallel", "-np", "parallel", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Sequences decoded together (the context holds --parallel x --ctx tokens).")
 @click.option("--max-queue", type=click.IntRange(0), default=16, show_default=True,
               help="Requests waiting for a sequence beyond those running; more get 429.")
 @click.option("--max-tokens-limit", type=click.IntRange(1), default=4096, show_default=True,
               help="Largest max_tokens a request may ask for (more is refused); also the "
                    "default when a request names none.")
-@click.option("--model-id", default=None,
+@click.option("--model-id", "--alias", "model_id", default=None,
               help="The model id clients send (default: the target's registry name or file "
                    "stem).")
-@click.option("--model", "extra_models", multiple=True, metavar="[ID=]MODEL",
+@click.option("--extra-model", "extra_models", multiple=True, metavar="[ID=]MODEL",
               help="Another model to serve beside the target (a registry name, a .gguf path, "
                    "a Hub or ollama reference), loaded on its first request with the target's "
                    "--proposer (auto where that needs --draft); ID= sets the id clients "
@@ -136,8 +151,10 @@ def _with_envvars(command: click.Command) -> click.Command:
               default=None, help="Fraction of each traffic slice's requests that run the plain "
                                  "path as the baseline; a slice where speculation stops paying "
                                  "runs plain until probes show it pays again (docs/identity.md).")
-@click.option("--drain-seconds", type=click.FloatRange(0), default=60.0, show_default=True,
-              help="On SIGINT/SIGTERM, how long open requests may take to finish.")
+@click.option("--drain-seconds", type=click.FloatRange(0, 600), default=10.0, show_default=True,
+              help="On SIGINT/SIGTERM, how long open requests may take to finish; then each "
+                   "gets an error (streams an error event) and the process exits within 5 s "
+                   "more. A second signal exits at once.")
 @click.option("--strict", is_flag=True,
               help="Refuse request fields this server does not know (400 unknown_parameter) "
                    "instead of ignoring them with a log line.")
@@ -162,7 +179,8 @@ def _with_envvars(command: click.Command) -> click.Command:
                    "default) as TOML, and exit without loading the model.")
 @handle_errors
 def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget, host,
-          port, api_key, allow_remote, parallel, max_queue, max_tokens_limit, model_id,
+          port, api_key, api_key_file, allowed_hosts, max_connections, max_connections_per_client,
+          allow_remote, parallel, max_queue, max_tokens_limit, model_id,
           extra_models, keep_alive, cache_ram_mib, canary, drain_seconds, strict, cors_origins, timeout_read,
           timeout_keep_alive, reasoning_format, log_level, print_config):
     """Serve the target over an OpenAI-compatible HTTP API (chat, completions, models,
@@ -176,9 +194,19 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
     require("server", "serve")
     from ..server import ServerSettings, create_pool_app  # deferred: `edgespec` starts without what other commands need
     from ..server.run import check_bind, is_loopback, serve as run_server  # deferred: `edgespec` starts without what other commands need
+    from ..server.auth import read_key_file  # deferred: `edgespec` starts without what other commands need
+    from ..server.connections import ConnectionLimits  # deferred: `edgespec` starts without what other commands need
     from ..serving import ModelPool  # deferred: `edgespec` starts without what other commands need
 
     check_bind(host, allow_remote)
+    if api_key_file is not None:
+        if api_key is not None:
+            raise click.UsageError("--api-key (or $EDGESPEC_API_KEY) and --api-key-file both "
+                                   "give a key; pass one")
+        api_key, warning = read_key_file(api_key_file)
+        if warning:
+            click.echo(warning, err=True)
+    limits = ConnectionLimits(max_connections, max_connections_per_client).validate()
     if not is_loopback(host) and api_key is None:
         click.echo(f"warning: serving on {host} without --api-key: anyone who can reach this "
                    "address can use the model", err=True)
@@ -190,7 +218,8 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
                               max_tokens_limit=max_tokens_limit, strict=strict,
                               cors_origins=tuple(cors_origins), read_timeout=timeout_read,
                               keep_alive_timeout=timeout_keep_alive,
-                              reasoning_format=reasoning_format).validate()
+                              reasoning_format=reasoning_format,
+                              allowed_hosts=(host, *allowed_hosts)).validate()
     # every model is resolved and sized before anything loads: a bad name fails now
     models, budget = _pool_models(config, served, aliases, extra_models)
     pool = ModelPool(models, budget=budget,
@@ -209,11 +238,25 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
 
         run_server(app, host, port, drain_seconds=drain_seconds, log_level=log_level,
                    on_started=started, read_seconds=settings.read_timeout,
-                   keep_alive_seconds=settings.keep_alive_timeout)
-        # the app's lifespan has drained and released every model (pool.close)
-        click.echo("edgespec serve: stopped (open requests finished)", err=True)
+                   keep_alive_seconds=settings.keep_alive_timeout, limits=limits,
+                   abort=lambda: _abort_requests(pool),
+                   say=lambda line: click.echo(line, err=True))
+        # the app's lifespan has ended what was open and released every model (pool.close)
+        click.echo("edgespec serve: stopped", err=True)
     finally:
         pool.close()
+
+
+def _abort_requests(pool) -> None:
+    """Shutdown, after --drain-seconds: every request still queued or running ends with an
+    error its client sees (a stream's error event), none with an answer that looks whole."""
+    from ..serving.tickets import ShuttingDownError  # deferred: `edgespec` starts without what other commands need
+    error = ShuttingDownError("the server shut down before this request finished "
+                              "(--drain-seconds passed); retry it")
+    for m in pool.entries():
+        scheduler = m.scheduler
+        if scheduler is not None:
+            scheduler.close(drain=False, timeout=2.0, error=error)
 
 
 def _loader(canary: float | None, parallel: int, max_queue: int):
@@ -248,9 +291,9 @@ def _pool_models(config, served: str, aliases: tuple[str, ...], extra: tuple[str
         ident, _, ref = spec.partition("=") if "=" in spec and "://" not in spec.split("=")[0] \
             else ("", "", spec)
         if not ref:
-            raise click.BadParameter(f"{spec!r} names no model", param_hint="--model")
+            raise click.BadParameter(f"{spec!r} names no model", param_hint="--extra-model")
         # the target's proposer, unless it needs the target's own draft model
-        cfg = replace(config, target=ref, draft=None,
+        cfg = replace(config, target=ref, draft=None, chat_template=None,  # the target's only
                       proposer=AUTO if config.draft is not None else config.proposer).validate()
         name, more = _model_ids(ref, ident or None)
         taken = {n for m in models for n in (m.name, *m.aliases)}

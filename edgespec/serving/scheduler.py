@@ -101,6 +101,19 @@ class _Active:
     followers: list = field(default_factory=list)  # the choices waiting on this one
 
 
+@dataclass(frozen=True)
+class SlotState:
+    """One sequence as :meth:`Scheduler.slots` reports it (a snapshot)."""
+
+    id: int
+    processing: bool
+    request_id: int | None = None
+    prompt_tokens: int = 0
+    generated: int = 0
+    params: GenerationParams | None = None
+    prefilling: bool = False  # its prompt is still loading
+
+
 class Scheduler:
     """Runs requests on one engine from a single thread, several sequences per pass."""
 
@@ -138,6 +151,7 @@ class Scheduler:
         self._queue: deque[Ticket] = deque()
         self._active: list[_Active] = []
         self._closing = False
+        self._abort: EdgespecError | None = None  # close(drain=False, error=...): how runs end
         self._rr = 0  # round-robin start, for steps that cannot hold every request
         self._seconds = deque(maxlen=32)  # recent request durations, for Retry-After
         self.steps = 0
@@ -236,11 +250,33 @@ class Scheduler:
         with self._lock:
             return QueueLoad(len(self._queue), len(self._active), self.parallel, self.max_queue)
 
-    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+    def slots(self) -> list["SlotState"]:
+        """Each sequence's state now (llama-server's /slots): idle, or the request on it
+        with its prompt, the tokens generated so far and its parameters."""
+        with self._lock:
+            by_seq = {a.slot.seq_id: a for a in self._active}
+            out = []
+            for slot in self._slots:
+                a = by_seq.get(slot.seq_id)
+                if a is None:
+                    out.append(SlotState(slot.seq_id, False))
+                    continue
+                r = a.req
+                out.append(SlotState(slot.seq_id, True, a.ticket.id, r.n_prompt,
+                                     len(r.generated), r.params, a.prefill is not None))
+            return out
+
+    def close(self, drain: bool = True, timeout: float | None = None,
+              error: EdgespecError | None = None) -> None:
+        """Refuse new requests; ``drain``: finish the admitted ones; else drop the queued ones
+        (each gets a ShuttingDownError) and cancel the running ones at their next step, each
+        ending with ``error`` when given (a server shutting down: its clients see an error,
+        not an answer that looks complete) or with stop_reason "cancelled"."""
         with self._lock:
             self._closing = True
             dropped = [] if drain else list(self._queue)
             if not drain:
+                self._abort = error
                 self._queue.clear()
                 for a in self._active:
                     a.ticket.cancelled.set()
@@ -565,6 +601,8 @@ class Scheduler:
         if a.leader is not None and a in a.leader.followers:
             a.leader.followers.remove(a)  # ended while waiting for the prompt: copy nothing
             a.leader = None
+        if error is None and self._abort is not None and a.ticket.cancelled.is_set():
+            error = self._abort  # cancelled by close(drain=False, error=...)
         try:
             if error is None:
                 for ev in loop.end(a.req):
