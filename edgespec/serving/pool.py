@@ -49,6 +49,9 @@ class PoolModel:
     holders: int = 0  # callers between acquire and release
     loads: int = 0
     error: str | None = None  # why the last load failed
+    # seconds idle before unloading, set by a request (Ollama's keep_alive): None: the
+    # pool's keep-alive; negative: until another model needs the memory
+    keep_alive: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def answers(self, model_id: str) -> bool:
@@ -185,22 +188,47 @@ class ModelPool:
     # --- idle models -----------------------------------------------------------------
     def reap(self) -> list[str]:
         """Unload every model idle for longer than the keep-alive; returns their names."""
-        if self.keep_alive is None:
-            return []
         now = self._clock()
         out = []
         for m in self.models:
+            keep = self.keep_alive if m.keep_alive is None else m.keep_alive
+            if keep is None or keep < 0:
+                continue
             if m.engine is None or m.config is None:
                 continue  # not loaded, or preloaded with no way to load it again
             if m.busy():
                 m.last_used = now  # a request is running: idle time starts after it
                 continue
-            if now - m.last_used >= self.keep_alive and self._evict(m):
+            if now - m.last_used >= keep and self._evict(m):
                 out.append(m.name)
         return out
 
-    def _start_reaper(self) -> None:
-        if self.keep_alive is None or self._reaper is not None:
+    def keep(self, model_id: str, seconds: float | None) -> None:
+        """``model_id``'s own keep-alive from now on (a request's, e.g. Ollama's
+        ``keep_alive``): seconds idle before it is unloaded; negative: until another model
+        needs the memory; None: the pool's again."""
+        m = self.find(model_id)
+        m.keep_alive = seconds
+        if seconds is not None and seconds >= 0:
+            self._start_reaper(force=True)
+            self._wake.set()
+
+    def unload(self, model_id: str, wait: float = 0.0) -> bool:
+        """Unload ``model_id`` now if it is idle and can be loaded again (waiting up to
+        ``wait`` seconds for its last request to leave its scheduler); False otherwise."""
+        m = self.find(model_id)
+        if m.config is None or self._load is None:
+            return False  # preloaded with no way to load it again
+        deadline = self._clock() + wait
+        while True:
+            if m.engine is None or self._evict(m):
+                return True
+            if self._clock() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    def _start_reaper(self, force: bool = False) -> None:
+        if (self.keep_alive is None and not force) or self._reaper is not None:
             return
         with self._lock:
             if self._reaper is not None or self._closed:
@@ -210,8 +238,10 @@ class ModelPool:
             self._reaper.start()
 
     def _reap_loop(self) -> None:
-        period = min(max(self.keep_alive / 4, 0.05), 5.0)
         while not self._closed:
+            keeps = [k for k in [self.keep_alive, *(m.keep_alive for m in self.models)]
+                     if k is not None and k >= 0]
+            period = min(max(min(keeps, default=5.0) / 4, 0.05), 5.0)
             self._wake.wait(period)
             self._wake.clear()
             if not self._closed:

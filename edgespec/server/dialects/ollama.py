@@ -1,0 +1,250 @@
+"""Ollama's native API over the protocol core: ``POST /api/chat``, ``/api/generate``,
+``/api/show``, ``GET /api/tags``, ``/api/ps``, ``/api/version``, and ``GET``/``HEAD /``
+answering "Ollama is running" on the Ollama listener only (``edgespec serve --ollama-port``;
+the main port's ``/`` is the web page's).
+
+Answers stream as NDJSON (one JSON object per line) unless ``stream: false``; errors are
+Ollama's ``{"error": "..."}`` with the status (also as the last line of a stream that
+fails mid-way). A client that goes away mid-stream cancels its request, which frees its
+sequence. The wire shapes are :mod:`.ollama_wire`; the model listings :mod:`.ollama_models`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from ...protocol.errors import ProtocolError
+from ...protocol.events import ChoiceDone, ReasoningDelta, TextDelta
+from ...serving import ModelNotServedError
+from . import ollama_models
+from .fields import load_object
+from .ollama_wire import (API_VERSION, OllamaRequest, Renderer, Timing, check_num_ctx,
+                          error_body, parse_chat, parse_generate)
+
+log = logging.getLogger("edgespec.server")
+
+NDJSON = "application/x-ndjson"
+RUNNING = "Ollama is running"
+
+
+def register(app, core, settings) -> None:
+    """Ollama's routes on ``app``; ``app.state.ollama_ports`` holds the ports whose ``/``
+    answers as Ollama does (``edgespec serve --ollama-port`` adds its port once bound)."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    from ..body import read
+
+    app.state.ollama_ports = set()
+    app.add_middleware(OllamaRoot, ports=app.state.ollama_ports)
+
+    async def generation(request: Request, parse) -> Any:
+        t0 = time.monotonic()
+        try:
+            body = load_object(await read(request, settings))
+            req: OllamaRequest = parse(body, settings.max_tokens_limit,
+                                       getattr(settings, "reasoning_format", "auto"))
+            name = resolve(core, req.model)
+            if req.core is None:  # load, or with keep_alive 0 unload
+                return JSONResponse(await lifecycle(core, req, name))
+            timing = Timing()
+            loaded_before = _loaded(core, name)
+            async with core.held(name) as held:
+                timing.load = 0.0 if loaded_before else time.monotonic() - t0
+                check_num_ctx(req.num_ctx, held.engine.config.n_ctx, req.model)
+                run = await core.start(request, _named(req.core, name))
+            out = Renderer(req.endpoint, req.model)
+            if req.stream:
+                return StreamingResponse(_ndjson(run, out, timing, t0, core, req, name),
+                                         media_type=NDJSON)
+            done = (await run.collect())[0]
+            timing.total = time.monotonic() - t0
+            await after(core, req, name)
+            return JSONResponse(out.final(done, timing, whole=True))
+        except Exception as e:
+            return refusal(e)
+
+    @app.post("/api/chat")
+    async def chat(request: Request):
+        return await generation(request, parse_chat)
+
+    @app.post("/api/generate")
+    async def generate(request: Request):
+        return await generation(request, parse_generate)
+
+    @app.get("/api/tags")
+    async def tags():
+        try:
+            return JSONResponse({"models": await asyncio.to_thread(
+                ollama_models.tags, core.pool)})
+        except Exception as e:
+            return refusal(e)
+
+    @app.get("/api/ps")
+    async def ps():
+        try:
+            return JSONResponse({"models": await asyncio.to_thread(
+                ollama_models.running, core.pool)})
+        except Exception as e:
+            return refusal(e)
+
+    @app.post("/api/show")
+    async def show(request: Request):
+        try:
+            body = load_object(await read(request, settings))
+            asked = body.get("model", body.get("name"))
+            if not isinstance(asked, str) or not asked:
+                raise ProtocolError(400, "model is required: the name of a model (GET "
+                                         "/api/tags lists them)", param="model")
+            entry = core.pool.find(resolve(core, asked))
+            return JSONResponse(await asyncio.to_thread(ollama_models.show, entry))
+        except Exception as e:
+            return refusal(e)
+
+    @app.get("/api/version")
+    async def version():
+        return JSONResponse({"version": API_VERSION})
+
+
+def resolve(core, name: str) -> str:
+    """The served model a client's name reaches: Ollama names carry a tag (``name:latest``
+    is ``name``); unknown is a 404 in Ollama's words."""
+    for candidate in (name, name[:-len(":latest")] if name.endswith(":latest") else None):
+        if candidate is None:
+            continue
+        try:
+            return core.resolve(candidate)
+        except ModelNotServedError:
+            continue
+    served = ", ".join(repr(m.name) for m in core.pool.entries())
+    raise ProtocolError(404, f"model {name!r} not found; this server serves {served} (GET "
+                             "/api/tags)", kind="not_found", param="model",
+                        code="model_not_found")
+
+
+def _named(req, name: str):
+    from dataclasses import replace
+    return replace(req, model=name)
+
+
+def _loaded(core, name: str) -> bool:
+    try:
+        return core.pool.find(name).engine is not None
+    except ModelNotServedError:
+        return False
+
+
+async def lifecycle(core, req: OllamaRequest, name: str) -> dict:
+    """An empty prompt or no messages: load the model, or (keep_alive 0) unload it."""
+    out = Renderer(req.endpoint, req.model)
+    if req.keep_alive is not None and req.keep_alive == 0:
+        await asyncio.to_thread(_unload, core.pool, name)
+        return out.lifecycle("unload")
+    async with core.held(name):
+        pass
+    _keep(core.pool, name, req.keep_alive)
+    return out.lifecycle("load")
+
+
+async def after(core, req: OllamaRequest, name: str) -> None:
+    """The request's keep_alive, applied once it has finished."""
+    if req.keep_alive is not None and req.keep_alive == 0:
+        await asyncio.to_thread(_unload, core.pool, name)
+    else:
+        _keep(core.pool, name, req.keep_alive)
+
+
+def _unload(pool, name: str) -> None:
+    unload = getattr(pool, "unload", None)
+    if unload is None or not unload(name, wait=5.0):
+        log.info("keep_alive 0: %s stays loaded (it is busy or cannot be loaded again)", name)
+
+
+def _keep(pool, name: str, seconds: float | None) -> None:
+    keep = getattr(pool, "keep", None)
+    if seconds is not None and keep is not None:
+        keep(name, seconds)
+
+
+async def _ndjson(run, out: Renderer, timing: Timing, t0: float, core, req: OllamaRequest,
+                  name: str):
+    complete = False
+    try:
+        done: ChoiceDone | None = None
+        async for ev in run:
+            if isinstance(ev, TextDelta) and ev.text:
+                yield _line(out.delta(ev.text))
+            elif isinstance(ev, ReasoningDelta) and ev.text:
+                yield _line(out.delta(thinking=ev.text))
+            elif isinstance(ev, ChoiceDone):
+                done = ev
+        complete = True
+        if done is not None:
+            if done.tool_calls and out.endpoint == "chat":
+                yield _line(out.calls(done.tool_calls))
+            timing.total = time.monotonic() - t0
+            yield _line(out.final(done, timing, whole=False))
+        await after(core, req, name)
+    except Exception as e:  # the answer cannot continue: Ollama ends the stream with an error
+        complete = True
+        yield _line(error_body(to_protocol(e).message))
+    finally:
+        if not complete:  # the client went away (Starlette cancels this generator)
+            run.cancel()
+
+
+def _line(obj: dict) -> bytes:
+    return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def to_protocol(e: BaseException) -> ProtocolError:
+    """Any failure as a ProtocolError: the body reader's APIError, the engine's errors, and
+    bugs (logged, a 500)."""
+    from ...errors import EdgespecError
+    from ...protocol.errors import from_edgespec, internal
+    from ..errors import APIError
+
+    if isinstance(e, ProtocolError):
+        return e
+    if isinstance(e, APIError):
+        return ProtocolError(e.status, e.message, param=e.param, code=e.code,
+                             headers=e.headers)
+    if isinstance(e, ModelNotServedError):
+        return ProtocolError(404, str(e), kind="not_found", param="model",
+                             code="model_not_found")
+    if isinstance(e, EdgespecError):
+        return from_edgespec(e, "prompt")
+    log.exception("ollama route failed", exc_info=e)
+    return internal(e)
+
+
+def refusal(e: BaseException):
+    """Ollama's error answer: ``{"error": "..."}`` with the status."""
+    from fastapi.responses import JSONResponse
+
+    err = to_protocol(e)
+    return JSONResponse(error_body(err.message), status_code=err.status, headers=err.headers)
+
+
+class OllamaRoot:
+    """``GET``/``HEAD /`` on an Ollama port: "Ollama is running" (clients probe it to find
+    an Ollama server); on every other port the request goes on to the app (the web page)."""
+
+    def __init__(self, app, ports: set[int]) -> None:
+        self.app = app
+        self.ports = ports
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope.get("path") == "/" \
+                and scope.get("method") in ("GET", "HEAD") \
+                and (scope.get("server") or (None, None))[1] in self.ports:
+            body = b"" if scope["method"] == "HEAD" else RUNNING.encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                    (b"content-length", str(len(RUNNING)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
