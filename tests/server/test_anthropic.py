@@ -1,0 +1,217 @@
+"""Anthropic Messages (edgespec.server.dialects.anthropic): the wire format parsed into the
+core's request and the core's events rendered back, on literal bodies and events; then the
+real ``anthropic`` SDK against a real `edgespec serve` (smollm2-135m)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgespec.api.stats import RequestStats
+from edgespec.protocol.errors import ProtocolError
+from edgespec.protocol.events import ChoiceDone, ReasoningDelta, TextDelta, ToolCall, \
+    ToolCallDelta
+from edgespec.server.dialects import anthropic as am
+from edgespec.server.settings import ServerSettings
+
+SETTINGS = ServerSettings(served_model="m", max_tokens_limit=512)
+
+
+def parse(**body):
+    body.setdefault("model", "m")
+    body.setdefault("max_tokens", 16)
+    body.setdefault("messages", [{"role": "user", "content": "hi"}])
+    return am.parse(json.dumps(body), SETTINGS)
+
+
+def refused(**body) -> ProtocolError:
+    with pytest.raises(ProtocolError) as e:
+        parse(**body)
+    return e.value
+
+
+def done(text="", *, finish="stop", stop_reason="eos", reasoning=None, calls=(),
+         prompt=7, completion=3, cached=0) -> ChoiceDone:
+    return ChoiceDone(0, finish, stop_reason, text, reasoning, tuple(calls), prompt, completion,
+                      {"predicted_n": completion}, RequestStats(), prompt_cached=cached)
+
+
+# --- parsing ---------------------------------------------------------------------------------
+def test_a_tool_round_trip_becomes_openai_messages():
+    req, stream = parse(
+        system=[{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Use tools."}],
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "call it", "signature": "x"},
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "toolu_1", "name": "weather",
+                 "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1",
+                 "content": [{"type": "text", "text": "18C"}]},
+                {"type": "text", "text": "And tomorrow?"}]}],
+        tools=[{"name": "weather", "description": "Weather now",
+                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
+        tool_choice={"type": "tool", "name": "weather", "disable_parallel_tool_use": True},
+        stop_sequences=["END"], temperature=0.5, top_k=40, stream=True,
+        metadata={"user_id": "u1"})
+    assert stream
+    assert req.messages == (
+        {"role": "system", "content": "Be brief.\nUse tools."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "toolu_1", "type": "function",
+             "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "18C"},
+        {"role": "user", "content": "And tomorrow?"})
+    assert req.tools == ({"type": "function", "function": {
+        "name": "weather", "description": "Weather now",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},)
+    assert req.tool_choice == {"type": "function", "function": {"name": "weather"}}
+    assert req.parallel_tool_calls is False
+    assert req.params.stop == ("END",) and req.params.max_tokens == 16
+    assert req.params.sampling.temperature == 0.5 and req.params.sampling.top_k == 40
+
+
+@pytest.mark.parametrize("choice, expected", [({"type": "auto"}, "auto"),
+                                              ({"type": "any"}, "required"),
+                                              ({"type": "none"}, "none")])
+def test_tool_choice_maps_onto_openai_words(choice, expected):
+    tools = [{"name": "f", "input_schema": {"type": "object"}}]
+    assert parse(tools=tools, tool_choice=choice)[0].tool_choice == expected
+
+
+def test_thinking_maps_onto_the_reasoning_split():
+    on = parse(thinking={"type": "enabled", "budget_tokens": 1024})[0]
+    off = parse(thinking={"type": "disabled"})[0]
+    assert on.reasoning_format == "deepseek" and on.chat_template_kwargs is None
+    assert off.chat_template_kwargs == {"enable_thinking": False}
+    assert parse()[0].reasoning_format is None  # the server's default
+
+
+def test_an_error_tool_result_is_marked():
+    req, _ = parse(messages=[
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
+                                           "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": "boom", "is_error": True}]}])
+    assert req.messages[1]["content"] is None
+    assert req.messages[-1] == {"role": "tool", "tool_call_id": "t1", "content": "Error: boom"}
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"max_tokens": None}, "max_tokens", "required"),
+    ({"max_tokens": "5"}, "max_tokens", "must be an integer"),
+    ({"max_tokens": 100000}, "max_tokens", "at most 512"),
+    ({"messages": []}, "messages", "empty"),
+    ({"messages": "hi"}, "messages", "must be an array"),
+    ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role", "'user' or"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+     "messages.0.content.0.type", "not supported"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "nope", "content": "x"}]}]},
+     "messages.0.content.0.tool_use_id", "answers no tool_use"),
+    ({"temperature": 1.5}, "temperature", "[0, 1]"),
+    ({"temperature": True}, "temperature", "must be a number"),
+    ({"stop_sequences": [""]}, "stop_sequences", "non-empty"),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type",
+     "server tools"),
+    ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type", "'auto', 'any'"),
+    ({"thinking": {"type": "maybe"}}, "thinking.type", "'enabled' or 'disabled'"),
+])
+def test_bad_input_names_its_field(body, param, words):
+    err = refused(**body)
+    assert err.status == 400 and err.param == param and words in err.message
+
+
+def test_a_body_that_is_not_an_object_is_refused():
+    for text in ("{", "[1]"):
+        with pytest.raises(ProtocolError) as e:
+            am.parse(text, SETTINGS)
+        assert e.value.status == 400
+
+
+def test_count_tokens_needs_no_max_tokens():
+    req, _ = am.parse(json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+                      SETTINGS, count_only=True)
+    assert req.messages == ({"role": "user", "content": "x"},)
+
+
+# --- rendering -------------------------------------------------------------------------------
+def test_a_whole_answer_has_thinking_text_and_tool_use_blocks():
+    d = done("Checking.", finish="tool_calls", reasoning="think first",
+             calls=[ToolCall("call_1", "weather", '{"city": "Paris"}')], prompt=10, cached=4)
+    msg = am.message(d, "m", (), msg_id="msg_1")
+    assert msg["content"] == [
+        {"type": "thinking", "thinking": "think first", "signature": ""},
+        {"type": "text", "text": "Checking."},
+        {"type": "tool_use", "id": "call_1", "name": "weather", "input": {"city": "Paris"}}]
+    assert msg["stop_reason"] == "tool_use" and msg["stop_sequence"] is None
+    assert msg["usage"] == {"input_tokens": 6, "output_tokens": 3,
+                            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 4}
+    assert msg["type"] == "message" and msg["role"] == "assistant" and msg["id"] == "msg_1"
+
+
+@pytest.mark.parametrize("kw, stops, reason, sequence", [
+    ({"stop_reason": "eos"}, (), "end_turn", None),
+    ({"finish": "length", "stop_reason": "length"}, (), "max_tokens", None),
+    ({"stop_reason": "stop"}, ("END",), "stop_sequence", "END"),
+    ({"stop_reason": "stop"}, ("A", "B"), "stop_sequence", None),
+])
+def test_stop_reasons(kw, stops, reason, sequence):
+    msg = am.message(done("x", **kw), "m", stops)
+    assert (msg["stop_reason"], msg["stop_sequence"]) == (reason, sequence)
+
+
+def test_the_stream_is_anthropics_event_sequence():
+    s = am.MessageStream("m", id="msg_1")
+    events = s.start()
+    for ev in [ReasoningDelta(0, "hm"), ReasoningDelta(0, "m"), TextDelta(0, "Hel"),
+               TextDelta(0, "lo"), ToolCallDelta(0, 0, "call_a", "f", ""),
+               ToolCallDelta(0, 0, None, None, '{"x": 1}'),
+               ToolCallDelta(0, 1, "call_b", "g", ""), ToolCallDelta(0, 1, None, None, "{}")]:
+        events += s.feed(ev)
+    events += s.feed(done("Hello", finish="tool_calls", reasoning="hmm",
+                          calls=[ToolCall("call_a", "f", '{"x": 1}'), ToolCall("call_b", "g", "{}")]))
+    names = [n for n, _ in events]
+    assert names == ["message_start", "ping",
+                     "content_block_start", "content_block_delta", "content_block_delta",
+                     "content_block_stop",
+                     "content_block_start", "content_block_delta", "content_block_delta",
+                     "content_block_stop",
+                     "content_block_start", "content_block_delta", "content_block_stop",
+                     "content_block_start", "content_block_delta", "content_block_stop",
+                     "message_delta", "message_stop"]
+    assert all(data["type"] == name for name, data in events)
+    starts = [d for n, d in events if n == "content_block_start"]
+    assert [d["index"] for d in starts] == [0, 1, 2, 3]
+    assert [d["content_block"]["type"] for d in starts] == ["thinking", "text", "tool_use",
+                                                           "tool_use"]
+    assert starts[2]["content_block"] == {"type": "tool_use", "id": "call_a", "name": "f",
+                                          "input": {}}
+    deltas = [d["delta"] for n, d in events if n == "content_block_delta"]
+    assert deltas[0] == {"type": "thinking_delta", "thinking": "hm"}
+    assert deltas[2] == {"type": "text_delta", "text": "Hel"}
+    assert deltas[4] == {"type": "input_json_delta", "partial_json": '{"x": 1}'}
+    final = events[-2][1]
+    assert final["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    assert final["usage"]["output_tokens"] == 3
+    assert events[0][1]["message"]["content"] == [] and events[0][1]["message"]["id"] == "msg_1"
+
+
+def test_an_empty_answer_still_streams_one_text_block():
+    s = am.MessageStream("m")
+    names = [n for n, _ in s.start() + s.feed(done(""))]
+    assert names == ["message_start", "ping", "content_block_start", "content_block_stop",
+                     "message_delta", "message_stop"]
+
+
+def test_errors_are_anthropic_shaped():
+    assert am.error_body(404, "no model") == {
+        "type": "error", "error": {"type": "not_found_error", "message": "no model"}}
+    assert am.error_body(400, "x")["error"]["type"] == "invalid_request_error"
+    assert am.error_body(429, "x")["error"]["type"] == "rate_limit_error"
+    assert am.error_body(503, "x")["error"]["type"] == "overloaded_error"
+    assert am.error_body(500, "x")["error"]["type"] == "api_error"
