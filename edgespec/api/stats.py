@@ -204,14 +204,20 @@ class RequestStats:
         d = self.to_dict()
         hist = " ".join(f"{k}:{v}" for k, v in d["accepted_length_hist"].items())
         ttft = f"{d['ttft_seconds'] * 1000:.0f} ms" if d["ttft_seconds"] is not None else "-"
-        lines = [
-            f"proposer {self.proposer}: {self.generated_tokens} tokens in {self.total_seconds:.2f} s "
-            f"({self.decode_tokens_per_second:.1f} tok/s decode), stop: {self.stop_reason}",
-            f"acceptance {self.accepted}/{self.drafted} = {self.acceptance_rate:.1%}, "
-            f"mean accepted length {self.mean_accepted_length:.2f} per target pass "
-            f"({self.verify_passes} verify, {self.plain_steps} plain)",
-            f"accepted-length histogram {hist}",
-            "acceptance by position " + " ".join(f"{a:.0%}" for a in self.position_acceptance[:16]),
+        head = [f"proposer {self.proposer}: {self.generated_tokens} tokens in "
+                f"{self.total_seconds:.2f} s ({self.decode_tokens_per_second:.1f} tok/s decode), "
+                f"stop: {self.stop_reason}"]
+        if self.drafted:  # the plain path (or a request that never drafted) has none of these
+            head += [
+                f"acceptance {self.accepted}/{self.drafted} = {self.acceptance_rate:.1%}, "
+                f"mean accepted length {self.mean_accepted_length:.2f} per target pass "
+                f"({self.verify_passes} verify, {self.plain_steps} plain)",
+                f"accepted-length histogram {hist}",
+                "acceptance by position " + " ".join(f"{a:.0%}"
+                                                     for a in self.position_acceptance[:16])]
+        elif self.proposer not in ("", "none"):
+            head.append(f"nothing drafted: {self.plain_steps} plain steps")
+        lines = head + [
             f"time: prefill {self.prefill_seconds * 1000:.0f} ms ({self.prompt_computed} tok"
             f"{f', {self.prompt_reused} reused' if self.prompt_reused else ''}), "
             f"draft {self.draft_seconds * 1000:.0f} ms, verify {self.verify_seconds * 1000:.0f} ms, "

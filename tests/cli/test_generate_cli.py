@@ -136,3 +136,19 @@ def test_the_plan_line_names_the_proposer_that_runs(runner, model_path):
     planned = re.search(r"\[plan\] proposer (\S+),", r.output).group(1)
     ran = re.search(r"^proposer (\S+): \d+ tokens", r.output, re.M).group(1)
     assert planned == ran
+
+
+def test_stats_say_why_an_asked_proposer_stayed_off(runner, model_path):
+    """A proposer that drafts (almost) nothing gets one plain line: what a pass costs on this
+    machine's curve and the acceptance a draft would need (issue #39)."""
+    import re
+    r = _gen(runner, model_path("smollm2-135m"), "--proposer", "ngram", "--max-tokens", "8",
+             "--stats", "Name a colour.")
+    assert r.exit_code == 0, r.output
+    m = re.search(r"proposer ngram: (\d+) tokens", r.output)
+    drafted = re.search(r"acceptance \d+/(\d+)", r.output)
+    n, d = int(m.group(1)), int(drafted.group(1)) if drafted else 0
+    if d * 10 < n:
+        assert "speculation stayed" in r.output and "verify pass costs" in r.output, r.output
+    else:
+        assert "speculation stayed" not in r.output
