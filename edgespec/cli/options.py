@@ -31,10 +31,11 @@ def engine_options(fn):
     EngineConfig's own, the ones Engine.load and the TUI open on too."""
     from ..engine.config import EngineConfig  # deferred: `edgespec` starts without what other commands need
     for opt in reversed([
-        click.option("--target", default="qwen-1.5b", show_default=True,
-                     help="Registry name or .gguf path."),
-        click.option("--draft", default=None,
-                     help="Draft model (registry name or .gguf path) for --proposer draft."),
+        click.option("--target", "-m", "--model", "target", default="qwen-1.5b", show_default=True,
+                     help="Registry name or .gguf path (-m/--model as in llama.cpp)."),
+        click.option("--draft", "-md", "--model-draft", "draft", default=None,
+                     help="Draft model (registry name or .gguf path) for --proposer draft "
+                          "(-md/--model-draft as in llama.cpp)."),
         proposer_option,
         click.option("--tree-width", type=click.IntRange(0, 32), default=0,
                      expose_value=False, callback=_remember("tree_width"),
@@ -49,15 +50,16 @@ def engine_options(fn):
                           "passes stay within the batch size this device computes bitwise like "
                           "single-token decoding (probed). The default is lossless: every token "
                           "is the target's own choice in the pass that verifies it."),
-        click.option("--ctx", "n_ctx", type=click.IntRange(64), default=None,
-                     help="Context size in tokens."),
-        click.option("--threads", type=click.IntRange(1), default=None),
+        click.option("--ctx", "-c", "--ctx-size", "n_ctx", type=click.IntRange(64), default=None,
+                     help="Context size in tokens (-c/--ctx-size as in llama.cpp)."),
+        click.option("--threads", "-t", "threads", type=click.IntRange(1), default=None),
         click.option("--budget", default=None, help="Memory budget for --proposer auto, e.g. 4GiB."),
         click.option("--rpc", default=None, expose_value=False, callback=_endpoints,
                      help="llama.cpp RPC servers (host:port,...) that take the target's last "
                           "layers, as many as their memory holds (`edgespec rpc-server` starts "
                           "one; docs/rpc.md)."),
-        click.option("--gpu-layers", type=click.IntRange(0), default=0, expose_value=False,
+        click.option("--gpu-layers", "-ngl", "--n-gpu-layers", "gpu_layers", type=click.IntRange(0),
+                     default=0, expose_value=False,
                      callback=_remember("n_gpu_layers"),
                      help="Target layers to offload (to a GPU, or with --rpc to the servers); "
                           "0: as many as fit."),
@@ -123,6 +125,7 @@ def engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, th
     from ..engine.config import EngineConfig  # deferred: `edgespec` starts without what other commands need
     ctx = click.get_current_context(silent=True)
     meta = ctx.meta if ctx is not None else {}
+    _check_draft_used(draft, proposer)
     return EngineConfig(target=target, draft=draft, proposer=proposer, draft_len=draft_len,
                         adaptive=adaptive, exact=exact, n_ctx=n_ctx, threads=threads,
                         budget=budget, tree_width=meta.get("edgespec.tree_width", 0),
@@ -130,6 +133,20 @@ def engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, th
                         n_gpu_layers=meta.get("edgespec.n_gpu_layers", 0),
                         tensor_split=meta.get("edgespec.tensor_split"),
                         proposer_options=meta.get("edgespec.proposer_options", {})).validate()
+
+
+def _check_draft_used(draft, proposer) -> None:
+    """--draft with proposers that never read a draft model would load it for nothing (and
+    let the user believe it drafts): refuse it, naming both ways out."""
+    from ..api.labels import AUTO  # deferred: `edgespec` starts without what other commands need
+    from ..proposers import needs_model  # deferred: as above
+    if draft is None or proposer == AUTO:
+        return
+    if not any(needs_model(n) for n in proposer.split("+")):
+        raise click.UsageError(
+            f"--draft {draft} is not used by --proposer {proposer}; add a proposer that drafts "
+            f"with a model (--proposer draft, or {proposer}+draft to combine them) or leave "
+            "out --draft")
 
 
 def structured_options(fn):

@@ -44,8 +44,8 @@ def client_for(server):
 def two(model_path):
     """Both models fit; an idle one is unloaded after 2 s."""
     model_path(MODEL), model_path(OTHER)
-    with ServeProcess(base_args("--proposer", "ngram+suffix", "--model", OTHER,
-                                "--model", f"smol2={MODEL}", "--keep-alive", "2")) as s:
+    with ServeProcess(base_args("--proposer", "ngram+suffix", "--extra-model", OTHER,
+                                "--extra-model", f"smol2={MODEL}", "--keep-alive", "2")) as s:
         yield s
 
 
@@ -111,7 +111,7 @@ def test_a_model_that_does_not_fit_beside_a_busy_one_is_refused_naming_it(model_
     """700 MiB holds either model (285 MB, 513 MB by the planner) but not both: an idle
     target is unloaded to make room (least recently used); a busy one is not."""
     model_path(MODEL), model_path(OTHER)
-    with ServeProcess(base_args("--proposer", "none", "--budget", "700MiB", "--model", OTHER,
+    with ServeProcess(base_args("--proposer", "none", "--budget", "700MiB", "--extra-model", OTHER,
                                 "--max-tokens-limit", "512")) as s:
         status, _, body = s.request("POST", "/v1/completions", {
             "model": OTHER, "prompt": COUNTING, "max_tokens": 4, "temperature": 0.0})
@@ -139,7 +139,7 @@ def test_serve_refuses_a_model_it_cannot_resolve_before_loading_anything(tmp_pat
     import subprocess
     import sys
     r = subprocess.run([sys.executable, "-c", "from edgespec.cli import main; main()", "serve",
-                        "--port", "0", *base_args("--model", str(tmp_path / "missing.gguf"))],
+                        "--port", "0", *base_args("--extra-model", str(tmp_path / "missing.gguf"))],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "missing.gguf" in r.stderr and "Traceback" not in r.stderr
