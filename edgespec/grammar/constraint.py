@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import NoReturn
 
 from ..errors import InvalidInputError, UnsupportedError
+from .bounds import GrammarTooComplexError, check_schema, check_schema_text, measure_gbnf
+from .cache import ByteBudgetCache, text_bytes
 
 #: JSON Schema keywords that constrain a value (annotations such as title are not here)
 _VALIDATION_KEYWORDS = frozenset({
@@ -31,6 +32,17 @@ class GrammarError(InvalidInputError):
     """A grammar or JSON schema that cannot be parsed or enforced."""
 
 
+#: the request field each kind of constraint comes from (named by GrammarTooComplexError)
+_PARAMS = {"grammar": "grammar", "json_schema": "json_schema", "json": "json_mode"}
+
+#: compiled constraints kept, by the bytes of their texts (a count bounded nothing: one
+#: heavy schema's grammar weighed ~95 MB before edgespec.grammar.bounds)
+CACHE_BUDGET = 16 * 1024 * 1024
+_CACHE: "ByteBudgetCache[tuple[str, str], Constraint]" = ByteBudgetCache(
+    CACHE_BUDGET, lambda key, c: text_bytes(key[1], c.gbnf if c.gbnf is not key[1] else None,
+                                            c.schema if c.schema is not key[1] else None))
+
+
 # --- compile: params -> GBNF, refused before any load -------------------------------------
 @dataclass(frozen=True)
 class Constraint:
@@ -38,6 +50,11 @@ class Constraint:
     gbnf: str
     schema: str | None = None  # the JSON schema's text, for validating outputs
     root: str = "root"
+
+    def __post_init__(self) -> None:
+        # every grammar is measured before llama.cpp parses it, however it was built
+        # (edgespec.grammar.bounds: a deep or wide grammar crashes or pins llama.cpp)
+        measure_gbnf(self.gbnf, param=_PARAMS.get(self.kind, "grammar"))
 
     def output_error(self, text: str) -> str | None:
         """Why ``text`` is not valid JSON for this constraint's schema (None: valid or not JSON
@@ -67,38 +84,73 @@ def constraint_of(grammar: str | None = None, json_schema: str | dict | None = N
         raise InvalidInputError(f"give one of grammar, json_schema and json_mode (got "
                                 f"{' and '.join(given)})")
     if grammar is not None:
-        return _from_gbnf(grammar)
+        if not isinstance(grammar, str):
+            raise GrammarError(f"the grammar must be GBNF text (got {type(grammar).__name__})")
+        return _CACHE.get_or_make(("grammar", grammar), lambda key: _from_gbnf(key[1]))
     if json_schema is not None:
-        text = json_schema if isinstance(json_schema, str) else json.dumps(json_schema)
-        return _from_schema(text)
+        text = json_schema if isinstance(json_schema, str) else _dumps(json_schema)
+        return _CACHE.get_or_make(("json_schema", text), lambda key: _from_schema(key[1]))
     if json_mode:
         from ..runtime import backend  # deferred: it loads llama.cpp
         return Constraint("json", backend.json_object_gbnf())
     return None
 
 
-@lru_cache(maxsize=64)
+def _dumps(schema: object) -> str:
+    try:
+        return json.dumps(schema)
+    except RecursionError:
+        raise GrammarTooComplexError("the JSON schema is too complex: it is nested too deeply "
+                                     "to be written as JSON; flatten it (use $defs)",
+                                     "max_schema_depth", "json_schema") from None
+    except (TypeError, ValueError) as e:
+        raise GrammarError(f"the JSON schema is not JSON data: {e}") from None
+
+
+def _c_text(text: str, what: str) -> None:
+    """Refuse what llama.cpp's C strings would silently change: a NUL ends its text early,
+    and a lone surrogate cannot be encoded at all."""
+    if "\0" in text:
+        raise GrammarError(f"the {what} contains a NUL character, which would cut llama.cpp's "
+                           "copy of it short; remove it")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise GrammarError(f"the {what} is not valid Unicode text ({e.reason} at character "
+                           f"{e.start}); remove the lone surrogate") from None
+
+
 def _from_gbnf(text: str) -> Constraint:
     from ..runtime.grammar_binding import grammar_error  # deferred: it loads llama.cpp
-    if not isinstance(text, str) or not text.strip():
+    if not text.strip():
         raise GrammarError("the grammar is empty; give GBNF text with a `root ::= ...` rule")
+    _c_text(text, "grammar")
+    c = Constraint("grammar", text)  # measured first (edgespec.grammar.bounds)
     why = grammar_error(text, "root")
     if why is not None:
         raise GrammarError(f"llama.cpp cannot parse the grammar: {why}. Check the GBNF syntax "
                            "(llama.cpp's grammars/README.md); the start rule must be `root`")
-    return Constraint("grammar", text)
+    return c
 
 
-@lru_cache(maxsize=64)
 def _from_schema(text: str) -> Constraint:
     from ..runtime import backend  # deferred: it loads llama.cpp
     from ..runtime.grammar_binding import grammar_error  # deferred: it loads llama.cpp
+    # bounded before parsing and before converting: the converter writes each length and
+    # item count out as that many rules (edgespec.grammar.bounds)
+    check_schema_text(text)
+    _c_text(text, "JSON schema")
     try:
         schema = json.loads(text)
+    except RecursionError:
+        raise GrammarTooComplexError("the JSON schema is too complex: it is nested too deeply "
+                                     "to parse; flatten it (use $defs)", "max_schema_depth",
+                                     "json_schema") from None
     except ValueError as e:
         raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
     if not isinstance(schema, (dict, bool)):
         raise GrammarError("a JSON schema must be an object (or true/false)")
+    check_schema(schema)
     # deferred: jsonschema is slow to import; only schema requests need it
     import jsonschema
     try:
@@ -111,10 +163,11 @@ def _from_schema(text: str) -> Constraint:
     except Exception as e:  # the converter asserts and raises ValueError/KeyError
         raise UnsupportedError(f"the JSON schema cannot be turned into a grammar ({type(e).__name__}: "
                                f"{e}); simplify it (docs/parity.md lists what is enforced)") from None
+    c = Constraint("json_schema", gbnf, schema=text)  # measured first (edgespec.grammar.bounds)
     why = grammar_error(gbnf, "root")
     if why is not None:  # a converter bug, not the user's: still never unconstrained
         raise UnsupportedError(f"the grammar converted from the JSON schema does not parse ({why})")
-    return Constraint("json_schema", gbnf, schema=text)
+    return c
 
 
 def check_schema_supported(schema) -> None:
