@@ -82,7 +82,8 @@ def prepare_turn(template: str | None, model: str, messages: Sequence[Mapping], 
     opened = False
     split = splits(reasoning_format)
     if split and template is not None:
-        opened = prompt_opens_reasoning(chat.render(template, msgs, extra=variables))
+        opened = prompt_opens_reasoning(chat.render(template, msgs, extra=variables,
+                                                    model=model))
     return Turn(msgs, variables, grammar, stop, declared, choice, fmt, parallel, split, opened)
 
 

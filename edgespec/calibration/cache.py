@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from .. import paths
+from .. import paths, statefile
 from ..errors import EdgespecError
 from ..identity import digests
 from ..runtime.kernel import KernelConfig
@@ -106,11 +106,10 @@ def save(cal: Calibration, home: Path | None = None) -> Path:
     if not cal.key:
         raise ValueError("only a keyed calibration can be cached")
     path = cache_path(cal.key, home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cal.to_json(), indent=1), encoding="utf-8")
-    os.replace(tmp, path)  # readers never see half a file
-    return path
+    statefile.clean_temps(path.parent)  # what killed writers left
+    # readers never see half a file; a full disk is a StateFileError, the old file stays
+    return statefile.atomic_write(path, json.dumps(cal.to_json(), indent=1),
+                                  what="cached calibration")
 
 
 def cached(model_path: str | os.PathLike, *, n_threads: int | None = None,
@@ -179,8 +178,8 @@ def load_or_measure(model_path: str | os.PathLike, *, n_threads: int | None = No
 def _save_quietly(cal: Calibration, home: Path | None) -> None:
     try:
         save(cal, home)
-    except OSError:
-        pass  # a read-only home still gets a calibration, just not a cached one
+    except (OSError, statefile.StateFileError):
+        pass  # a read-only or full home still gets a calibration, just not a cached one
 
 
 def nextn_layers(model_path: str | os.PathLike) -> int:

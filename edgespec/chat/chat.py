@@ -6,11 +6,9 @@ GGUF template itself is what the model was trained with.
 """
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping, Sequence
 
 from ..errors import InvalidInputError
-from datetime import datetime
 
 Message = Mapping[str, Any]
 
@@ -42,41 +40,23 @@ def normalise_messages(prompt: str | Sequence[Message], system: str | None = Non
 
 def render(template: str, messages: Sequence[Message], bos_token: str = "", eos_token: str = "",
            add_generation_prompt: bool = True, tools: Sequence[Mapping] | None = None,
-           extra: Mapping[str, Any] | None = None) -> str:
+           extra: Mapping[str, Any] | None = None, model: str | None = None) -> str:
     """``tools`` (OpenAI-shaped declarations) and ``extra`` (a request's
     ``chat_template_kwargs``, e.g. ``enable_thinking``) are template variables, as Hugging
-    Face's ``apply_chat_template`` passes them; a template that never reads them ignores them."""
+    Face's ``apply_chat_template`` passes them; a template that never reads them ignores them.
+
+    The template is code from a model file: it runs in edgespec.chat.sandbox, bounded in
+    work, time and size. A template that refuses the conversation (raise_exception) is an
+    InvalidInputError; one that fails or exceeds a bound is a ChatTemplateError naming
+    ``model`` and --chat-template FILE."""
     # deferred: jinja2 loads only when a chat template is rendered
-    from jinja2 import TemplateError
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from .sandbox import render_bounded
 
-    def raise_exception(message):
-        raise InvalidInputError(f"the model's chat template refused the conversation: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[loopcontrols])
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    # Hugging Face's tojson: plain JSON, not Jinja's HTML-escaped form (templates print tool
-    # schemas and call arguments with it, and the model was trained on the plain text)
-    env.filters["tojson"] = _tojson
     variables = dict(extra or {})
     if tools:
         variables["tools"] = list(tools)
-    try:
-        tmpl = env.from_string(template)
-        return tmpl.render(**variables, messages=list(messages), bos_token=bos_token,
-                           eos_token=eos_token, add_generation_prompt=add_generation_prompt)
-    except TemplateError as e:
-        raise InvalidInputError(f"the model's chat template failed to render: {e}") from None
+    variables.update(messages=list(messages), bos_token=bos_token, eos_token=eos_token,
+                     add_generation_prompt=add_generation_prompt)
+    return render_bounded(template, variables, model)
 
 
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    """Today's date for templates that print it (Llama 3.x), as Hugging Face provides it."""
-    return datetime.now().strftime(fmt)

@@ -8,8 +8,9 @@ A session file (``paths.sessions_dir()/<name>.session``) is
 The header holds the messages, the tokens the state holds and their hash, and the key the
 state is valid under: the target model's sha256, the kernel configuration
 (``KernelConfig.key()``: repacked weights, flash attention, KV type), the llama.cpp
-build, and the state's length and sha256. Files are written atomically (a temporary file
-renamed over the old one) and the directory is kept under a total size, oldest first.
+build, and the state's length and sha256. Files are written atomically (edgespec.statefile:
+a temporary file, fsynced, renamed over the old one; a full disk leaves the old file and
+raises StateFileError) and the directory is kept under a total size, oldest first.
 
 On load the messages are used whenever the header is intact; the KV state only when every
 key matches and its checksum holds. Otherwise :class:`SessionWarning` says why and the next
@@ -21,10 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import struct
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import paths
+from .. import paths, statefile
 from ..errors import EdgespecError, InvalidInputError
 from ..identity.digests import model_identity
 from .conversation import Conversation
@@ -110,34 +109,39 @@ def save(engine, conversation, name: str, *, directory: Path | None = None,
         "state_bytes": len(state), "state_sha256": hashlib.sha256(state).hexdigest(),
     }
     hbytes = json.dumps(header, ensure_ascii=False).encode("utf-8")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + _FRAME.pack(FORMAT_VERSION, len(hbytes)) + hbytes
-                    + hashlib.sha256(hbytes).digest())
-            f.write(state)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    clean(path.parent)  # what killed saves left counts against the disk, not the size bound
+    # whole or not at all: a full disk raises StateFileError and the old session stays
+    statefile.atomic_write(path, [MAGIC + _FRAME.pack(FORMAT_VERSION, len(hbytes)) + hbytes
+                                  + hashlib.sha256(hbytes).digest(), state],
+                           what=f"session {name!r}")
     prune(path.parent, max_total_bytes, keep=path)
     return path
 
 
+def clean(directory: Path | None = None) -> list[Path]:
+    """Remove the temporary files of saves that were killed (edgespec.statefile); `edgespec
+    chat` calls it when it starts."""
+    return statefile.clean_temps(directory or paths.sessions_dir())
+
+
 def prune(directory: Path, max_total_bytes: int, keep: Path | None = None) -> list[Path]:
     """Delete the oldest sessions until the directory holds at most ``max_total_bytes``."""
-    files = sorted(directory.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime)
-    total = sum(p.stat().st_size for p in files)
+    sizes: dict[Path, tuple[float, int]] = {}
+    for p in directory.glob(f"*{SUFFIX}"):
+        try:
+            st = p.stat()
+        except OSError:  # removed by another process meanwhile
+            continue
+        sizes[p] = (st.st_mtime, st.st_size)
+    files = sorted(sizes, key=lambda p: sizes[p][0])
+    total = sum(size for _, size in sizes.values())
     removed = []
     for p in files:
         if total <= max_total_bytes:
             break
         if keep is not None and p == keep:
             continue
-        total -= p.stat().st_size
+        total -= sizes[p][1]
         p.unlink(missing_ok=True)
         removed.append(p)
     return removed

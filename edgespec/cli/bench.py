@@ -256,10 +256,16 @@ def qualify(target, proposer, slices, per_slice, max_turns, max_tokens, threads,
     from ..bench.compose import qualification_matrix  # deferred: `edgespec` starts without what other commands need
     from ..bench.qualify import qualification_records  # deferred: `edgespec` starts without what other commands need
 
+    from .. import statefile  # deferred: `edgespec` starts without what other commands need
+
     pair = registry.qualification_pair(target, proposer)
     m, names = qualification_matrix(pair, slices, per_slice=per_slice, max_turns=max_turns,
                                     max_tokens=max_tokens, seed=seed, threads=threads, n_ctx=n_ctx)
     out_dir = _out_dir(out, "qualify")
+    # a long run whose results could not be written is refused before it starts
+    statefile.check_writable(registry.qualification_paths()[1].parent,
+                             what="qualification results")
+    statefile.check_writable(out_dir, what="qualify evidence", need_bytes=1 << 20)
     run, data, json_path, report_path = run_and_write(m, out_dir, f"qualify {pair.target}+{pair.key}")
     if run.interrupted:
         click.echo(f"interrupted: nothing recorded; partial evidence in {json_path}", err=True)
@@ -269,7 +275,11 @@ def qualify(target, proposer, slices, per_slice, max_turns, max_tokens, threads,
     if missing:
         click.echo(f"no paired measurements for {', '.join(missing)} (see {report_path}); "
                    "those slices are not recorded", err=True)
-    path = registry.record_qualification(pair.target, pair.key, records)
+    try:
+        path = registry.record_qualification(pair.target, pair.key, records)
+    except statefile.StateFileError as e:  # the disk filled during the run: say where it is
+        raise statefile.StateFileError(f"{e}; the measurements are in {json_path}, run "
+                                       "`edgespec qualify` again once there is space") from None
     _register_user_pair(pair)
     for s, r in records.items():
         low = r["speedup_ci_low"]

@@ -23,6 +23,7 @@ import click
 from .common import handle_errors
 from .options import engine_config, engine_options, structured_options, structured_params
 from ..errors import EdgespecError
+from ..statefile import StateFileError
 from ..api.params import GenerationParams, SamplingParams
 from ..api.events import Step
 
@@ -58,6 +59,7 @@ def chat(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, bu
         kv_cache_ram=kv_cache_mib << 20))
     try:
         ui = _Ui(as_json)
+        _clean_sessions()
         conv = Conversation(engine, system=system, params=params)
         if resume:
             conv = _load(engine, conv, resume, ui)
@@ -86,6 +88,12 @@ def chat(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, bu
                 ui.error(str(e))
     finally:
         engine.close()
+
+
+def _clean_sessions() -> None:
+    """Remove the temporary files of /save runs that were killed (a full disk, kill -9)."""
+    from ..chat import sessions  # deferred: `edgespec` starts without what other commands need
+    sessions.clean()
 
 
 def _read(interactive: bool) -> str | None:
@@ -187,8 +195,13 @@ def _command(line: str, conv, engine, ui: "_Ui"):
             conv.set_system(arg or None)
             ui.result(cmd, f"system message {'set' if arg else 'cleared'}")
         elif cmd == "/save":
-            path = _with_warnings(ui, sessions.save, engine, conv, arg)
-            ui.result(cmd, str(path))
+            try:
+                path = _with_warnings(ui, sessions.save, engine, conv, arg)
+            except StateFileError as e:  # a full disk: the chat goes on, nothing is lost
+                ui.error(f"the save failed: {e}; the conversation is kept in memory, /save "
+                         "again once there is space")
+            else:
+                ui.result(cmd, str(path))
         elif cmd == "/load":
             conv = _load(engine, conv, arg, ui)
         else:

@@ -1,10 +1,12 @@
 """What every CLI command shares: one place that maps library errors to clean exits."""
 from __future__ import annotations
 
+import errno
 import functools
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import click
 
@@ -35,5 +37,14 @@ def handle_errors(fn):
             sys.exit(130)
         except EdgespecError as e:
             raise click.ClickException(str(e)) from None
+        except OSError as e:
+            # a full, read-only or foreign disk is the machine's state, not a bug: one line
+            if e.errno not in _DISK_ERRNOS:
+                raise
+            from ..statefile import explain  # deferred: only on this error path
+            raise click.ClickException(explain(e, Path(e.filename or "."), "file")) from None
 
     return wrapper
+
+
+_DISK_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC), errno.EROFS}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..errors import InvalidInputError
+from ..errors import EdgespecError, InvalidInputError
 
 
 def proposer_option(fn):
@@ -71,6 +71,11 @@ def engine_options(fn):
         click.option("--tensor-split", default=None, expose_value=False, callback=_shares,
                      help="With --rpc: each remote device's share of the offloaded layers, "
                           "e.g. 1,1 (default: by free memory)."),
+        click.option("--chat-template", default=None, expose_value=False,
+                     type=click.Path(exists=True, dir_okay=False), callback=_chat_template,
+                     metavar="FILE",
+                     help="A Jinja chat template file to use instead of the target GGUF's own "
+                          "(for a model whose template fails or that has none)."),
     ]):
         fn = opt(fn)
     return fn
@@ -121,6 +126,19 @@ def _shares(ctx: click.Context, _param, value):
     return value
 
 
+def _chat_template(ctx: click.Context, _param, value):
+    """--chat-template FILE: read and compiled now, so a bad file fails before any load."""
+    if value is None:
+        return None
+    from ..chat.sandbox import read_template_file  # deferred: jinja2 loads only here
+    try:
+        ctx.meta["edgespec.chat_template_text"] = read_template_file(value)
+    except EdgespecError as e:
+        raise click.BadParameter(str(e)) from None
+    ctx.meta["edgespec.chat_template"] = value
+    return value
+
+
 def engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget):
     from ..engine.config import EngineConfig  # deferred: `edgespec` starts without what other commands need
     ctx = click.get_current_context(silent=True)
@@ -132,7 +150,8 @@ def engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, th
                         rpc=meta.get("edgespec.rpc", ()),
                         n_gpu_layers=meta.get("edgespec.n_gpu_layers", 0),
                         tensor_split=meta.get("edgespec.tensor_split"),
-                        proposer_options=meta.get("edgespec.proposer_options", {})).validate()
+                        proposer_options=meta.get("edgespec.proposer_options", {}),
+                        chat_template=meta.get("edgespec.chat_template_text")).validate()
 
 
 def _check_draft_used(draft, proposer) -> None:

@@ -73,9 +73,14 @@ class EngineConfig:
     # RAM for earlier conversations' KV states, reused when a conversation comes back
     # (edgespec.decoding.kvcache.StateCache; None: its default, 0: keep only what the KV cache holds)
     kv_cache_ram: int | None = None
+    # a chat template (Jinja text, --chat-template FILE) replacing the target GGUF's own
+    chat_template: str | None = None
 
     def validate(self) -> "EngineConfig":
         ensure(bool(self.target), "a target model is required (a registry name or a .gguf path)")
+        ensure(self.chat_template is None or (isinstance(self.chat_template, str)
+                                              and bool(self.chat_template.strip())),
+               "chat_template must be the non-empty text of a Jinja chat template")
         proposers.check_label(self.proposer)
         for name, opts in self.proposer_options.items():
             proposers.spec(name).check_options(opts)

@@ -106,6 +106,8 @@ class Engine:
         self._lock = threading.Lock()
         self._cancel = threading.Event()
         self._ids = itertools.count(1)
+        if config.chat_template is not None:  # --chat-template FILE: the target's own replaced
+            target.use_chat_template(config.chat_template)
         self._template = target.chat_template()
         self._proposer_options: dict[str, dict] = {}  # what each loaded kind was built with
         # prefix reuse across requests: what the target's KV holds, plus earlier

@@ -41,7 +41,7 @@ def prompt_tokens(target, template: str | None, prompt: str | Sequence[dict],
         bos = target.detokenize([target.bos], special=True).decode("utf-8", "replace")
         eos = target.detokenize([target.eos], special=True).decode("utf-8", "replace")
         text = chat.render(template, msgs, bos_token=bos, eos_token=eos,
-                           extra=params.template_vars)
+                           extra=params.template_vars, model=target.path.name)
         # The template writes BOS itself where the model wants one.
         return target.tokenize(text, add_special=False, parse_special=True)
     return target.tokenize(prompt, add_special=True, parse_special=False)

@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 from typing import Mapping
 
+from .. import statefile
 from ..errors import EdgespecError, ModelError
 from ..paths import edgespec_home
 from .spec import PROPOSER_KINDS, SCHEMA, PairSpec, Registry, load_registry, registry_path
@@ -190,5 +191,7 @@ def record_qualification(target: str, proposer: str, slices: Mapping[str, Mappin
         for name, record in slices.items():
             entry[str(name)] = {**dict(record), **labels, **pins}
         data.setdefault("schema", SCHEMA)
-        _atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True))
+        statefile.clean_temps(path.parent)  # what killed writers left
+        _atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True),
+                           what="qualification results")
     return path

@@ -18,12 +18,12 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .. import statefile
 from ..errors import ModelError
 from ..runtime.gguf_header import GGUFInfo, read_gguf_header
 from ..paths import models_dir
@@ -201,45 +201,24 @@ def _fsync(path: Path) -> None:
 
 @contextlib.contextmanager
 def _model_lock(name: str, say: Progress) -> Iterator[None]:
-    """An exclusive advisory lock per model, so concurrent pulls (several test runs, users
-    sharing a cache) assemble the file once."""
+    """An exclusive advisory lock per model (or state file: "user-registry",
+    "qualification"), so concurrent pulls assemble a file once and concurrent writers of a
+    state file never lose each other's update (edgespec.statefile.locked)."""
     lock_path = models_dir() / f".{name}.lock"
-    try:
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise ModelError(f"cannot write to {lock_path.parent} ({e.strerror or e}); set "
-                         "EDGESPEC_HOME to a writable directory") from None
-    try:
+    with contextlib.ExitStack() as stack:
         try:
-            # deferred: POSIX only; other platforms take the fallback below
-            import fcntl
-        except ImportError:  # Windows: no advisory locks; concurrent pulls are the user's call
-            fcntl = None
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                say(f"waiting for another process pulling or verifying {name}")
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            stack.enter_context(statefile.locked(
+                lock_path, what=f"lock of {name}",
+                waiting=lambda _: say(f"waiting for another process writing {name}")))
+        except statefile.StateFileError as e:
+            raise ModelError(str(e)) from None
         yield
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with contextlib.suppress(AttributeError, OSError):
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide stamps from others sharing the cache
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+def _atomic_write_text(path: Path, text: str, what: str = "file") -> None:
+    """``text`` written whole or not at all (edgespec.statefile.atomic_write): a full disk
+    is a StateFileError saying so, and the old file stays."""
+    statefile.atomic_write(path, text, what=what)
 
 
 def _human(n: int) -> str:

@@ -6,13 +6,14 @@ format; its models pin a local file with ``path`` (written by ``edgespec models 
 name may be defined in one registry only: a model that silently replaced a shipped one
 would change what ``--target NAME`` means without a word.
 
-The file is rewritten whole (temp file + os.replace, under a lock), and only after the new
+The file is rewritten whole (edgespec.statefile: temp file, fsync, rename, under a lock), and only after the new
 contents validated, so a failed add or remove leaves it as it was.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from .. import statefile
 from ..errors import ModelError
 from ..runtime.gguf_header import GGUFInfo
 from ..paths import user_registry_path
@@ -100,9 +101,16 @@ def add(name: str, file: str | Path, role: str = "target", tokenizer: str | None
                              "first to replace it")
         models[name] = entry
         reg = layer_dict(shipped, doc, path)
-        _atomic_write_text(path, dumps(doc, header=_HEADER))
+        _write(path, doc)
     _write_stamp(file, sha)  # just hashed: the first resolve need not hash it again
     return reg.get(name)
+
+
+def _write(path: Path, doc: dict) -> None:
+    """The user registry, whole or not at all (edgespec.statefile); called under its lock,
+    which also makes this the moment to remove what killed writers left beside it."""
+    statefile.clean_temps(path.parent)
+    _atomic_write_text(path, dumps(doc, header=_HEADER), what="user registry")
 
 
 def remove(name: str) -> tuple[dict, list[dict]]:
@@ -129,7 +137,7 @@ def remove(name: str) -> tuple[dict, list[dict]]:
         dropped = [p for p in pairs if p not in kept]
         if "pairs" in doc:
             doc["pairs"] = kept
-        _atomic_write_text(path, dumps(doc, header=_HEADER))
+        _write(path, doc)
     if isinstance(entry, dict) and isinstance(entry.get("path"), str):
         _stamp_path(Path(entry["path"])).unlink(missing_ok=True)
     return entry, dropped
@@ -152,7 +160,7 @@ def add_pair(target: str, proposer: str, draft: str | None = None, **pins: str) 
                  **pins}
         doc.setdefault("pairs", []).append(entry)
         layer_dict(shipped, doc, path)
-        _atomic_write_text(path, dumps(doc, header=_HEADER))
+        _write(path, doc)
     return True
 
 
@@ -169,5 +177,5 @@ def drop_pair(target: str, proposer: str, draft: str | None = None) -> bool:
         if len(kept) == len(pairs):
             return False
         doc["pairs"] = kept
-        _atomic_write_text(path, dumps(doc, header=_HEADER))
+        _write(path, doc)
     return True

@@ -100,7 +100,16 @@ class Model:
     def eog_tokens(self) -> list[int]:
         return [int(t) for t in np.flatnonzero(self._eog)]
 
+    #: a template that replaces the GGUF's own (EngineConfig.chat_template, --chat-template)
+    _chat_template_override: str | None = None
+
+    def use_chat_template(self, template: str) -> None:
+        self._chat_template_override = template
+
     def chat_template(self) -> str | None:
+        """The template chat prompts render with: --chat-template's, else the GGUF's own."""
+        if self._chat_template_override is not None:
+            return self._chat_template_override
         raw = _ll.llama_model_chat_template(self._m, None)
         return raw.decode("utf-8", "replace") if raw else None
 
