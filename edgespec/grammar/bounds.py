@@ -33,7 +33,6 @@ depend on this machine's ``ulimit -s``.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
@@ -468,6 +467,10 @@ def _schema_over(what: str, value: int, limit: str, limits: GrammarLimits, hint:
         f"{getattr(limits, limit):,}, {limit}). {hint}", limit, "json_schema")
 
 
-def schema_text(schema: object) -> str:
-    """The JSON text of a schema given as an object (for the size check)."""
-    return schema if isinstance(schema, str) else json.dumps(schema)
+def schema_too_deep(limits: GrammarLimits = LIMITS) -> GrammarTooComplexError:
+    """A schema nested deeper than Python's JSON parser or writer can follow (far deeper
+    than the limit, so the limit is what the message names)."""
+    return GrammarTooComplexError(
+        "the JSON schema is too complex: it nests too deeply to be parsed (the limit is "
+        f"{limits.max_schema_depth:,} levels, max_schema_depth). Flatten it (use $defs).",
+        "max_schema_depth", "json_schema")

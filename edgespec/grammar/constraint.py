@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from ..errors import InvalidInputError, UnsupportedError
-from .bounds import GrammarTooComplexError, check_schema, check_schema_text, measure_gbnf
+from .bounds import check_schema, check_schema_text, measure_gbnf, schema_too_deep
 from .cache import ByteBudgetCache, text_bytes
 
 #: JSON Schema keywords that constrain a value (annotations such as title are not here)
@@ -100,9 +100,7 @@ def _dumps(schema: object) -> str:
     try:
         return json.dumps(schema)
     except RecursionError:
-        raise GrammarTooComplexError("the JSON schema is too complex: it is nested too deeply "
-                                     "to be written as JSON; flatten it (use $defs)",
-                                     "max_schema_depth", "json_schema") from None
+        raise schema_too_deep() from None
     except (TypeError, ValueError) as e:
         raise GrammarError(f"the JSON schema is not JSON data: {e}") from None
 
@@ -143,9 +141,7 @@ def _from_schema(text: str) -> Constraint:
     try:
         schema = json.loads(text)
     except RecursionError:
-        raise GrammarTooComplexError("the JSON schema is too complex: it is nested too deeply "
-                                     "to parse; flatten it (use $defs)", "max_schema_depth",
-                                     "json_schema") from None
+        raise schema_too_deep() from None
     except ValueError as e:
         raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
     if not isinstance(schema, (dict, bool)):
