@@ -49,8 +49,8 @@ from jinja2.visitor import NodeTransformer
 from ..errors import InvalidInputError, ModelError
 
 MAX_TEMPLATE_CHARS = 256 * 1024
-MAX_OPS = 400_000
-DEADLINE_SECONDS = 2.0
+MAX_OPS = 250_000
+DEADLINE_SECONDS = 1.0
 MAX_OUTPUT_CHARS = 8 << 20  # what one render writes, captured blocks included
 MAX_STRING_CHARS = 8 << 20  # one string (or list) a template makes
 MAX_WIDTH = 10_000  # format widths and precisions, center/indent widths
