@@ -215,3 +215,146 @@ def test_errors_are_anthropic_shaped():
     assert am.error_body(429, "x")["error"]["type"] == "rate_limit_error"
     assert am.error_body(503, "x")["error"]["type"] == "overloaded_error"
     assert am.error_body(500, "x")["error"]["type"] == "api_error"
+
+
+# --- the real anthropic SDK, a scripted model (tool calls, thinking) -------------------------
+WEATHER = {"name": "get_weather", "description": "The current weather of a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                            "required": ["city"]}}
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    from scripted_serve import scripted_server
+
+    with scripted_server(["x"]) as (url, sched):
+        yield url, sched
+
+
+def sdk(url: str, **kw):
+    import anthropic
+    return anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=60, **kw)
+
+
+def test_sdk_tool_use_then_tool_result_round_trip(scripted):
+    from scripted_serve import CALL
+
+    url, sched = scripted
+    client = sdk(url)
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    sched.pieces = CALL
+    first = client.messages.create(model="fake", max_tokens=64, messages=ask, tools=[WEATHER])
+    assert first.stop_reason == "tool_use"
+    (use,) = [b for b in first.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and use.input == {"city": "Paris"}
+
+    sched.pieces = ["It is ", "sunny."]
+    second = client.messages.create(model="fake", max_tokens=64, tools=[WEATHER], messages=[
+        *ask, {"role": "assistant", "content": first.content},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                      "content": "sunny, 21C"}]}])
+    assert [b.type for b in second.content] == ["text"]
+    assert second.content[0].text == "It is sunny." and second.stop_reason == "end_turn"
+    sent = sched.calls[-1][0]  # the messages the engine was given
+    assert sent[-1]["role"] == "tool" and sent[-1]["tool_call_id"] == use.id
+    assert sent[-1]["content"] == "sunny, 21C"
+    assert sent[-2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+
+
+def test_sdk_stream_of_a_tool_call_accumulates_its_input(scripted):
+    from scripted_serve import CALL
+
+    url, sched = scripted
+    sched.pieces = ["Let me check. ", *CALL]
+    with sdk(url).messages.stream(model="fake", max_tokens=64, tools=[WEATHER], messages=[
+            {"role": "user", "content": "Weather in Paris?"}]) as stream:
+        kinds = [ev.type for ev in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert [b.type for b in final.content] == ["text", "tool_use"]
+    assert final.content[0].text == "Let me check."
+    assert final.content[1].input == {"city": "Paris"} and final.stop_reason == "tool_use"
+
+
+def test_sdk_thinking_blocks_from_the_reasoning_split(scripted):
+    url, sched = scripted
+    sched.pieces = ["<think>", "Two and ", "two.</think>", "4"]
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    ask = [{"role": "user", "content": "2+2?"}]
+    whole = sdk(url).messages.create(model="fake", max_tokens=64, messages=ask,
+                                     thinking=thinking)
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None))
+            for b in whole.content] == [("thinking", "Two and two."), ("text", "4")]
+    with sdk(url).messages.stream(model="fake", max_tokens=64, messages=ask,
+                                  thinking=thinking) as stream:
+        deltas = [ev.delta.type for ev in stream if ev.type == "content_block_delta"]
+        final = stream.get_final_message()
+    assert "thinking_delta" in deltas and "text_delta" in deltas
+    assert final.content[0].thinking == "Two and two." and final.content[1].text == "4"
+
+
+# --- the real anthropic SDK on a real `edgespec serve` (smollm2-135m) ------------------------
+ASK = [{"role": "user", "content": "Say hello."}]
+GREEDY = {"temperature": 0}
+
+
+def test_sdk_text_stream_and_count_tokens(server):
+    from server_env import MODEL
+
+    client = sdk(server.base_url)
+    whole = client.messages.create(model=MODEL, max_tokens=8, messages=ASK, extra_body=GREEDY)
+    assert whole.model == MODEL and whole.role == "assistant"
+    assert [b.type for b in whole.content] == ["text"] and whole.content[0].text
+    assert whole.stop_reason in ("max_tokens", "end_turn") and 0 < whole.usage.output_tokens <= 8
+    prompt = whole.usage.input_tokens + whole.usage.cache_read_input_tokens
+
+    with client.messages.stream(model=MODEL, max_tokens=8, messages=ASK,
+                                extra_body=GREEDY) as stream:
+        kinds = [ev.type for ev in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "content_block_start" in kinds and "message_delta" in kinds
+    assert final.content[0].text == whole.content[0].text  # greedy: the same answer
+    assert final.stop_reason == whole.stop_reason
+
+    counted = client.messages.count_tokens(model=MODEL, messages=ASK)
+    assert counted.input_tokens == prompt
+
+
+def test_sdk_errors_are_anthropic_shaped(server):
+    import anthropic
+
+    client = sdk(server.base_url)
+    with pytest.raises(anthropic.NotFoundError) as e:
+        client.messages.create(model="no-such-model", max_tokens=4, messages=ASK)
+    assert e.value.body["type"] == "error"
+    assert e.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model="x", max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9",
+                                          "content": "18C"}]}])
+    assert "answers no tool_use" in e.value.body["error"]["message"]
+
+
+@pytest.mark.parametrize("body, words", [
+    (b"{not json", "not valid JSON"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}', "max_tokens is required"),
+    (b'{"model": "m", "max_tokens": "8", "messages": []}', "max_tokens must be an integer"),
+])
+def test_malformed_bodies_are_anthropic_shaped(server, body, words):
+    status, _, raw = server.request("POST", "/v1/messages", body)
+    err = json.loads(raw)
+    assert status == 400 and err["type"] == "error"
+    assert err["error"]["type"] == "invalid_request_error" and words in err["error"]["message"]
+
+
+def test_an_over_context_prompt_is_refused_anthropic_shaped(server):
+    from server_env import MODEL
+
+    long = " ".join(["word"] * 1500)  # the server's context holds 1024 tokens
+    status, _, raw = server.request("POST", "/v1/messages", {
+        "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": long}]})
+    err = json.loads(raw)
+    assert status == 400 and err["error"]["type"] == "invalid_request_error"
+    assert "context" in err["error"]["message"]
+    assert server.wait_idle(15)["running"] == 0

@@ -135,7 +135,7 @@ def _input(body: dict, history: list[dict]) -> list[dict]:
                       param="input", code="missing_required_parameter")
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
-    check(value, list, "input")
+    check(value, (str, list), "input")
     if not value and not history:
         raise invalid("input is empty; send at least one message", param="input")
     calls = {c["id"] for m in history for c in m.get("tool_calls") or ()}

@@ -1,0 +1,206 @@
+"""The OpenAI Responses API (edgespec.server.dialects.responses): the wire format parsed
+into the core's request and the core's events rendered back, on literal bodies and events;
+then the real ``openai`` SDK's ``responses`` against a real `edgespec serve` (smollm2-135m)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from edgespec.api.stats import RequestStats
+from edgespec.protocol.errors import ProtocolError
+from edgespec.protocol.events import ChoiceDone, ReasoningDelta, TextDelta, ToolCall, \
+    ToolCallDelta
+from edgespec.server.dialects import responses as rs
+from edgespec.server.dialects.responses_store import ResponseStore, Stored
+from edgespec.server.settings import ServerSettings
+
+SETTINGS = ServerSettings(served_model="m", max_tokens_limit=512)
+
+
+def parse(held: ResponseStore | None = None, **body) -> rs.Parsed:
+    body.setdefault("model", "m")
+    body.setdefault("input", "hi")
+    return rs.parse(json.dumps(body), SETTINGS, held or ResponseStore())
+
+
+def refused(**body) -> ProtocolError:
+    with pytest.raises(ProtocolError) as e:
+        parse(**body)
+    return e.value
+
+
+def done(text="", *, finish="stop", stop_reason="eos", reasoning=None, calls=(),
+         prompt=7, completion=3, cached=0) -> ChoiceDone:
+    return ChoiceDone(0, finish, stop_reason, text, reasoning, tuple(calls), prompt, completion,
+                      {"predicted_n": completion}, RequestStats(), prompt_cached=cached)
+
+
+# --- parsing ---------------------------------------------------------------------------------
+def test_items_become_openai_messages():
+    p = parse(instructions="Be brief.", input=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+         "content": [{"type": "output_text", "text": "Looking.", "annotations": []}]},
+        {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "weather",
+         "arguments": '{"city": "Paris"}'},
+        {"type": "function_call", "call_id": "call_2", "name": "weather",
+         "arguments": '{"city": "Rome"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "18C"},
+        {"type": "function_call_output", "call_id": "call_2", "output": "25C"},
+        {"role": "developer", "content": [{"type": "input_text", "text": "Answer now."}]}],
+        tools=[{"type": "function", "name": "weather", "description": "Weather now",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                "strict": True}],
+        tool_choice={"type": "function", "name": "weather"}, parallel_tool_calls=False,
+        max_output_tokens=20, temperature=0.2, stream=True, store=False)
+    calls = [{"id": "call_1", "type": "function",
+              "function": {"name": "weather", "arguments": '{"city": "Paris"}'}},
+             {"id": "call_2", "type": "function",
+              "function": {"name": "weather", "arguments": '{"city": "Rome"}'}}]
+    assert p.core.messages == (
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Looking.", "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18C"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "25C"},
+        {"role": "system", "content": "Answer now."})
+    assert p.conversation == p.core.messages[1:]  # instructions are not carried on
+    assert p.core.tools[0]["function"]["name"] == "weather"
+    assert p.core.tools[0]["function"]["strict"] is True
+    assert p.core.tool_choice == {"type": "function", "function": {"name": "weather"}}
+    assert p.core.parallel_tool_calls is False
+    assert p.core.params.max_tokens == 20 and p.core.params.sampling.temperature == 0.2
+    assert p.stream and not p.store
+    assert p.echo["max_output_tokens"] == 20 and p.echo["instructions"] == "Be brief."
+
+
+def test_text_format_json_schema_constrains_the_output():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    p = parse(text={"format": {"type": "json_schema", "name": "x", "schema": schema}})
+    assert p.core.params.json_schema == schema
+    assert parse(text={"format": {"type": "json_object"}}).core.params.json_mode
+
+
+def test_previous_response_id_continues_its_conversation():
+    store = ResponseStore()
+    before = ({"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"})
+    store.put("resp_1", Stored({"id": "resp_1"}, before))
+    p = parse(store, input="And you?", previous_response_id="resp_1", instructions="Short.")
+    assert p.core.messages == ({"role": "system", "content": "Short."}, *before,
+                               {"role": "user", "content": "And you?"})
+    with pytest.raises(ProtocolError) as e:
+        parse(store, previous_response_id="resp_unknown")
+    assert e.value.status == 404 and e.value.param == "previous_response_id"
+
+
+def test_a_call_output_may_answer_a_call_of_the_previous_response():
+    store = ResponseStore()
+    call = {"id": "call_9", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    store.put("resp_1", Stored({}, ({"role": "user", "content": "go"},
+                                    {"role": "assistant", "content": None, "tool_calls": [call]})))
+    p = parse(store, previous_response_id="resp_1",
+              input=[{"type": "function_call_output", "call_id": "call_9", "output": "ok"}])
+    assert p.core.messages[-1] == {"role": "tool", "tool_call_id": "call_9", "content": "ok"}
+
+
+def test_the_store_is_bounded():
+    store = ResponseStore(limit=2)
+    for i in range(3):
+        store.put(f"r{i}", Stored({}, ()))
+    assert store.get("r0") is None and store.get("r2") is not None and len(store) == 2
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"input": None}, "input", "required"),
+    ({"input": 5}, "input", "must be a string or an array"),
+    ({"input": [{"type": "function_call_output", "call_id": "nope", "output": "x"}]},
+     "input.0.call_id", "answers no function_call"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+     "input.0.content.0.type", "only text"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role", "user, assistant"),
+    ({"input": [{"type": "computer_call", "call_id": "c"}]}, "input.0.type", "not supported"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0.type", "hosted tools"),
+    ({"max_output_tokens": 0}, "max_output_tokens", "at least 1"),
+    ({"max_output_tokens": 100000}, "max_output_tokens", "at most 512"),
+    ({"temperature": "hot"}, "temperature", "must be a number"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format.type", "json_schema"),
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema",
+     "required"),
+    ({"background": True}, "background", "not supported"),
+])
+def test_bad_input_names_its_field(body, param, words):
+    err = refused(**body)
+    assert err.status == 400 and err.param == param and words in err.message
+
+
+# --- rendering -------------------------------------------------------------------------------
+def test_a_whole_answer_has_reasoning_message_and_call_items():
+    d = done("Checking.", finish="tool_calls", reasoning="think",
+             calls=[ToolCall("call_1", "weather", '{"city": "Paris"}')], prompt=10, cached=4)
+    out = rs.output_items(d)
+    assert [it["type"] for it in out] == ["reasoning", "message", "function_call"]
+    assert out[0]["content"] == [{"type": "reasoning_text", "text": "think"}]
+    assert out[1]["content"][0]["text"] == "Checking." and out[1]["role"] == "assistant"
+    assert {k: out[2][k] for k in ("call_id", "name", "arguments", "status")} == {
+        "call_id": "call_1", "name": "weather", "arguments": '{"city": "Paris"}',
+        "status": "completed"}
+    body = rs.response_object("resp_1", parse().echo, 0, rs.status_of(d), out, d)
+    assert body["object"] == "response" and body["status"] == "completed"
+    assert body["usage"] == {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4},
+                             "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0},
+                             "total_tokens": 13}
+    assert rs.answer_message(out) == {"role": "assistant", "content": "Checking.", "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]}
+
+
+def test_an_answer_cut_short_is_incomplete():
+    d = done("abc", finish="length", stop_reason="length")
+    body = rs.response_object("r", parse().echo, 0, rs.status_of(d), rs.output_items(d), d)
+    assert body["status"] == "incomplete"
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_the_stream_is_the_responses_event_sequence():
+    s = rs.ResponseStream(parse().echo, id="resp_1")
+    events = s.start()
+    for ev in [ReasoningDelta(0, "hm"), TextDelta(0, "Hel"), TextDelta(0, "lo"),
+               ToolCallDelta(0, 0, "call_a", "f", ""),
+               ToolCallDelta(0, 0, None, None, '{"x": 1}')]:
+        events += s.feed(ev)
+    events += s.feed(done("Hello", finish="tool_calls", reasoning="hm",
+                          calls=[ToolCall("call_a", "f", '{"x": 1}')]))
+    names = [n for n, _ in events]
+    assert names == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added",
+        "response.reasoning_text.delta", "response.reasoning_text.done",
+        "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed"]
+    assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+    assert all(d["type"] == n for n, d in events)
+    assert events[0][1]["response"]["status"] == "in_progress"
+    text_done = events[names.index("response.output_text.done")][1]
+    assert text_done["text"] == "Hello" and text_done["output_index"] == 1
+    args_done = events[names.index("response.function_call_arguments.done")][1]
+    assert args_done["arguments"] == '{"x": 1}' and args_done["output_index"] == 2
+    final = events[-1][1]["response"]
+    assert final["status"] == "completed" and final["id"] == "resp_1"
+    added = [d["item"]["id"] for n, d in events if n == "response.output_item.added"]
+    assert [it["id"] for it in final["output"]] == added  # the ids streamed are the ids kept
+    assert final["output"][2]["call_id"] == "call_a"
+    assert s.response is final
+
+
+def test_errors_are_openai_shaped():
+    assert rs.error_body(404, "gone", "not_found", "previous_response_id", "x") == {
+        "error": {"message": "gone", "type": "invalid_request_error",
+                  "param": "previous_response_id", "code": "x"}}
+    assert rs.error_body(503, "busy", "overloaded", None, None)["error"]["type"] == "server_error"
