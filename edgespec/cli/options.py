@@ -2,9 +2,68 @@
 definition, so `edgespec plan` shows the configuration `edgespec generate` runs."""
 from __future__ import annotations
 
+import math
+import os
+
 import click
 
 from ..errors import EdgespecError, InvalidInputError
+
+
+# --- numbers: bounded where they are read ---------------------------------------------------
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (what --threads is bounded by)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+class ThreadCount(click.ParamType):
+    """--threads: 1 up to the machine's cores. More only oversubscribes them (llama.cpp's
+    OpenMP pool hung at 1,000-20,000 threads and crashed at 100,000)."""
+
+    name = "threads"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        else:
+            try:
+                n = int(str(value).strip(), 10)
+            except ValueError:
+                self.fail(f"{value!r} is not a whole number of threads", param, ctx)
+        cores = cpu_cores()
+        if not 1 <= n <= cores:
+            self.fail(f"{n} is not between 1 and this machine's {cores} CPU cores", param, ctx)
+        return n
+
+
+THREADS = ThreadCount()
+
+
+class FiniteFloat(click.FloatRange):
+    """A float range that also refuses inf and nan (click's FloatRange takes both: `inf`
+    passes a lower bound, and nan passes every comparison)."""
+
+    name = "finite float"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty value is not a number", param, ctx)
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(x):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(x, param, ctx)
+
+
+def finite(min: float | None = None, max: float | None = None, *, min_open: bool = False,
+           max_open: bool = False) -> FiniteFloat:
+    """A finite float, optionally within [min, max] (open ends as click's FloatRange)."""
+    return FiniteFloat(min, max, min_open=min_open, max_open=max_open)
 
 
 def proposer_option(fn):
@@ -52,7 +111,8 @@ def engine_options(fn):
                           "is the target's own choice in the pass that verifies it."),
         click.option("--ctx", "-c", "--ctx-size", "n_ctx", type=click.IntRange(64), default=None,
                      help="Context size in tokens (-c/--ctx-size as in llama.cpp)."),
-        click.option("--threads", "-t", "threads", type=click.IntRange(1), default=None),
+        click.option("--threads", "-t", "threads", type=THREADS, default=None,
+                     help="CPU threads, 1 up to this machine's cores."),
         click.option("--budget", default=None, help="Memory budget for --proposer auto, e.g. 4GiB."),
         click.option("--rpc", default=None, expose_value=False, callback=_endpoints,
                      help="llama.cpp RPC servers (host:port,...) that take the target's last "
@@ -187,7 +247,23 @@ def structured_options(fn):
 
 def structured_params(grammar_file, schema_file, json_mode) -> dict:
     """GenerationParams fields for the structured-output flags (validated with the params)."""
-    def read(path):
-        return open(path, encoding="utf-8").read() if path else None
-    return {"grammar": read(grammar_file), "json_schema": read(schema_file),
+    return {"grammar": read_text_file(grammar_file, "--grammar"),
+            "json_schema": read_text_file(schema_file, "--json-schema"),
             "json_mode": bool(json_mode)}
+
+
+def read_text_file(path, flag: str) -> str | None:
+    """A UTF-8 text file named by ``flag``, or a clear error (never a decode traceback)."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise InvalidInputError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidInputError(
+            f"{flag} {path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+            "convert it first, e.g. with iconv -f latin1 -t UTF-8") from None
