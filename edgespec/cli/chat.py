@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import click
 
 from .common import handle_errors
-from .options import engine_config, engine_options, structured_options, structured_params
+from .options import engine_config, engine_options, finite, structured_options, structured_params
 from ..errors import EdgespecError
 from ..statefile import StateFileError
 from ..api.params import GenerationParams, SamplingParams
@@ -34,7 +34,7 @@ HELP = "commands: /stats  /reset  /save NAME  /load NAME  /system TEXT  /quit"
 @engine_options
 @click.option("--max-tokens", type=click.IntRange(1), default=512, show_default=True,
               help="Most tokens per answer.")
-@click.option("--temperature", type=click.FloatRange(0.0), default=0.0, show_default=True,
+@click.option("--temperature", type=finite(0.0), default=0.0, show_default=True,
               help="0 = greedy.")
 @click.option("--seed", type=int, default=None)
 @click.option("--system", default=None, help="System message.")

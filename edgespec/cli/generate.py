@@ -8,7 +8,7 @@ import click
 
 from .common import handle_errors
 from .interrupts import in_thread, interrupts
-from .options import engine_config, engine_options, structured_options, structured_params
+from .options import engine_config, engine_options, finite, structured_options, structured_params
 from ..errors import Cancelled, InvalidInputError
 from ..api.params import GenerationParams, SamplingParams
 from ..api.events import Control, Finished, Step
@@ -33,14 +33,14 @@ def read_prompt(prompt: str | None) -> str:
 @click.argument("prompt", required=False)
 @engine_options
 @click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True)
-@click.option("--temperature", type=click.FloatRange(0.0), default=0.0, show_default=True,
+@click.option("--temperature", type=finite(0.0), default=0.0, show_default=True,
               help="0 = greedy.")
 @click.option("--top-k", type=click.IntRange(0), default=0, help="0 = off.")
-@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0)
-@click.option("--min-p", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0)
-@click.option("--repeat-penalty", type=click.FloatRange(0.0, min_open=True), default=1.0)
-@click.option("--presence-penalty", type=float, default=0.0)
-@click.option("--frequency-penalty", type=float, default=0.0)
+@click.option("--top-p", type=finite(0.0, 1.0, min_open=True), default=1.0)
+@click.option("--min-p", type=finite(0.0, 1.0, max_open=True), default=0.0)
+@click.option("--repeat-penalty", type=finite(0.0, min_open=True), default=1.0)
+@click.option("--presence-penalty", type=finite(), default=0.0)
+@click.option("--frequency-penalty", type=finite(), default=0.0)
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable); never printed.")
 @click.option("--chat/--raw", default=True, show_default=True,
