@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from .common import handle_errors
+from .options import THREADS, finite
 from .extras import require
 
 DEFAULT_OUT = Path("bench-out")
@@ -136,9 +137,9 @@ def _echo_overall(data) -> None:
               help="At most this many records per --jsonl file.")
 @click.option("--buckets", default=None, help="Prompt-length bucket edges in tokens, e.g. 256,1024.")
 @click.option("--max-tokens", type=click.IntRange(1), default=None)
-@click.option("--temperature", type=click.FloatRange(0.0), default=None, help="0 = greedy.")
+@click.option("--temperature", type=finite(0.0), default=None, help="0 = greedy.")
 @click.option("--seed", type=int, default=None)
-@click.option("--threads", type=click.IntRange(1), default=None)
+@click.option("--threads", type=THREADS, default=None)
 @click.option("--ctx", "n_ctx", type=click.IntRange(64), default=None)
 @click.option("--warmup", type=click.IntRange(0), default=None, help="Discarded requests per config.")
 @click.option("--repeats", type=click.IntRange(1), default=None,
@@ -236,7 +237,7 @@ def _replay(run_dir: Path, out: str | None) -> None:
               help="Prompts per slice.")
 @click.option("--turns", "max_turns", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--threads", type=click.IntRange(1), default=None)
+@click.option("--threads", type=THREADS, default=None)
 @click.option("--ctx", "n_ctx", type=click.IntRange(64), default=None)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False), default=None,

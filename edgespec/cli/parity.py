@@ -6,6 +6,7 @@ import json
 import click
 
 from .common import handle_errors
+from .options import THREADS, finite
 from ..errors import InvalidInputError
 from ..api.params import SamplingParams
 
@@ -38,10 +39,10 @@ CONFIGS = ("draft", "ngram", "suffix")
               help="Largest per-logit batch effect still called numerical drift "
                    "(default 0 with --exact: any divergence is a defect; 0.6, the measured "
                    "maximum, with --no-exact).")
-@click.option("--temperature", type=click.FloatRange(0.0, min_open=True), default=0.8, show_default=True)
+@click.option("--temperature", type=finite(0.0, min_open=True), default=0.8, show_default=True)
 @click.option("--top-k", type=click.IntRange(0), default=0)
-@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0)
-@click.option("--min-p", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0)
+@click.option("--top-p", type=finite(0.0, 1.0, min_open=True), default=1.0)
+@click.option("--min-p", type=finite(0.0, 1.0, max_open=True), default=0.0)
 @click.option("--seeds", type=click.IntRange(10), default=100, show_default=True,
               help="Sampling runs per prompt and path.")
 @click.option("--positions", type=click.IntRange(1), default=4, show_default=True,
@@ -52,7 +53,7 @@ CONFIGS = ("draft", "ngram", "suffix")
               help="Also run the first configuration with deliberately broken acceptance "
                    "(no residual); the report must flag it.")
 @click.option("--ctx", "n_ctx", type=click.IntRange(64), default=None)
-@click.option("--threads", type=click.IntRange(1), default=None)
+@click.option("--threads", type=THREADS, default=None)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the full report as JSON here.")
 @handle_errors

@@ -15,6 +15,7 @@ import threading
 import click
 
 from .common import handle_errors
+from .options import THREADS
 from ..errors import EdgespecError
 
 
@@ -22,7 +23,7 @@ from ..errors import EdgespecError
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on; anything but loopback needs --allow-remote.")
 @click.option("--port", type=click.IntRange(1, 65535), default=50052, show_default=True)
-@click.option("--threads", type=click.IntRange(1), default=None,
+@click.option("--threads", type=THREADS, default=None,
               help="CPU threads for the layers this server holds (default: physical cores).")
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
               help="Keep received weights here by hash, so a client reloading the same model "

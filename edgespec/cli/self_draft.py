@@ -6,6 +6,7 @@ import json
 import click
 
 from .common import handle_errors
+from .options import THREADS
 
 
 @click.command("self-draft")
@@ -14,7 +15,7 @@ from .common import handle_errors
               help="A candidate layer set (first:N, skip:A-B, 0-5,22-27); repeatable. Default: "
                    "the first and last blocks with the middle skipped, at four depths.")
 @click.option("--max-tokens", type=click.IntRange(8, 512), default=64, show_default=True)
-@click.option("--threads", type=click.IntRange(1), default=None)
+@click.option("--threads", type=THREADS, default=None)
 @click.option("--agreement-only", is_flag=True,
               help="Measure only how often each draft predicts the target's greedy token "
                    "(independent of machine load; records no choice).")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from .common import handle_errors
+from .options import THREADS
 from .extras import require
 
 
@@ -17,7 +18,7 @@ from .extras import require
 @click.option("--n-ctx", type=click.IntRange(16), default=None,
               help="Context window (default: the engine's, 4096 or what the model was trained "
                    "for).")
-@click.option("--threads", type=int, help="CPU threads (default: physical cores).")
+@click.option("--threads", type=THREADS, help="CPU threads (default: physical cores).")
 @click.option("--exact/--no-exact", default=None,
               help="Open with \"exact greedy\" on or off (default: the engine's).")
 @click.option("--prompt", default="", help="Text to put in the prompt box.")
