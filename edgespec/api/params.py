@@ -1,6 +1,7 @@
 """Request parameters, validated once at the edge (named guards, actionable messages)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -40,6 +41,10 @@ class SamplingParams:
                 or self.frequency_penalty != 0.0)
 
     def validate(self) -> "SamplingParams":
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+                     "frequency_penalty"):  # inf and nan pass the range checks below
+            ensure(math.isfinite(getattr(self, name)),
+                   f"{name} must be a finite number (got {getattr(self, name)})")
         ensure(self.temperature >= 0.0, f"temperature must be >= 0 (got {self.temperature})")
         ensure(self.top_k >= 0, f"top_k must be >= 0, 0 disables it (got {self.top_k})")
         ensure(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1] (got {self.top_p})")

@@ -9,6 +9,7 @@ so the plan a user is shown is the plan that runs.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Mapping
 
@@ -103,6 +104,11 @@ class EngineConfig:
                "--parallel")
         ensure(self.threads is None or self.threads >= 1,
                f"--threads must be >= 1 (got {self.threads})")
+        # more threads than cores only oversubscribe them; llama.cpp's OpenMP pool hung at
+        # 1,000-20,000 and crashed at 100,000 (issue #43)
+        ensure(self.threads is None or self.threads <= (os.cpu_count() or 1),
+               f"--threads must be at most this machine's {os.cpu_count() or 1} CPU cores "
+               f"(got {self.threads})")
         ensure(self.kv_cache_ram is None or self.kv_cache_ram >= 0,
                f"the KV state cache's RAM must be >= 0 bytes (got {self.kv_cache_ram})")
         ensure(self.n_gpu_layers >= -1 and self.draft_gpu_layers >= -1,
