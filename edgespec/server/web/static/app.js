@@ -373,7 +373,7 @@
   // One line for an answer: acceptance, mean accepted length, proposer share, tokens/s, the
   // speedup against the plain path's calibrated rate on this machine, TTFT.
   function statsLine(msg, live) {
-    const parts = [];
+    const parts = msg.state === "cancelled" ? ["stopped"] : [];
     const tokens = msg.tokens || [];
     const s = msg.stats || {};
     const drafted = s.drafted !== undefined ? s.drafted : live.drafted;
@@ -394,8 +394,9 @@
       parts.push(`${rate.toFixed(1)} tok/s`);
       const plain = msg.plain;
       if (plain && plain.tokens_per_second) {
+        const basis = plain.source === "measured" ? "calibrated" : plain.source + " estimate";
         parts.push(`${(rate / plain.tokens_per_second).toFixed(2)}× plain ` +
-                   `(${plain.tokens_per_second.toFixed(1)} tok/s calibrated)`);
+                   `(${plain.tokens_per_second.toFixed(1)} tok/s ${basis})`);
       } else {
         parts.push("plain rate unknown");
       }
