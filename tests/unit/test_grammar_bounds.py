@@ -176,3 +176,52 @@ def test_the_server_answers_400_grammar_too_complex():
         C.constraint_of(json_schema={"type": "string", "maxLength": 20000})
     api = from_edgespec(e.value)
     assert (api.status, api.code, api.param) == (400, "grammar_too_complex", "json_schema")
+
+
+# --- the CLI: the same guard, and its numbers bounded (issue #43 item 6) -------------------
+def _cli(*args: str):
+    from click.testing import CliRunner
+
+    from edgespec.cli import cli
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_cli_refuses_crashing_grammar_and_schema_files(tmp_path):
+    deep = tmp_path / "deep.gbnf"
+    deep.write_text("root ::= " + "(" * 30000 + '"a"' + ")" * 30000 + "\n")
+    schema = tmp_path / "long.json"
+    schema.write_text('{"type": "string", "maxLength": 50000}')
+    for flag, path, limit in (("--grammar", deep, "max_depth"),
+                              ("--json-schema", schema, "max_schema_repeat")):
+        r = _cli("generate", "hi", "--target", "nowhere.gguf", flag, str(path))
+        assert r.exit_code == 1 and "too complex" in r.output and limit in r.output, r.output
+        assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+def test_cli_latin1_schema_file_is_a_clear_error(tmp_path):
+    f = tmp_path / "latin1.json"
+    f.write_bytes('{"type": "string", "description": "café"}'.encode("latin-1"))
+    r = _cli("generate", "hi", "--json-schema", str(f))
+    assert r.exit_code == 1 and "not UTF-8" in r.output and "0xe9" in r.output, r.output
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--presence-penalty", "inf"), "not a finite number"),
+    (("--frequency-penalty", "nan"), "not a finite number"),
+    (("--temperature", "inf"), "not a finite number"),
+    (("--threads", "100000"), "CPU cores"),
+    (("--threads", "0"), "CPU cores"),
+])
+def test_cli_numbers_bounded(args, message):
+    r = _cli("generate", "hi", *args)
+    assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_api_numbers_bounded():
+    from edgespec.api.params import SamplingParams
+    from edgespec.engine.config import EngineConfig
+    with pytest.raises(InvalidInputError, match="finite"):
+        SamplingParams(presence_penalty=float("inf")).validate()
+    with pytest.raises(InvalidInputError, match="CPU cores"):
+        EngineConfig(target="x.gguf", threads=100000).validate()
