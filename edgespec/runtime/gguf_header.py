@@ -232,6 +232,9 @@ def _parse(buf, file_size: int, path: Path) -> GGUFInfo:
     for i in range(n_kv):
         key = r.string(f"metadata key #{i}")
         vtype = r.scalar("<I", f"the type of {key!r}")
+        if key in metadata:
+            # two values for one key: which one llama.cpp reads is not ours to guess
+            raise _Corrupt(f"metadata key {key!r} appears twice")
         metadata[key] = r.value(vtype, repr(key))
 
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
@@ -239,8 +242,12 @@ def _parse(buf, file_size: int, path: Path) -> GGUFInfo:
         raise _Corrupt(f"general.alignment must be a power of two (got {alignment!r})")
 
     tensors = []
+    names: set[str] = set()
     for i in range(n_tensors):
         name = r.string(f"the name of tensor #{i}")
+        if name in names:
+            raise _Corrupt(f"tensor {name!r} appears twice in the tensor table")
+        names.add(name)
         n_dims = r.scalar("<I", f"the rank of tensor {name!r}")
         if n_dims > MAX_DIMS:
             raise _Corrupt(f"tensor {name!r} claims {n_dims} dimensions (at most {MAX_DIMS})")
@@ -261,9 +268,62 @@ def _parse(buf, file_size: int, path: Path) -> GGUFInfo:
         missing = data_offset + data_size - file_size
         raise _Corrupt(f"the file is truncated: its header describes {data_offset + data_size} "
                        f"bytes but it holds {file_size} ({missing} missing)")
+    _check_model_metadata(metadata, tensors)
     return GGUFInfo(path=path, version=version, file_size=file_size, data_offset=data_offset,
                     data_size=data_size, alignment=alignment, metadata=metadata,
                     tensors=tuple(tensors))
+
+
+# Bounds no real model comes near (Llama 4 Scout trains 10M tokens of context, the deepest
+# models have ~200 blocks); a header past them is corrupt or hostile, and llama.cpp would
+# size buffers by it.
+MAX_CONTEXT_LENGTH = 1 << 27
+MAX_BLOCK_COUNT = 10_000
+MAX_EMBEDDING_LENGTH = 1 << 20
+MAX_HEAD_COUNT = 1 << 16
+
+#: the tokenizer arrays llama.cpp reads, with the element type each must have
+_TOKEN_ARRAYS = {"tokenizer.ggml.tokens": (_STRING, "strings"),
+                 "tokenizer.ggml.scores": (6, "float32 values"),
+                 "tokenizer.ggml.token_type": (5, "int32 values"),
+                 "tokenizer.ggml.merges": (_STRING, "strings")}
+#: arrays that hold one value per token
+_PER_TOKEN = ("tokenizer.ggml.scores", "tokenizer.ggml.token_type")
+
+
+def _check_model_metadata(metadata: dict[str, object], tensors: list[TensorInfo]) -> None:
+    """What llama.cpp would trust and size allocations by: the tokenizer arrays' types and
+    lengths, the vocabulary against the embedding matrix, and the architecture's counts."""
+    for key, (etype, what) in _TOKEN_ARRAYS.items():
+        value = metadata.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, ArrayInfo) or value.element_type != etype:
+            got = (f"an array of type {value.element_type}" if isinstance(value, ArrayInfo)
+                   else f"a {type(value).__name__}")
+            raise _Corrupt(f"{key} must be an array of {what}, not {got}")
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    n_vocab = tokens.length if isinstance(tokens, ArrayInfo) else None
+    for key in _PER_TOKEN:
+        value = metadata.get(key)
+        if isinstance(value, ArrayInfo) and n_vocab is not None and value.length != n_vocab:
+            raise _Corrupt(f"{key} has {value.length} entries for {n_vocab} tokens")
+    if n_vocab is not None:
+        embd = next((t for t in tensors if t.name == "token_embd.weight"), None)
+        if embd is not None and len(embd.shape) >= 2 and embd.shape[1] != n_vocab:
+            raise _Corrupt(f"the vocabulary has {n_vocab} tokens but token_embd.weight has "
+                           f"{embd.shape[1]} rows")
+    arch = metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        return
+    for key, bound in (("context_length", MAX_CONTEXT_LENGTH), ("block_count", MAX_BLOCK_COUNT),
+                       ("embedding_length", MAX_EMBEDDING_LENGTH),
+                       ("attention.head_count", MAX_HEAD_COUNT)):
+        value = metadata.get(f"{arch}.{key}")
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue  # absent, or an array (per-layer head counts): read where it is used
+        if not 0 < value <= bound:
+            raise _Corrupt(f"{arch}.{key} is {value}, outside 1..{bound:,}: not a real model")
 
 
 def read_gguf_header(path: str | os.PathLike, fix: str | None = None) -> GGUFInfo:
@@ -271,8 +331,11 @@ def read_gguf_header(path: str | os.PathLike, fix: str | None = None) -> GGUFInf
 
     Checks: the file exists and is a regular file, holds at least a header,
     starts with b"GGUF", has a supported version, counts that fit the file, a
-    well-formed metadata and tensor table, and enough bytes for every tensor
-    the table describes (a truncated download fails here). It does not hash
+    well-formed metadata and tensor table without repeated keys or tensor names,
+    enough bytes for every tensor the table describes (a truncated download fails
+    here), tokenizer arrays of the right types and lengths, a vocabulary as long as
+    the embedding matrix, and architecture counts (context, blocks, width, heads)
+    within bounds no real model comes near. It does not hash
     or read the tensor data. `fix` replaces the advice on a broken file for a
     caller that knows where the file came from (another tool's store).
     """

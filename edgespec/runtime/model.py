@@ -13,6 +13,7 @@ from . import ggml_devices
 from .backend import default_threads, ensure_init, ll as _ll, recent_log, rpc_registered
 from .context import Context
 from .grammar_binding import Grammar, grammar_log_error
+from .gguf_header import read_gguf_header
 from .kernel import KV_GGML_TYPE
 from .rpc import placement_key
 
@@ -208,6 +209,9 @@ def load_model(path: str | os.PathLike, n_gpu_layers: int = 0, use_extra_bufts: 
     p = Path(path)
     if not p.is_file():
         raise ModelError(f"model file not found: {p}")
+    # every loader, whatever its caller checked: a corrupt or hostile header is refused here,
+    # before llama.cpp sizes a single allocation by it (edgespec.runtime.gguf_header)
+    read_gguf_header(p)
     params = _ll.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
     params.use_extra_bufts = use_extra_bufts
