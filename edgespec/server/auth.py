@@ -20,9 +20,14 @@ from ..errors import InvalidInputError
 from ..protocol.errors import ProtocolError
 from .errors import APIError
 from .guard import answer
+from .web.routes import ASSETS
 
 #: paths whose minimal answer needs no key (see the module doc)
 OPEN_PATHS = frozenset({"/health"})
+#: the web page's static files (edgespec.server.web) load without the key: they hold no
+#: secret, and a browser cannot send a header when it opens a page; the page asks for the
+#: key and sends it with every API call
+PAGE_PATHS = frozenset({"/", *(f"/web/{name}" for name in ASSETS)})
 _LIVENESS = json.dumps({"status": "ok"}).encode()
 
 
@@ -92,6 +97,9 @@ class Middleware:
                 path = scope.get("path", "")
                 if path in OPEN_PATHS and scope.get("method") in ("GET", "HEAD"):
                     await _liveness(send)
+                    return
+                if path in PAGE_PATHS and scope.get("method") in ("GET", "HEAD"):
+                    await self.app(scope, receive, send)
                     return
                 self.metrics.reject(401, "invalid_api_key")
                 await answer(scope, send, ProtocolError(401, _MESSAGE, kind="authentication",

@@ -130,3 +130,24 @@ def test_status_never_measures_a_calibration_the_engine_did_not_load():
     engine = _Engine(adaptive=False)
     s = _client(engine=engine).get("/v1/edgespec/status").json()
     assert s["models"][0]["plain"] is None and engine.calls == 0
+
+
+def test_with_an_api_key_the_page_loads_and_its_api_calls_need_the_key():
+    """A browser cannot send a header when it opens a page: the page's static files load
+    without the key; the routes it calls (status, models, chat) still need it."""
+    from edgespec.server import auth
+
+    rejected = []
+    app = FastAPI()
+    install_handlers(app)
+    app.add_middleware(auth.Middleware, api_key="k3y",
+                       metrics=SimpleNamespace(reject=lambda *a: rejected.append(a)))
+    register(app, _Pool(_Engine()), ServerSettings(served_model="smol"))
+    c = TestClient(app)
+    assert c.get("/").status_code == 200
+    assert c.get("/web/app.js").status_code == 200
+    assert c.get("/v1/edgespec/status").status_code == 401
+    assert c.post("/").status_code == 401  # only reading the page is open
+    assert c.get("/v1/edgespec/status", headers={"Authorization": "Bearer k3y"}).status_code \
+        == 200
+    assert len(rejected) == 2
