@@ -59,8 +59,11 @@ def serve(app, host: str, port: int, *, drain_seconds: float = 10.0,
           log_level: str = "info", on_started=None, read_seconds: float = 30.0,
           keep_alive_seconds: float = 5.0, limits: ConnectionLimits | None = None,
           abort: Callable[[], None] | None = None, more_ports: Sequence[int] = (),
-          say: Callable[[str], None] | None = None) -> None:
+          say: Callable[[str], None] | None = None,
+          on_ports: Callable[[list[int]], None] | None = None) -> None:
     """Serve ``app`` on ``host:port`` (and ``more_ports``, same host) until a signal.
+    ``on_ports(ports)``: every bound port, ``port``'s first then ``more_ports``' in order
+    (port 0 picks one), once listening and before ``on_started``.
 
     ``abort`` ends every open request with an error (called on a worker thread once the
     drain window is over); ``say`` prints one line for the user (default: stderr)."""
@@ -75,7 +78,9 @@ def serve(app, host: str, port: int, *, drain_seconds: float = 10.0,
     # them instead, then end them with an error (abort)
     AppStatus.disable_automatic_graceful_drain()
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=drain_seconds + EXIT_GRACE,
+                            # the watchdog (_Stopping) ends the process first, without
+                            # uvicorn's cancellation tracebacks
+                            timeout_graceful_shutdown=drain_seconds + EXIT_GRACE + 5,
                             lifespan="on", timeout_keep_alive=keep_alive_seconds,
                             http=_protocol(read_seconds, Connections(limits)))
     sockets = [config.bind_socket()]
@@ -83,7 +88,7 @@ def serve(app, host: str, port: int, *, drain_seconds: float = 10.0,
         sockets.append(uvicorn.Config(app, host=host, port=extra, log_level=log_level)
                        .bind_socket())
     server = uvicorn.Server(config)
-    _on_startup(server, on_started)
+    _on_startup(server, on_started, on_ports)
     stopping = _Stopping(server, drain_seconds, abort, say)
     server.handle_exit = stopping.signal  # what uvicorn's capture_signals installs
     server.run(sockets=sockets)
@@ -120,10 +125,12 @@ class _Stopping:
         time.sleep(self.drain_seconds)
         if self.abort is not None:
             try:
+                self.say(f"edgespec serve: {self.drain_seconds:g} s passed; ending what is "
+                         "still open with an error")
                 self.abort()
             except Exception:  # the watchdog below still bounds the exit
                 log.exception("ending the open requests failed")
-        time.sleep(EXIT_GRACE)
+        time.sleep(max(0.0, self.first + self.drain_seconds + EXIT_GRACE - time.monotonic()))
         self.say(f"edgespec serve: still stopping {self.drain_seconds + EXIT_GRACE:g} s after "
                  "the signal; exiting now")
         os._exit(1)
@@ -257,15 +264,17 @@ def _protocol(read_seconds: float, connections: Connections):
     return _Protocol
 
 
-def _on_startup(server, callback) -> None:
-    """Once uvicorn listens: accept errors throttled, and ``callback(port)`` (the bound
-    port, so --port 0 works)."""
+def _on_startup(server, callback, on_ports=None) -> None:
+    """Once uvicorn listens: accept errors throttled, ``on_ports(ports)`` (every bound
+    port) and ``callback(port)`` (the bound port, so --port 0 works)."""
     startup = server.startup
 
     async def startup_then_notify(sockets=None):
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(_accept_errors_throttled(loop))
         await startup(sockets=sockets)
+        if server.started and on_ports is not None:
+            on_ports([s.getsockname()[1] for srv in server.servers for s in srv.sockets])
         if server.started and callback is not None:
             port = next((s.getsockname()[1] for srv in server.servers
                          for s in srv.sockets), None)

@@ -18,6 +18,8 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from fastapi import Request  # module level: FastAPI reads the annotations
+
 from ...protocol.errors import ProtocolError
 from ...protocol.events import ChoiceDone, TextDelta
 from ...protocol.fim import fim_prompt
@@ -32,7 +34,6 @@ log = logging.getLogger("edgespec.server")
 
 def register(app, core, settings) -> None:
     """llama-server's native routes on ``app``."""
-    from fastapi import Request
     from fastapi.responses import JSONResponse
     from sse_starlette import EventSourceResponse
 

@@ -16,6 +16,8 @@ import logging
 import time
 from typing import Any
 
+from fastapi import Request  # module level: FastAPI reads the annotations
+
 from ...protocol.errors import ProtocolError
 from ...protocol.events import ChoiceDone, ReasoningDelta, TextDelta
 from ...serving import ModelNotServedError
@@ -33,7 +35,6 @@ RUNNING = "Ollama is running"
 def register(app, core, settings) -> None:
     """Ollama's routes on ``app``; ``app.state.ollama_ports`` holds the ports whose ``/``
     answers as Ollama does (``edgespec serve --ollama-port`` adds its port once bound)."""
-    from fastapi import Request
     from fastapi.responses import JSONResponse, StreamingResponse
 
     from ..body import read
