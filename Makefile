@@ -22,7 +22,7 @@ LLAMA_WHEEL_DIR = $(EDGESPEC_CACHE)/wheels/llama-cpp-python-$(LLAMA_WHEEL_KEY)
 
 DEMO_PROMPT ?= Here is a Python function with a bug. Fix the bug and return the whole corrected function.\n\ndef mean(xs):\n    total = 0\n    for x in xs:\n        total += x\n    return total / (len(xs) - 1)\n
 
-.PHONY: install models demo test test-fast test-slow typecheck soak native native-test native-sanitize fuzz-smoke bench-quick anchors clean
+.PHONY: install models demo test browser test-fast test-slow typecheck soak native native-test native-sanitize fuzz-smoke bench-quick anchors clean
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -53,10 +53,25 @@ demo: models
 # The default suite: the type check, unit, native, CLI, TUI and fast real-model tests (small
 # models). The type check, sanitizer and fuzz runs go first so that pytest's summary is the
 # last line printed.
-test: install
+test: install browser
 	$(EDGESPEC) models pull smollm2-135m gemma-270m qwen-0.5b qwen-1.5b
 	$(MAKE) typecheck native-sanitize fuzz-smoke
 	$(PY) -m pytest -q -m "not slow" tests
+
+# The web page's browser test (tests/web) drives headless Chromium: Debian's chromium and
+# chromium-driver, installed here when missing and when we run as root with apt-get;
+# elsewhere the test is skipped and says how to install them.
+browser:
+	@if command -v chromedriver >/dev/null 2>&1 && { command -v chromium >/dev/null 2>&1 || \
+	    command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1; }; then \
+	  :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium and chromium-driver for tests/web"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } || \
+	    echo "note: apt-get could not install chromium: tests/web's browser test will be skipped"; \
+	else \
+	  echo "note: no chromium/chromedriver and not root with apt-get: tests/web's browser test will be skipped (apt-get install chromium chromium-driver)"; \
+	fi
 
 # mypy --strict over the packages named in pyproject.toml's [tool.mypy] (api, decoding,
 # control, proposers), run from the repository root so that it reads that configuration.
