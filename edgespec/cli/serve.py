@@ -105,6 +105,10 @@ def _with_envvars(command: click.Command) -> click.Command:
               help="Address to bind; anything but loopback needs --allow-remote.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="0 picks a free port (printed on startup).")
+@click.option("--ollama-port", type=click.IntRange(0, 65535), default=None,
+              help="Also listen on this port (e.g. 11434, Ollama's) so that Ollama clients "
+                   "find the server unchanged: the same API, and GET / answers \"Ollama is "
+                   "running\" there. 0 picks a free port (printed on startup).")
 @click.option("--api-key", default=None,
               help="Require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route "
                    "but a minimal GET /health; prefer EDGESPEC_API_KEY or --api-key-file, which "
@@ -182,7 +186,7 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
           port, api_key, api_key_file, allowed_hosts, max_connections, max_connections_per_client,
           allow_remote, parallel, max_queue, max_tokens_limit, model_id,
           extra_models, keep_alive, cache_ram_mib, canary, drain_seconds, strict, cors_origins, timeout_read,
-          timeout_keep_alive, reasoning_format, log_level, print_config):
+          timeout_keep_alive, reasoning_format, log_level, print_config, ollama_port=None):
     """Serve the target over an OpenAI-compatible HTTP API (chat, completions, models,
     health, metrics).
 
@@ -236,8 +240,18 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
                        f"(proposer {engine.default_proposer}, identity {engine.identity.short})",
                        err=True)
 
+        def listening(ports):
+            # the Ollama listener's port (its / says "Ollama is running"; the main one's is
+            # the web page's), announced before the main line that scripts wait for
+            if ollama_port is not None and len(ports) > 1:
+                app.state.ollama_ports.add(ports[1])
+                click.echo(f"edgespec serve: Ollama API on http://{host}:{ports[1]}",
+                           err=True)
+
         run_server(app, host, port, drain_seconds=drain_seconds, log_level=log_level,
                    on_started=started, read_seconds=settings.read_timeout,
+                   more_ports=() if ollama_port is None else (ollama_port,),
+                   on_ports=listening,
                    keep_alive_seconds=settings.keep_alive_timeout, limits=limits,
                    abort=lambda: _abort_requests(pool),
                    say=lambda line: click.echo(line, err=True))
