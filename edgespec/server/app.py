@@ -29,6 +29,7 @@ from ..protocol import Core
 from . import auth, guard, info, web
 from .dialects import openai_chat, openai_completions
 from .dialects import anthropic, responses
+from .dialects import llamacpp, ollama
 from .errors import install_handlers
 from .metrics import ServerMetrics
 from .settings import ServerSettings
@@ -77,6 +78,8 @@ def create_pool_app(pool: ModelPool, settings: ServerSettings) -> FastAPI:
     openai_completions.register(app, core, settings)
     anthropic.register(app, core, settings)
     responses.register(app, core, settings)
+    ollama.register(app, core, settings)  # /api/*; / on the --ollama-port listener
+    llamacpp.register(app, core, settings)  # /completion, /infill, /tokenize, /props...
     info.register(app, pool, settings, metrics, started)
     web.register(app, pool, settings)  # GET / (unless --no-web) and /v1/edgespec/status
     return app
