@@ -176,6 +176,13 @@ def _with_envvars(command: click.Command) -> click.Command:
               help="A reasoning model's leading <think> block: split into reasoning_content "
                    "(auto, deepseek) or left in the content (none); a request's "
                    "reasoning_format overrides it.")
+@click.option("--model-alias-any", is_flag=True,
+              help="Serve a request naming a model this server does not serve (e.g. a client "
+                   "that hard-codes gpt-4o-mini) with the default model, as llama-server does; "
+                   "off: such a request is a 404.")
+@click.option("--web/--no-web", default=True, show_default=True,
+              help="The chat page at / (a browser view of speculation, token by token); "
+                   "--no-web answers / with 404.")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info",
                                                 "debug"]), default="info", show_default=True)
 @click.option("--print-config", is_flag=True,
@@ -186,7 +193,8 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
           port, api_key, api_key_file, allowed_hosts, max_connections, max_connections_per_client,
           allow_remote, parallel, max_queue, max_tokens_limit, model_id,
           extra_models, keep_alive, cache_ram_mib, canary, drain_seconds, strict, cors_origins, timeout_read,
-          timeout_keep_alive, reasoning_format, log_level, print_config, ollama_port=None):
+          timeout_keep_alive, reasoning_format, web, log_level, print_config, ollama_port=None,
+          model_alias_any=False):
     """Serve the target over an OpenAI-compatible HTTP API (chat, completions, models,
     health, metrics).
 
@@ -222,7 +230,8 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
                               max_tokens_limit=max_tokens_limit, strict=strict,
                               cors_origins=tuple(cors_origins), read_timeout=timeout_read,
                               keep_alive_timeout=timeout_keep_alive,
-                              reasoning_format=reasoning_format,
+                              reasoning_format=reasoning_format, web=web,
+                              model_alias_any=model_alias_any,
                               allowed_hosts=(host, *allowed_hosts)).validate()
     # every model is resolved and sized before anything loads: a bad name fails now
     models, budget = _pool_models(config, served, aliases, extra_models)
@@ -239,6 +248,8 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
             click.echo(f"edgespec serve: {served} on http://{host}:{bound_port}/v1 "
                        f"(proposer {engine.default_proposer}, identity {engine.identity.short})",
                        err=True)
+            if web:
+                click.echo(f"edgespec serve: chat page on http://{host}:{bound_port}/", err=True)
 
         def listening(ports):
             # the Ollama listener's port (its / says "Ollama is running"; the main one's is
@@ -270,7 +281,7 @@ def _abort_requests(pool) -> None:
     for m in pool.entries():
         scheduler = m.scheduler
         if scheduler is not None:
-            scheduler.close(drain=False, timeout=2.0, error=error)
+            scheduler.close(drain=False, timeout=0, error=error)  # told at once; no wait
 
 
 def _loader(canary: float | None, parallel: int, max_queue: int):

@@ -165,11 +165,46 @@ def _submit(scheduler: Any, p: Plan, req: CoreRequest, relays: list["_Relay"], t
     try:
         scheduler.check_choices(req.n)
     except EdgespecError as e:
-        raise ProtocolError(400, str(e), kind="unsupported", param="n",
-                            code="unsupported_parameter") from None
+        # fewer sequences than choices (llama-server's default serves n anyway), or a pool
+        # split per sequence: the choices run as requests of their own, queued, each
+        # reusing the prompt's cached prefix where its sequence holds it
+        return _one_by_one(scheduler, p, req, relays, traffic, e)
     return scheduler.submit_n(p.prompt, p.params, req.n,
                               on_event=lambda i, ev: relays[i](ev), traffic=traffic,
                               proposer=req.proposer)
+
+
+def _one_by_one(scheduler: Any, p: Plan, req: CoreRequest, relays: list["_Relay"],
+                traffic: str, why: EdgespecError) -> "_Group":
+    room = getattr(scheduler, "parallel", 1) + getattr(scheduler, "max_queue", 0)
+    if req.n > room:
+        raise ProtocolError(400, f"n = {req.n} choices: {why}; they could run one after the "
+                                 f"other, but this server holds at most {room} requests "
+                                 "(--parallel + --max-queue)", param="n",
+                            code="invalid_value")
+    seed = p.params.sampling.seed
+    group = _Group()
+    try:
+        for i in range(req.n):
+            params = p.params if seed is None or i == 0 else replace(
+                p.params, sampling=replace(p.params.sampling, seed=(seed + i) % 2 ** 64))
+            group.tickets.append(scheduler.submit(p.prompt, params, on_event=relays[i],
+                                                  traffic=traffic, proposer=req.proposer))
+    except BaseException:
+        group.cancel()
+        raise
+    return group
+
+
+class _Group:
+    """Choices submitted as requests of their own, cancelled together."""
+
+    def __init__(self) -> None:
+        self.tickets: list[Any] = []
+
+    def cancel(self) -> None:
+        for t in self.tickets:
+            t.cancel()
 
 
 class _Relay:
