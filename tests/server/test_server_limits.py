@@ -106,7 +106,9 @@ def test_a_client_that_disconnects_frees_its_request(server, stream):
 
 def test_sigterm_drains_open_streams_then_exits(model_path):
     model_path(MODEL)
-    server = ServeProcess(base_args("--proposer", "none"))
+    # a drain window far longer than 40 tokens take, even on a busy machine (the default
+    # is 10 s; test_shutdown.py covers what happens after it)
+    server = ServeProcess(base_args("--proposer", "none", "--drain-seconds", "60"))
     try:
         conn, resp = long_stream(server, max_tokens=40)
         got = {}
