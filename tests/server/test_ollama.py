@@ -10,7 +10,7 @@ import socket
 import time
 
 import pytest
-from server_env import COUNTING, MODEL, base_args
+from server_env import COUNTING, FIM_MODEL, MODEL
 
 from edgespec.api.stats import RequestStats
 from edgespec.protocol.errors import ProtocolError
@@ -209,21 +209,9 @@ def test_a_preloaded_model_with_no_loader_is_not_unloaded():
 
 
 # --- a real server, the real client ----------------------------------------------------------
-FIM_MODEL = "qwen-0.5b"
-
-
-@pytest.fixture(scope="module")
-def served(model_path):
-    from tools.soak import ServeProcess
-
-    model_path(MODEL)
-    model_path(FIM_MODEL)
-    with ServeProcess(base_args("--proposer", "ngram+suffix", "--parallel", "2",
-                                "--max-tokens-limit", "512", "--extra-model", FIM_MODEL,
-                                "--ollama-port", "0")) as s:
-        line = next(l for l in s.log if "Ollama API on" in l)
-        s.ollama_url = line.rsplit(" ", 1)[1].strip()
-        yield s
+@pytest.fixture
+def served(dialect_server):
+    return dialect_server
 
 
 @pytest.fixture
