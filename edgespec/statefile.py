@@ -92,10 +92,7 @@ def atomic_write(path: str | os.PathLike, data: Data, *, what: str = "state file
         raise StateFileError(explain(e, path, what)) from None
     try:
         with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
+            _write_all(f, chunks)
         os.replace(tmp, path)
     except OSError as e:
         with contextlib.suppress(OSError):
@@ -107,6 +104,15 @@ def atomic_write(path: str | os.PathLike, data: Data, *, what: str = "state file
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def _write_all(f, chunks: Sequence[bytes]) -> None:  # type: ignore[no-untyped-def]
+    """Every byte on the disk, not in a cache: a full disk fails here, not after the rename
+    (tests stand in a full disk by making this raise ENOSPC where no tmpfs can be mounted)."""
+    for chunk in chunks:
+        f.write(chunk)
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def _pid_alive(pid: int) -> bool:
