@@ -129,7 +129,8 @@ def _file_identity(path: Path) -> dict:
 
 def _write_stamp(path: Path, sha256: str) -> None:
     stamp = {"sha256": sha256, **_file_identity(path), "verified_at": time.time()}
-    with contextlib.suppress(OSError):  # a read-only cache still works, it just re-hashes
+    # a read-only or full cache still works, it just re-hashes
+    with contextlib.suppress(OSError, statefile.StateFileError):
         _atomic_write_text(_stamp_path(path), json.dumps(stamp))
 
 
