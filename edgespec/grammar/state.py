@@ -41,12 +41,32 @@ import numpy as np
 from ..decoding import sampling
 from ..decoding import verify as spec
 from ..errors import EdgespecError
+from .bounds import LIMITS, GrammarTooComplexError
 from .constraint import Constraint, GrammarError
 
 #: longest literal probed per step; longer forced runs continue next step
 MAX_FORCED_CHARS = 32
 
 # --- runtime: one request's grammar state ---------------------------------------------------
+def _accept(g, token: int, after: int) -> None:
+    """``g.accept(token)``, then refuse a grammar whose parse stacks outgrew the limit.
+
+    The static bounds (edgespec.grammar.bounds) cannot see every ambiguity: with
+    ``s ::= "a" s "b" | "a" s "c"`` each "a" doubles the stacks, and llama.cpp's cost per
+    token is their square (2^16 stacks: 13 s a token, then memory). Checked after every
+    accept, so a request stops at no more than twice the limit.
+    """
+    g.accept(token)
+    count = getattr(g, "stacks", None)
+    n = count() if count is not None else None
+    if n is not None and n > LIMITS.max_stacks:
+        raise GrammarTooComplexError(
+            f"the grammar is too complex: after {after + 1} tokens it holds {n:,} parse stacks "
+            f"(the limit is {LIMITS.max_stacks:,}, max_stacks); it is ambiguous, so the ways "
+            "to continue multiply with each token. Make its alternatives start differently.",
+            "max_stacks")
+
+
 _PROBES: "weakref.WeakKeyDictionary[object, tuple[np.ndarray, tuple[bytes, ...], int]]" = \
     weakref.WeakKeyDictionary()
 
@@ -81,6 +101,7 @@ class GrammarState:
     def __init__(self, grammar, model, clock: list[float] | None = None) -> None:
         self._g = grammar
         self.model = model
+        self.accepted = 0  # tokens advanced over (named when the grammar is refused)
         self._all: np.ndarray | None = None
         self._clock = clock if clock is not None else [0.0]
 
@@ -155,7 +176,7 @@ class GrammarState:
                     return i
                 if self.model.is_eog(t):
                     return i + 1
-                g.accept(t)
+                _accept(g, t, i)
             return len(tokens)
         finally:
             g.close()
@@ -182,7 +203,7 @@ class GrammarState:
                 if ok[0] >= n_chars:  # only end-of-generation: the grammar is complete
                     closed = True
                     break
-                g.accept(int(ids[ok[0]]))
+                _accept(g, int(ids[ok[0]]), len(text))
                 text += pieces[ok[0]]
         finally:
             g.close()
@@ -208,14 +229,15 @@ class GrammarState:
             # llama.cpp aborts the process on a token its grammar forbids: check first
             if not self._g.allowed(np.array([t], dtype=np.int32))[0]:
                 raise EdgespecError(f"internal error: token {t} was emitted against the grammar")
-            self._g.accept(int(t))
+            _accept(self._g, int(t), self.accepted)
+            self.accepted += 1
         self._clock[0] += time.perf_counter() - t0
 
     def fork(self) -> "GrammarState":
         """An independent copy at the same position (shares the cost clock)."""
         t0 = time.perf_counter()
         st = GrammarState(self._g.clone(), self.model, self._clock)
-        st._all = self._all
+        st._all, st.accepted = self._all, self.accepted
         self._clock[0] += time.perf_counter() - t0
         return st
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 
 import numpy as np
 
@@ -42,6 +43,14 @@ class Grammar:
     def accept(self, token: int) -> None:
         _ll.llama_sampler_accept(self._s, int(token))
 
+    def stacks(self) -> int | None:
+        """How many parse stacks llama.cpp holds for this grammar now (None: not readable
+        on this build). Each is one way the text so far may continue; an ambiguous grammar
+        (``s ::= "a" s "b" | "a" s "c"``) doubles them with every token, and llama.cpp's
+        cost per token is their square, so edgespec.grammar stops a request that grows them
+        past its limit."""
+        return _stack_count(self._s) if self._s and _layout() else None
+
     def clone(self) -> "Grammar":
         return Grammar(_ll.llama_sampler_clone(self._s))
 
@@ -59,6 +68,69 @@ class Grammar:
             self.close()
         except Exception:
             pass
+
+
+# --- reading a grammar sampler's stack count ------------------------------------------------
+# llama.cpp has no API for it, so it is read from the structs of the vendored source
+# (llama.h: llama_sampler {iface, ctx}; llama-sampler.cpp: llama_sampler_grammar {vocab,
+# grammar_str, grammar_root, grammar}; llama-grammar.h: llama_grammar {vocab, rules, stacks})
+# with the size of the C++ standard library's std::string and std::vector. The layout is
+# trusted only after probes built here read back exactly (their text, a null vocabulary,
+# their known stack counts); otherwise stacks() is None and the limit is not enforced.
+_PTR = ctypes.sizeof(ctypes.c_void_p)
+_VECTOR = 3 * _PTR  # begin, end, capacity (libstdc++ and libc++ alike)
+_layout_checked: list[int | None] = []  # [sizeof(std::string)] once probed, [None] if unusable
+
+
+def _ptr(addr: int) -> int:
+    return ctypes.c_void_p.from_address(addr).value or 0
+
+
+def _address(handle) -> int:
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+def _stack_count(handle, string_size: int | None = None) -> int:
+    size = string_size if string_size is not None else _layout_checked[0]
+    assert size is not None
+    ctx = _ptr(_address(handle) + _PTR)
+    grammar = _ptr(ctx + _PTR + 2 * size)
+    begin, end = _ptr(grammar + _PTR + _VECTOR), _ptr(grammar + 2 * _PTR + _VECTOR)
+    return (end - begin) // _VECTOR
+
+
+def _layout() -> bool:
+    if not _layout_checked:
+        _layout_checked.append(_probe_layout())
+    return _layout_checked[0] is not None
+
+
+def _probe_layout() -> int | None:
+    """sizeof(std::string) of the build, if the probes read back as they must."""
+    size = {"linux": 32, "darwin": 24}.get(sys.platform)  # libstdc++ / libc++
+    if size is None:
+        return None
+    ensure_init()
+    probes = {'root ::= "a" | "b" | "c"': 3, 'root ::= "a"': 1, 'root ::= [a-c] "x" | "y" | "z"': 3}
+    for text, want in probes.items():
+        raw = text.encode()
+        with _captured_stderr():
+            h = _ll.llama_sampler_init_grammar(None, raw, b"root")
+        if not h:
+            return None
+        try:
+            ctx = _ptr(_address(h) + _PTR)
+            # the probe's own text, read back through the std::string (data, size) at ctx+8
+            if not ctx or _ptr(ctx) != 0 or ctypes.c_size_t.from_address(ctx + 2 * _PTR).value != len(raw):
+                return None
+            if ctypes.string_at(_ptr(ctx + _PTR), len(raw)) != raw:
+                return None
+            grammar = _ptr(ctx + _PTR + 2 * size)
+            if not grammar or _ptr(grammar) != 0 or _stack_count(h, size) != want:
+                return None
+        finally:
+            _ll.llama_sampler_free(h)
+    return size
 
 
 def grammar_error(gbnf: str, root: str = "root") -> str | None:

@@ -225,3 +225,37 @@ def test_api_numbers_bounded():
         SamplingParams(presence_penalty=float("inf")).validate()
     with pytest.raises(InvalidInputError, match="CPU cores"):
         EngineConfig(target="x.gguf", threads=100000).validate()
+
+
+# --- at run time: an ambiguous grammar multiplies llama.cpp's parse stacks ---------------
+def test_stack_count_reads_llama_cpp():
+    from edgespec.runtime.grammar_binding import _layout
+    if not _layout():
+        pytest.skip("llama.cpp's grammar structs are not readable on this build")
+    from edgespec.runtime import backend
+    from edgespec.runtime.grammar_binding import Grammar
+    backend.ensure_init()
+    for text, want in (('root ::= "a" | "b"', 2), ('root ::= [a-z] | "q" | "r" | "s"', 4)):
+        g = Grammar(backend.ll.llama_sampler_init_grammar(None, text.encode(), b"root"))
+        assert g.stacks() == want and g.clone().stacks() == want
+        g.close()
+
+
+def test_an_ambiguous_grammar_is_stopped_at_run_time(model_path):
+    """Each "a" doubles the stacks (a pending "b" or "c" per "a"); statically the grammar is
+    small, so the request is stopped when the stacks pass max_stacks, not at 2^n."""
+    from edgespec.grammar.state import GrammarState
+    from edgespec.runtime.grammar_binding import _layout
+    from edgespec.runtime.model import load_model
+    if not _layout():
+        pytest.skip("llama.cpp's grammar structs are not readable on this build")
+    model = load_model(model_path("smollm2-135m"))
+    c = C.constraint_of(grammar='root ::= s\ns ::= "a" s "b" | "a" s "c" | "a"\n')
+    a = model.tokenize("a", add_special=False, parse_special=False)
+    assert len(a) == 1
+    st = GrammarState.open(c, model)
+    with pytest.raises(GrammarTooComplexError, match="max_stacks") as e:
+        for _ in range(40):
+            st.advance(a)
+    assert e.value.limit == "max_stacks" and st.accepted <= 13  # 2^13 > 4,096
+    st.close()
