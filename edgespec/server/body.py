@@ -17,9 +17,17 @@ log = logging.getLogger("edgespec.server")
 _DISCARD_BYTES = 16 * 1024 * 1024
 
 
+#: a body at least this long is parsed on a worker thread: JSON and schema validation of a
+#: large body (1,500 tools are ~600 KiB) would stall every stream and /health on the loop
+OFF_LOOP_BYTES = 64 * 1024
+
+
 async def parsed(model, request: Request, settings: ServerSettings):
     """The validated request of schema ``model``, read from ``request``."""
-    return parse(model, await read(request, settings), settings, request)
+    text = await read(request, settings)
+    if len(text) >= OFF_LOOP_BYTES:
+        return await asyncio.to_thread(parse, model, text, settings, request)
+    return parse(model, text, settings, request)
 
 
 def parse(model, body: str, settings: ServerSettings, request: Request):
