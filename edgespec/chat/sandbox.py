@@ -92,7 +92,7 @@ def _spend(n: int = 1) -> None:
 
 
 def _check_size(value: Any, what: str = "a value") -> Any:
-    if isinstance(value, (str, list, tuple, dict)) and len(value) > MAX_STRING_CHARS:
+    if isinstance(value, (str, bytes, list, tuple, dict)) and len(value) > MAX_STRING_CHARS:
         raise _Limit(f"makes {what} of {len(value):,} items or characters (at most "
                      f"{MAX_STRING_CHARS:,})")
     if isinstance(value, int) and not isinstance(value, bool) \
@@ -200,6 +200,12 @@ def _filter_precheck(name: str, args: tuple, kwargs: dict) -> None:
     elif name in ("batch", "slice"):
         count = rest[0] if rest else kwargs.get("linecount", kwargs.get("slices"))
         _width(count, f"{name} count")
+    elif name == "sum" and isinstance(value, (list, tuple)):
+        # summing sequences copies the running total each step: quadratic in what it makes
+        total = sum(len(x) for x in value if isinstance(x, (str, list, tuple)))
+        _want(total, "a summed sequence")
+        if total and len(value) * total > 16 * MAX_STRING_CHARS:
+            raise _Limit(f"sums {len(value):,} sequences of {total:,} items in all")
     elif name == "tojson":
         indent = rest[1] if len(rest) >= 2 else kwargs.get("indent")
         if indent is not None:

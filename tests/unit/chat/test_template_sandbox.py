@@ -39,6 +39,7 @@ HOSTILE = {
     "indent bomb": "{% set s = '\\n' * 1000000 %}{{ s|indent(9000) }}",
     "batch bomb": "{{ [1]|batch(1000000000, 0)|list }}",
     "power bomb": "{{ 10 ** 100000000 }}",
+    "quadratic sum": "{{ ([[1] * 8000] * 8000)|sum(start=[])|length }}",
     "big output": "{% set s = 'x' * 1000000 %}{% for i in range(1000) %}{{ s }}{% endfor %}",
     "ZeroDivisionError": "{{ 1 / 0 }}",
     "TypeError": "{{ 1 + 'a' }}",
