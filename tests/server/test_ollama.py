@@ -154,6 +154,22 @@ def test_final_objects_carry_real_durations_in_nanoseconds():
         "model": "m", "created_at": 0, "response": "x", "thinking": "t", "done": False}
 
 
+def test_logprobs_are_asked_for_and_rendered():
+    from edgespec.api.events import TokenLogprob
+    r = chat(logprobs=True, top_logprobs=2)
+    assert r.logprobs and r.core.params.logprobs == 2
+    assert chat(top_logprobs=2).core.params.logprobs is None  # only with logprobs: true
+    assert refused(ow.parse_chat, messages=[{"role": "user", "content": "x"}], logprobs=True,
+                   top_logprobs=50).param == "top_logprobs"
+    pieces = {1: b"Hi", 2: b"!"}
+    body = ow.Renderer("generate", "m", pieces.__getitem__).delta(
+        "Hi", lps=(TokenLogprob(1, -0.5, ((1, -0.5), (2, -1.5))),))
+    assert body["logprobs"] == [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105],
+                                 "top_logprobs": [
+                                     {"token": "Hi", "logprob": -0.5, "bytes": [72, 105]},
+                                     {"token": "!", "logprob": -1.5, "bytes": [33]}]}]
+
+
 def test_tool_calls_are_rendered_with_object_arguments():
     calls = (ToolCall("call_1", "weather", '{"city": "Tokyo"}'),)
     body = ow.Renderer("chat", "m").final(done(calls=calls, finish="tool_calls"), ow.Timing(),
@@ -242,6 +258,8 @@ def test_chat_whole_and_streamed_agree_greedy(client):
     assert whole.done and whole.done_reason in ("stop", "length")
     assert whole.eval_count and whole.eval_duration > 0 and whole.prompt_eval_count > 5
     assert whole.total_duration >= whole.eval_duration
+    lp = client.chat(MODEL, msgs, options=opts, logprobs=True, top_logprobs=2)
+    assert len(lp.logprobs) == lp.eval_count and len(lp.logprobs[0].top_logprobs) == 2
     parts = list(client.chat(MODEL, msgs, options=opts, stream=True))
     assert [p.done for p in parts].count(True) == 1 and parts[-1].done
     assert "".join(p.message.content for p in parts) == whole.message.content

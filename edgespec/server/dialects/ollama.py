@@ -57,7 +57,7 @@ def register(app, core, settings) -> None:
                 timing.load = 0.0 if loaded_before else time.monotonic() - t0
                 check_num_ctx(req.num_ctx, held.engine.config.n_ctx, req.model)
                 run = await core.start(request, _named(req.core, name))
-            out = Renderer(req.endpoint, req.model)
+                out = Renderer(req.endpoint, req.model, held.engine.target.token_piece)
             if req.stream:
                 return StreamingResponse(_ndjson(run, out, timing, t0, core, req, name),
                                          media_type=NDJSON)
@@ -176,8 +176,8 @@ async def _ndjson(run, out: Renderer, timing: Timing, t0: float, core, req: Olla
     try:
         done: ChoiceDone | None = None
         async for ev in run:
-            if isinstance(ev, TextDelta) and ev.text:
-                yield _line(out.delta(ev.text))
+            if isinstance(ev, TextDelta) and (ev.text or ev.logprobs):
+                yield _line(out.delta(ev.text, lps=ev.logprobs))
             elif isinstance(ev, ReasoningDelta) and ev.text:
                 yield _line(out.delta(thinking=ev.text))
             elif isinstance(ev, ChoiceDone):

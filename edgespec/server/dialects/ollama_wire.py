@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -78,6 +78,7 @@ class OllamaRequest:
     keep_alive: float | None = None  # seconds; None: the server's; 0: unload after; < 0: never
     num_ctx: int | None = None  # the context the client asked for (checked once loaded)
     think: bool = False  # reasoning was asked for (message.thinking)
+    logprobs: bool = False  # each token's logprob (and top_logprobs alternatives) asked for
 
 
 # --- requests ------------------------------------------------------------------------------
@@ -94,7 +95,8 @@ def parse_chat(body: dict, max_tokens_limit: int, reasoning_default: str = "auto
     core = CoreRequest(model=model, params=params, messages=chat_messages(messages),
                        tools=tuple(tools) if tools else None, reasoning_format=reasoning,
                        chat_template_kwargs=kwargs)
-    return OllamaRequest("chat", model, core, stream, keep_alive, num_ctx, think)
+    return OllamaRequest("chat", model, core, stream, keep_alive, num_ctx, think,
+                         params.logprobs is not None)
 
 
 def parse_generate(body: dict, max_tokens_limit: int, reasoning_default: str = "auto"
@@ -123,20 +125,23 @@ def parse_generate(body: dict, max_tokens_limit: int, reasoning_default: str = "
                               "leave one of them out", "system")
         core = CoreRequest(model=model, params=params, fim=Fim(prompt, suffix),
                            param_prompt="prompt")
-        return OllamaRequest("generate", model, core, stream, keep_alive, num_ctx)
+        return OllamaRequest("generate", model, core, stream, keep_alive, num_ctx,
+                             logprobs=params.logprobs is not None)
     if raw:
         if system:
             raise unsupported("system needs the chat template, which raw: true skips; put the "
                               "system text in your prompt", "system")
         core = CoreRequest(model=model, params=params, prompt=prompt, param_prompt="prompt")
-        return OllamaRequest("generate", model, core, stream, keep_alive, num_ctx)
+        return OllamaRequest("generate", model, core, stream, keep_alive, num_ctx,
+                             logprobs=params.logprobs is not None)
     reasoning, kwargs, think = _think(body.get("think"), reasoning_default)
     messages = ([{"role": "system", "content": system}] if system else []) + \
         [{"role": "user", "content": prompt}]
     core = CoreRequest(model=model, params=params, messages=tuple(messages),
                        reasoning_format=reasoning, chat_template_kwargs=kwargs,
                        param_prompt="prompt")
-    return OllamaRequest("generate", model, core, stream, keep_alive, num_ctx, think)
+    return OllamaRequest("generate", model, core, stream, keep_alive, num_ctx, think,
+                         params.logprobs is not None)
 
 
 def _model(body: dict) -> str:
@@ -203,8 +208,14 @@ def _params(body: dict, max_tokens_limit: int, chat: bool) -> tuple[GenerationPa
     if num_ctx is not None and num_ctx < 1:
         raise invalid(f"options.num_ctx is {num_ctx}; send a positive context size",
                       "options.num_ctx")
+    logprobs = None
+    if get(body, "logprobs", bool, default=False):
+        logprobs = get(body, "top_logprobs", int, default=0)
+        if not 0 <= logprobs <= 20:
+            raise invalid(f"top_logprobs is {logprobs}; send 0..20", "top_logprobs")
     params = GenerationParams(max_tokens=max_tokens, chat=chat, sampling=sampling,
-                              stop=limits.stops(stop, "options.stop"), **_format(body))
+                              stop=limits.stops(stop, "options.stop"), logprobs=logprobs,
+                              **_format(body))
     return params, num_ctx
 
 
@@ -389,18 +400,30 @@ def tool_calls(calls: tuple[ToolCall, ...]) -> list[dict]:
     return out
 
 
+def logprobs(lps, piece) -> list[dict]:
+    """Ollama's ``logprobs``: per token its text, logprob, bytes and top alternatives."""
+    def entry(tok: int, lp: float) -> dict:
+        raw = bytes(piece(tok))
+        return {"token": raw.decode("utf-8", "replace"), "logprob": lp, "bytes": list(raw)}
+
+    return [{**entry(lp.token, lp.logprob),
+             **({"top_logprobs": [entry(t, v) for t, v in lp.top]} if lp.top else {})}
+            for lp in lps]
+
+
 @dataclass
 class Renderer:
-    """The objects of one /api/chat or /api/generate answer (``endpoint``)."""
+    """The objects of one /api/chat or /api/generate answer (``endpoint``); ``piece``
+    (token id -> bytes) writes logprobs."""
 
     endpoint: str
     model: str
-    sent: list[str] = field(default_factory=list)
+    piece: Any = None
 
     def _head(self) -> dict:
         return {"model": self.model, "created_at": created_at()}
 
-    def delta(self, text: str = "", thinking: str = "") -> dict:
+    def delta(self, text: str = "", thinking: str = "", lps=()) -> dict:
         body = self._head()
         if self.endpoint == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -412,6 +435,8 @@ class Renderer:
             if thinking:
                 body["thinking"] = thinking
         body["done"] = False
+        if lps and self.piece is not None:
+            body["logprobs"] = logprobs(lps, self.piece)
         return body
 
     def calls(self, calls: tuple[ToolCall, ...]) -> dict:
@@ -424,7 +449,7 @@ class Renderer:
         """The last object; ``whole`` (stream: false) carries the whole answer."""
         text = done.text if whole else ""
         thinking = (done.reasoning or "") if whole else ""
-        body = self.delta(text, thinking)
+        body = self.delta(text, thinking, done.logprobs if whole else ())
         if whole and done.tool_calls and self.endpoint == "chat":
             body["message"]["tool_calls"] = tool_calls(done.tool_calls)
         body.update(done=True, done_reason=done_reason(done), **metrics(done, timing))
