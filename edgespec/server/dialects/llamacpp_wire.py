@@ -267,12 +267,19 @@ class Shape:
             "tokens_evaluated": done.prompt_tokens,
             "generation_settings": self.settings, "prompt": self.prompt_text,
             "has_new_line": "\n" in done.text, "truncated": False,
-            "stop_type": stop_type(done), "stopping_word": "",
+            "stop_type": stop_type(done), "stopping_word": self.stopping_word(done),
             "tokens_cached": done.prompt_tokens + done.completion_tokens,
             "timings": done.timings}
         if whole and self.c.n_probs and done.logprobs:
             body["completion_probabilities"] = probabilities(done.logprobs, self.piece)
         return project(body, self.c.response_fields)
+
+
+    def stopping_word(self, done: ChoiceDone) -> str:
+        """The stop string that ended the answer: known when the request sent one (the
+        engine does not say which of several matched; then "")."""
+        stops = self.c.core.params.stop
+        return stops[0] if done.stop_reason == "stop" and len(stops) == 1 else ""
 
 
 def probabilities(lps, piece) -> list[dict]:
