@@ -214,6 +214,9 @@ class _Relay:
     def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, index: int,
                  metrics: Any) -> None:
         self.loop, self.queue, self.index, self.metrics = loop, queue, index, metrics
+        # the HTTP request's outcome (server.metrics), read here on the loop, in the request's
+        # context: its choices and its route report its end, which is counted once
+        self.outcome = metrics.outcome() if hasattr(metrics, "outcome") else None
         self.started = time.monotonic()
         self.ended = False  # a Finished or an error arrived
 
@@ -222,8 +225,9 @@ class _Relay:
             try:
                 if event is DONE and not self.ended:
                     # a request cancelled while queued ends with DONE alone: it still ended
-                    self.metrics.observe_cancelled_queued(time.monotonic() - self.started)
-                self.metrics.observe(event)
+                    self.metrics.observe_cancelled_queued(time.monotonic() - self.started,
+                                                          self.outcome)
+                self.metrics.observe(event, self.outcome)
             except Exception:  # metrics must never break a request
                 log.exception("metrics failed on %r", type(event).__name__)
         self.ended = self.ended or isinstance(event, (Finished, BaseException))

@@ -31,7 +31,7 @@ from .dialects import openai_chat, openai_completions
 from .dialects import anthropic, responses
 from .dialects import llamacpp, ollama
 from .errors import install_handlers
-from .metrics import ServerMetrics
+from .metrics import Accounting, ServerMetrics
 from .settings import ServerSettings
 
 
@@ -71,6 +71,8 @@ def create_pool_app(pool: ModelPool, settings: ServerSettings) -> FastAPI:
                        guard.HostPolicy.for_bind(settings.allowed_hosts),
                        cors_origins=settings.cors_origins, on_refusal=metrics.reject)
     app.add_middleware(_Preflight, cors=bool(settings.cors_origins))
+    # outermost of all: each request's outcome counted once (server.metrics)
+    app.add_middleware(Accounting, metrics=metrics)
     install_handlers(app, on_error=metrics.reject)
     core = Core(pool, settings, metrics)
     app.state.core = core

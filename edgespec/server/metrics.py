@@ -5,8 +5,21 @@ Spec-decode counters follow vLLM's names (``vllm:spec_decode_num_drafts`` and fr
 the ``edgespec_`` prefix; they are fed from each request's RequestStats when it finishes.
 Queue depth and running sequences are read from the scheduler at scrape time; the canary's
 per-slice state from the engine's goodput guard.
+
+Outcomes add up. Every HTTP request that gets one is counted exactly once, in one of
+``requests_finished{stop_reason}`` (it ran: one count however many choices), ``requests_rejected
+{status,code}`` (refused before it ran) or ``requests_failed`` (it broke while running). Several
+paths report the same request (each choice's events on the scheduler thread, then the error
+the route answers, e.g. a 499 after a client that went away was cancelled), so each request
+carries an :class:`Outcome` (a context variable set by :class:`Accounting`, the outermost
+middleware; the core's relays take it along to the scheduler thread) and only the first report
+counts. ``client_disconnects`` counts the clients seen to go away before their answer was
+complete; each such request ends ``cancelled`` (when it was still running).
 """
 from __future__ import annotations
+
+import threading
+from contextvars import ContextVar
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Info,
                                generate_latest)
@@ -59,6 +72,8 @@ class ServerMetrics:
                                 registry=r)
         self.failed = Counter(p + "requests_failed", "Requests that failed while running.",
                               registry=r)
+        self.disconnects = Counter(p + "client_disconnects", "Clients that went away before "
+                                   "their answer was complete.", registry=r)
         self.control = Counter(p + "control_events", "Controller decisions by kind (fallback, "
                                "probe, recover, guard_off/on, canary...).", ["kind"],
                                registry=r)
@@ -79,16 +94,27 @@ class ServerMetrics:
         r.register(_CanaryCollector(engine))
 
     # --- feeding --------------------------------------------------------------------------
-    def observe(self, event) -> None:
-        """Called for every engine event (on the scheduler thread: cheap, never blocks)."""
+    @staticmethod
+    def outcome() -> "Outcome | None":
+        """The current HTTP request's outcome (None outside one): read it where the request's
+        context is (on the loop) and hand it to whatever reports from elsewhere."""
+        return _CURRENT.get()
+
+    def observe(self, event, outcome: "Outcome | None" = None) -> None:
+        """Called for every engine event (on the scheduler thread: cheap, never blocks);
+        ``outcome``: the request's, so that its end is counted once."""
         if isinstance(event, Control):
             self.control.labels(event.kind).inc()
         elif isinstance(event, Finished):
-            self.observe_stats(event.stats, event.stop_reason)
+            self.observe_stats(event.stats, None)
+            if _first(outcome):
+                self.finished.labels(event.stop_reason or "unknown").inc()
         elif isinstance(event, BaseException):
-            self.failed.inc()
+            if _first(outcome):
+                self.failed.inc()
 
-    def observe_stats(self, s, stop_reason: str) -> None:
+    def observe_stats(self, s, stop_reason: str | None) -> None:
+        """One run's statistics; ``stop_reason`` (not None) also counts it as finished."""
         self.num_drafts.inc(s.verify_passes)
         self.num_draft_tokens.inc(s.drafted)
         self.num_accepted_tokens.inc(s.accepted)
@@ -103,19 +129,89 @@ class ServerMetrics:
         for gap in s.inter_token_latencies:
             self.itl.observe(gap)
         self.e2e.observe(s.total_seconds)
-        self.finished.labels(stop_reason or "unknown").inc()
+        if stop_reason is not None:
+            self.finished.labels(stop_reason or "unknown").inc()
 
-    def observe_cancelled_queued(self, seconds: float) -> None:
+    def observe_cancelled_queued(self, seconds: float, outcome: "Outcome | None" = None) -> None:
         """A request cancelled before it left the queue: no stats, but an outcome and a
         latency like every request that was admitted."""
         self.e2e.observe(seconds)
-        self.finished.labels("cancelled").inc()
+        if _first(outcome):
+            self.finished.labels("cancelled").inc()
 
     def reject(self, status: int, code: str | None) -> None:
-        self.rejected.labels(str(status), code or "none").inc()
+        """A refusal answered (on the loop, in the request's context): counted unless the
+        request already has its outcome (a 499 or 503 after its run ended)."""
+        if _first(_CURRENT.get()):
+            self.rejected.labels(str(status), code or "none").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class Outcome:
+    """One HTTP request's outcome: whether it has been counted (by any thread)."""
+
+    __slots__ = ("_lock", "counted", "disconnected")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counted = False
+        self.disconnected = False
+
+    def claim(self) -> bool:
+        """True for the first caller only."""
+        with self._lock:
+            first, self.counted = not self.counted, True
+            return first
+
+
+_CURRENT: ContextVar[Outcome | None] = ContextVar("edgespec_outcome", default=None)
+
+
+def _first(outcome: Outcome | None) -> bool:
+    return outcome is None or outcome.claim()
+
+
+class Accounting:
+    """Pure ASGI middleware, outermost: gives each HTTP request its :class:`Outcome`, counts
+    a client seen to go away before its answer was complete (``http.disconnect`` from
+    ``receive`` while the response is unfinished), and counts as rejected an error answer
+    (4xx/5xx) that no route counted."""
+
+    def __init__(self, app, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        outcome = Outcome()
+        token = _CURRENT.set(outcome)
+        state = {"status": 0, "complete": False}
+
+        async def receiving():
+            message = await receive()
+            if message["type"] == "http.disconnect" and not state["complete"] \
+                    and not outcome.disconnected:
+                outcome.disconnected = True
+                self.metrics.disconnects.inc()
+            return message
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                state["status"] = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                state["complete"] = True
+            await send(message)
+
+        try:
+            await self.app(scope, receiving, sending)
+        finally:
+            _CURRENT.reset(token)
+            if state["status"] >= 400 and outcome.claim():
+                self.metrics.rejected.labels(str(state["status"]), "none").inc()
 
 
 class _CanaryCollector:
