@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..errors import InvalidInputError, UnsupportedError
+from ..grammar.bounds import check_schema
 from ..grammar.constraint import GrammarError, check_schema_supported
 
 #: OpenAI's rule for function names
@@ -172,6 +173,9 @@ def call_grammar(tools: Sequence[Tool], choice: Choice, fmt: str, parallel: bool
     arguments_key = "parameters" if fmt == "llama3" else "arguments"
     alternatives = []
     for t in chosen:
+        # bounded before the converter writes it out (edgespec.grammar.bounds: a maxLength of
+        # 10**7 is that much grammar text, one of 20000 crashes llama.cpp's parser)
+        check_schema(t.parameters)
         try:
             check_schema_supported(t.parameters)
         except (GrammarError, UnsupportedError) as e:

@@ -259,3 +259,13 @@ def test_an_ambiguous_grammar_is_stopped_at_run_time(model_path):
             st.advance(a)
     assert e.value.limit == "max_stacks" and st.accepted <= 13  # 2^13 > 4,096
     st.close()
+
+
+def test_a_forced_tool_call_schema_is_bounded_before_conversion():
+    """A forced call's grammar is converted from the tools' parameter schemas: the same
+    bounds, before the converter writes 10**7 characters out."""
+    from edgespec.agents.tools import Choice, Tool, call_grammar
+    tool = Tool("f", None, {"type": "object", "properties": {
+        "s": {"type": "string", "minLength": 10 ** 7}}, "required": ["s"]})
+    with pytest.raises(GrammarTooComplexError, match="max_schema_repeat"):
+        call_grammar([tool], Choice("required"), "hermes", parallel=False)
