@@ -64,7 +64,7 @@ class Core:
     def resolve(self, model: str | None) -> str:
         """The model id a request reaches: none named, or an unknown one with
         --model-alias-any, is the server's default model (as llama-server answers)."""
-        default = self.settings.served_model
+        default: str = self.settings.served_model
         if not model:
             return default
         try:
@@ -76,7 +76,7 @@ class Core:
         return model
 
     @asynccontextmanager
-    async def held(self, model: str | None):
+    async def held(self, model: str | None) -> AsyncIterator[Any]:
         """The model, loaded and held (``.engine``, ``.scheduler``, ``.name``) until the
         block ends; None: the default model."""
         try:
@@ -115,7 +115,7 @@ class Core:
             plans = await asyncio.to_thread(self._plans, engine, reqs, held.name)
             lane = traffic or self.slices.of(header, _kind(first), plans[0].params)
             loop = asyncio.get_running_loop()
-            queue: asyncio.Queue = asyncio.Queue()
+            queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
             readers: list[ChoiceReader] = []
             handles: list[Any] = []
             try:
@@ -158,7 +158,8 @@ def _kind(req: CoreRequest) -> str:
     return {"chat": "chat", "prompt": "completion", "fim": "infill"}[req.kind]
 
 
-def _submit(scheduler: Any, p: Plan, req: CoreRequest, relays: list["_Relay"], traffic: str):
+def _submit(scheduler: Any, p: Plan, req: CoreRequest, relays: list["_Relay"],
+            traffic: str) -> Any:
     if req.n == 1:
         return scheduler.submit(p.prompt, p.params, on_event=relays[0], traffic=traffic,
                                 proposer=req.proposer)
@@ -211,7 +212,8 @@ class _Relay:
     """on_event for one choice: runs on the scheduler thread, feeds the metrics and hands
     each event to the request's asyncio queue as (index, event) without blocking."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, index: int,
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: "asyncio.Queue[tuple[int, Any]]",
+                 index: int,
                  metrics: Any) -> None:
         self.loop, self.queue, self.index, self.metrics = loop, queue, index, metrics
         # the HTTP request's outcome (server.metrics), read here on the loop, in the request's
@@ -241,7 +243,8 @@ class Running:
     """A submitted request: iterate it for its core events (every choice, in the order
     they happened), or :meth:`collect` the ChoiceDone of each. Stopping early cancels it."""
 
-    def __init__(self, queue: asyncio.Queue, readers: list[ChoiceReader], handles: list[Any],
+    def __init__(self, queue: "asyncio.Queue[tuple[int, Any]]", readers: list[ChoiceReader],
+                 handles: list[Any],
                  http_request: Any, model: str, engine: Any, param: str) -> None:
         self.queue = queue
         self.readers = readers

@@ -9,7 +9,7 @@ the whole answer, its usage, llama-server's ``timings`` and the speculation stat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Union
 
 from ..api.events import TokenLogprob
 from ..api.stats import RequestStats
@@ -66,7 +66,7 @@ class ChoiceDone:
     tool_calls: tuple[ToolCall, ...]
     prompt_tokens: int
     completion_tokens: int
-    timings: dict  # llama-server's `timings` object (protocol.timings)
+    timings: dict[str, Any]  # llama-server's `timings` object (protocol.timings)
     stats: RequestStats
     logprobs: tuple[TokenLogprob, ...] = ()
     prompt_cached: int = 0  # prompt tokens whose KV came from an earlier request

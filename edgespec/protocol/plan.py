@@ -24,7 +24,7 @@ _READS_NAME = re.compile(r"message(\.name\b|\[['\"]name['\"]\])")
 
 @dataclass(frozen=True)
 class Plan:
-    prompt: str | list[dict] | tuple[int, ...]
+    prompt: str | list[dict[str, Any]] | tuple[int, ...]
     params: GenerationParams
     turn: Turn | None  # a chat turn (its output parser reads tools and reasoning back)
     prefix: str = ""  # text that starts every choice's answer (completions' echo)
@@ -97,9 +97,10 @@ def _chat(target: Any, req: CoreRequest, model_name: str, reasoning_format: str)
     return Plan(turn.messages, params, turn)
 
 
-def apply_template(engine: Any, messages: list[dict], *, tools: list | None = None,
+def apply_template(engine: Any, messages: list[dict[str, Any]], *,
+                   tools: list[dict[str, Any]] | None = None,
                    add_generation_prompt: bool = True,
-                   chat_template_kwargs: dict | None = None) -> str:
+                   chat_template_kwargs: dict[str, Any] | None = None) -> str:
     """The prompt text the model's chat template makes of ``messages`` (llama-server's
     /apply-template)."""
     target = engine.target

@@ -74,7 +74,8 @@ class ChoiceReader:
             events += [TextDelta(self.index, rest)] if self.out is None \
                 else self._deltas(self.out.feed(rest))
         finish = FINISH.get(fin.stop_reason, "stop")
-        text, reasoning, calls = fin.text, None, ()
+        text, reasoning = fin.text, None
+        calls: tuple[ToolCall, ...] = ()
         if self.out is not None:
             final = self.out.finish(fin.stop_reason)
             events += self._deltas(final.deltas)
@@ -91,7 +92,7 @@ class ChoiceReader:
         events.append(self.done)
         return events
 
-    def _deltas(self, deltas: list[dict]) -> list[CoreEvent]:
+    def _deltas(self, deltas: list[dict[str, Any]]) -> list[CoreEvent]:
         """edgespec.agents' OpenAI-shaped stream deltas as core events."""
         out: list[CoreEvent] = []
         for d in deltas:

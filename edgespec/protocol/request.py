@@ -31,15 +31,15 @@ class CoreRequest:
     params: GenerationParams  # max_tokens, stop, sampling, logprobs, grammar, chat
     # OpenAI-shaped chat messages: {"role", "content": str | None, "tool_calls": [...],
     # "tool_call_id": str, "name": str}
-    messages: tuple[dict, ...] | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
     prompt: str | tuple[int, ...] | None = None  # raw prompt: text or token ids
     fim: Fim | None = None
     # OpenAI function tools: {"type": "function", "function": {name, description, parameters}}
-    tools: tuple[dict, ...] | None = None
-    tool_choice: str | dict | None = None  # "auto" | "none" | "required" | {"type": "function", ...}
+    tools: tuple[dict[str, Any], ...] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # "auto" | "none" | "required" | {"type": "function", ...}
     parallel_tool_calls: bool | None = None
     reasoning_format: str | None = None  # as edgespec.agents (None: the server's default)
-    chat_template_kwargs: dict | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     n: int = 1  # parallel choices sharing the prompt's KV
     echo: bool = False  # completions: the prompt's text starts the answer
     origins: bool = False  # per-token origins on every TextDelta (the web page's extension)

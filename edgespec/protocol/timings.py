@@ -10,10 +10,12 @@ llama-server (``cache_n`` holds them).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ..api.events import Finished
 
 
-def timings(fin: Finished) -> dict:
+def timings(fin: Finished) -> dict[str, Any]:
     s = fin.stats
     prompt_n = s.prompt_computed
     prompt_ms = s.prefill_seconds * 1000.0

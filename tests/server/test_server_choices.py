@@ -94,10 +94,14 @@ def test_completions_take_n_too(oc):
     assert r.usage.completion_tokens == 3 * 8
 
 
-def test_n_above_the_sequences_is_a_coded_400_and_the_server_keeps_serving(oc):
+def test_n_above_the_sequences_runs_queued_and_beyond_the_queue_is_a_coded_400(oc):
     import openai
-    with pytest.raises(openai.BadRequestError) as e:
-        oc.chat.completions.create(model=MODEL, messages=POEM, n=4, max_tokens=4)
+    r = oc.chat.completions.create(model=MODEL, messages=POEM, n=4, max_tokens=4,
+                                   temperature=0.0)  # 3 sequences: the 4th choice waits
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert len({c.message.content for c in r.choices}) == 1
+    with pytest.raises(openai.BadRequestError) as e:  # beyond --parallel 3 + --max-queue 4
+        oc.chat.completions.create(model=MODEL, messages=POEM, n=8, max_tokens=4)
     assert e.value.code == "invalid_value" and e.value.param == "n"
     assert "--parallel" in str(e.value)
     r = oc.chat.completions.create(model=MODEL, messages=POEM, n=3, max_tokens=4,
@@ -105,9 +109,10 @@ def test_n_above_the_sequences_is_a_coded_400_and_the_server_keeps_serving(oc):
     assert len(r.choices) == 3
 
 
-def test_an_exact_server_refuses_n_with_the_reason(client):
-    """The session's exact-mode server splits its KV pool per sequence: no prompt to share."""
-    import openai
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=MODEL, messages=POEM, n=2, max_tokens=4)
-    assert e.value.code == "unsupported_parameter" and e.value.param == "n"
+def test_an_exact_server_runs_n_one_choice_after_the_other(client):
+    """The session's exact-mode server splits its KV pool per sequence: no prompt to share,
+    so the choices run as requests of their own (greedy: equal)."""
+    r = client.chat.completions.create(model=MODEL, messages=POEM, n=2, max_tokens=4,
+                                       temperature=0.0)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.choices[0].message.content == r.choices[1].message.content
