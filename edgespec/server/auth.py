@@ -2,6 +2,7 @@
 ``x-api-key: KEY`` (Anthropic's), compared in constant time.
 
 Every route needs the key when one is set, except a minimal liveness check: ``GET /health``
+(and llama-server's ``GET /v1/health``)
 without the key answers ``{"status": "ok"}`` and nothing else (supervisors and load balancers
 probe it without secrets); with the key it answers the full health body (models, queue).
 
@@ -23,7 +24,7 @@ from .guard import answer
 from .web.routes import ASSETS
 
 #: paths whose minimal answer needs no key (see the module doc)
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/v1/health"})  # /v1/health: llama-server's spelling
 #: the web page's static files (edgespec.server.web) load without the key: they hold no
 #: secret, and a browser cannot send a header when it opens a page; the page asks for the
 #: key and sends it with every API call

@@ -220,3 +220,11 @@ def test_bad_input_is_llama_server_shaped(http):
         assert set(err) == {"code", "message", "type"} and err["code"] == status
     r = http.post("/completion", content=b"{nope", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+
+
+def test_v1_health_is_open_like_health_and_the_rest_needs_the_key(keyed_server):
+    with httpx.Client(base_url=keyed_server.base_url, timeout=60) as c:
+        r = c.get("/v1/health")
+        assert r.status_code == 200 and r.json() == {"status": "ok"}
+        assert c.post("/tokenize", json={"content": "hi"}).status_code == 401
+        assert c.get("/props").status_code == 401
