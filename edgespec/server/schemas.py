@@ -95,6 +95,9 @@ class ChatCompletionRequest(_Common):
     # split for this request (the server's --reasoning-format by default)
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_format: Literal["none", "deepseek", "auto"] | None = None
+    # edgespec's extension: the proposer this request drafts with, one its model has loaded
+    # ("none": the plain path; GET /v1/edgespec/status lists them); default: the model's own
+    proposer: str | None = Field(default=None, min_length=1, max_length=64)
     # accepted so that a refusal can name them (mapping.chat_request)
     functions: list[Any] | None = None
     function_call: Any = None

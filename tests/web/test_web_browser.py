@@ -193,6 +193,33 @@ def test_switching_models(web_server, driver):
                       .first_selected_option.get_attribute("value") == OTHER)
 
 
+def test_the_proposer_switch_runs_a_request_on_the_plain_path(web_server, driver):
+    d = driver
+    open_page(d, web_server)
+    picker = Select(css(d, "select[data-role=proposer]"))
+    assert css(d, "select[data-role=proposer]").is_enabled()
+    values = [o.get_attribute("value") for o in picker.options]
+    assert values == ["", "none", "ngram", "suffix"]  # "": the model's own (ngram+suffix)
+    assert "ngram+suffix" in picker.options[0].text
+    picker.select_by_value("none")
+    send(d, REPETITIVE)
+    answer = wait_done(d)
+    assert answer.get_attribute("data-state") == "done"
+    assert set(origins(answer)) == {"target"}
+    stats = css(answer, "[data-role=stats]").text
+    assert "nothing drafted" in stats and "proposer none" in stats, stats
+    # --exact is the server's: shown, not switchable per request
+    assert not css(d, "[data-role=exact]").is_enabled()
+
+
+def test_a_proposer_the_model_has_not_loaded_is_refused(web_server):
+    status, _, body = web_server.request("POST", "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+        "proposer": "draft"})
+    assert status == 400
+    assert "proposer 'draft' is not loaded" in json.loads(body)["error"]["message"]
+
+
 def test_an_over_context_conversation_shows_the_error_and_keeps_it(web_server, driver):
     d = driver
     open_page(d, web_server)
@@ -238,6 +265,16 @@ def test_conversations_are_kept_renamed_exported_and_deleted(web_server, driver)
     greeting = next(c for c in stored if c["title"] == "<i>greeting</i>")
     assert [m["role"] for m in greeting["messages"]] == ["user", "assistant"]
     assert greeting["messages"][1]["tokens"]  # the origins are kept with the text
+    # export: the conversation as JSON, handed to the browser as a download
+    d.execute_script("URL.createObjectURL = (blob) => { window.exported = blob; "
+                     "return 'blob:exported'; };")
+    item = next(e for e in d.find_elements(By.CSS_SELECTOR, "[data-role=conversation]")
+                if "greeting" in e.text)
+    ActionChains(d).move_to_element(item).perform()
+    item.find_element(By.CSS_SELECTOR, "[data-action=export]").click()
+    exported = json.loads(d.execute_async_script(
+        "window.exported.text().then(arguments[arguments.length - 1])"))
+    assert exported["title"] == "<i>greeting</i>" and exported["messages"] == greeting["messages"]
     # delete asks once more, then removes it from the page and the storage
     d.refresh()
     wait(d, 20).until(lambda d: len(d.find_elements(By.CSS_SELECTOR,

@@ -62,7 +62,7 @@ def parse(req: ChatCompletionRequest, settings: ServerSettings, n_vocab: int) ->
         tools=tuple(req.tools) if req.tools is not None else None,
         tool_choice=req.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
         reasoning_format=req.reasoning_format, chat_template_kwargs=req.chat_template_kwargs,
-        n=req.n or 1,
+        n=req.n or 1, proposer=req.proposer,
         origins=bool(req.stream and req.stream_options and req.stream_options.include_origins),
         param_prompt="messages")
 

@@ -25,8 +25,9 @@ def status(pool: ModelPool, settings: ServerSettings) -> dict[str, Any]:
         "version": __version__,
         "default_model": settings.served_model,
         "max_tokens_limit": settings.max_tokens_limit,
-        # whether a chat request may choose these for itself (else each model's own)
-        "choices": {"proposer": False, "exact": False},
+        # what a chat request may choose for itself (else its model's own): its proposer
+        # (the chat route's `proposer` field); exactness is the server's (--exact)
+        "choices": {"proposer": True, "exact": False},
         "load": {"queued": load.queued, "running": load.running, "slots": load.slots,
                  "max_queue": load.max_queue},
         "models": [_model(m) for m in pool.entries()],

@@ -35,6 +35,10 @@
                                current: null}, readJSON(PREFS, {}));
   let conversations = readJSON(STORE, []);
   if (!Array.isArray(conversations)) conversations = [];
+  // an answer saved while it streamed (the tab closed mid-answer) ended there
+  for (const c of conversations) {
+    for (const m of c.messages || []) if (m.state === "streaming") m.state = "cancelled";
+  }
 
   function readJSON(key, fallback) {
     try {
@@ -804,6 +808,7 @@
     const i = conv.messages.indexOf(msg);
     if (i < 0) return;
     conv.messages = conv.messages.slice(0, i + 1); // later turns answered another text
+    prefs.current = conv.id;
     hideBanner();
     renderMessages();
     send(conv, msg);
