@@ -309,6 +309,9 @@ def test_bad_input_is_ollama_shaped(served, client):
         client.chat(MODEL, [{"role": "user", "content": "hi"}], tools=[
             {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
     assert e.value.status_code == 400
+    with pytest.raises(ollama.ResponseError) as e:  # smollm2 has no FIM tokens
+        client.generate(MODEL, "def f(", suffix="    return 1\n")
+    assert e.value.status_code == 400 and MODEL in e.value.error
     status, _, body = served.request("POST", "/api/chat", b"{not json")
     assert status == 400 and set(json.loads(body)) == {"error"}
 
