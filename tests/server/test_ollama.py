@@ -146,6 +146,7 @@ def test_final_objects_carry_real_durations_in_nanoseconds():
     assert (final["total_duration"], final["load_duration"], final["prompt_eval_duration"],
             final["eval_duration"]) == (1_500_000_000, 250_000_000, 12_500_000, 250_000_000)
     assert (final["prompt_eval_count"], final["eval_count"]) == (7, 3)
+    assert final["timings"]["predicted_ms"] == 250.0
     assert final["created_at"].endswith("Z")
     streamed = out.final(done("Hello", finish="length"), ow.Timing(), whole=False)
     assert streamed["message"]["content"] == "" and streamed["done_reason"] == "length"

@@ -453,6 +453,9 @@ class Renderer:
         if whole and done.tool_calls and self.endpoint == "chat":
             body["message"]["tool_calls"] = tool_calls(done.tool_calls)
         body.update(done=True, done_reason=done_reason(done), **metrics(done, timing))
+        # llama-server's timings (draft counts, proposer) beside Ollama's own counters;
+        # Ollama's clients ignore fields they do not know
+        body["timings"] = done.timings
         return body
 
     def lifecycle(self, reason: str) -> dict:
