@@ -195,7 +195,10 @@ def check_writable(directory: str | os.PathLike, *, what: str = "results",
     asked before a long run whose result must be written at its end."""
     d = Path(directory)
     probe = d / ".edgespec-write-probe"
-    atomic_write(probe, b"x" * 4096, what=what)  # creates the directory too
+    try:
+        atomic_write(probe, b"x" * 4096, what=what)  # creates the directory too
+    except StateFileError as e:  # name the directory, not the probe
+        raise StateFileError(str(e).replace(str(probe), str(d))) from None
     with contextlib.suppress(OSError):
         probe.unlink()
     try:
