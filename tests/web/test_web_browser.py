@@ -155,6 +155,44 @@ def test_html_in_an_answer_is_shown_as_text_never_run(web_server, driver):
                     "summary"}, tags
 
 
+MARKDOWN = """# Fix
+
+The **bug** is in `mean`: <img src=x onerror="document.title='pwned'">
+
+- divide by `len(xs)`
+- not *len - 1*
+
+```python
+def mean(xs):
+    return sum(xs) / len(xs)  # <script>document.title='pwned'</script>
+```
+[docs](https://docs.python.org/3/) and [bad](javascript:alert(1))"""
+
+
+def test_the_markdown_renderer_builds_elements_and_never_parses_html(web_server, driver):
+    """The page's renderer on a fixed text (no model): structure from Markdown, every
+    character from the source as text, markup never interpreted, only http(s) links."""
+    d = driver
+    open_page(d, web_server)
+    out = d.execute_script("""
+        const src = arguments[0], box = document.createElement('div');
+        const text = (parent, s, e) => parent.append(document.createTextNode(src.slice(s, e)));
+        for (const b of EdgespecMarkdown.parseBlocks(src, 0))
+            box.append(EdgespecMarkdown.renderBlock(src, b, text));
+        return [box.innerHTML, box.textContent,
+                [...box.querySelectorAll('*')].map(e => e.tagName.toLowerCase()),
+                [...box.querySelectorAll('a')].map(a => a.getAttribute('href'))];
+    """, MARKDOWN)
+    html, text, tags, links = out
+    assert tags.count("li") == 2 and {"h3", "strong", "em", "pre", "code", "a"} <= set(tags)
+    assert not {"img", "script"} & set(tags)
+    assert "<img src=x onerror=" in text and "<script>" in text
+    assert "&lt;img" in html and "&lt;script&gt;" in html
+    assert links == ["https://docs.python.org/3/"]  # the javascript: link stays text
+    assert "[bad](javascript:alert(1))" in text
+    assert d.title == "edgespec"
+
+
 def test_stop_cancels_a_long_answer(web_server, driver):
     d = driver
     open_page(d, web_server, max_tokens=400)

@@ -645,7 +645,6 @@
     };
     const choices = status && status.choices ? status.choices : {};
     if (choices.proposer && ui.proposer.value) body.proposer = ui.proposer.value;
-    if (choices.exact && ui.exact.dataset.touched === "1") body.exact = ui.exact.checked;
     Object.assign(msg, {content: "", reasoning: "", tokens: [], owners: [], rOwners: [],
                         runs: [], rruns: [], stats: null, timings: null, usage: null,
                         error: null, state: "streaming", model: model,
@@ -815,16 +814,22 @@
   }
 
   // The server view and the pickers ---------------------------------------------------
+  // A select's options as [value, label] pairs; rebuilt only when they change, so that
+  // the 2-second refresh never closes a list the user has open.
+  function setOptions(select, pairs) {
+    const same = select.options.length === pairs.length &&
+      pairs.every(([v, t], i) => select.options[i].value === v && select.options[i].text === t);
+    if (!same) select.replaceChildren(...pairs.map(([v, t]) => el("option", {value: v, text: t})));
+  }
+
   function fillModels() {
     const want = current().model || ui.model.value || prefs.model ||
       (status && status.default_model) || "";
     const ids = models.map((m) => m.id);
-    const opts = models.map((m) => {
+    setOptions(ui.model, models.map((m) => {
       const state = (modelInfo(m.id) || {}).state || m.state || "";
-      return el("option", {value: m.id, text: state && state !== "loaded" ?
-        `${m.id} (${state})` : m.id});
-    });
-    ui.model.replaceChildren(...opts);
+      return [m.id, state && state !== "loaded" ? `${m.id} (${state})` : m.id];
+    }));
     ui.model.value = ids.includes(want) ? want : (status && status.default_model) || ids[0] || "";
   }
 
@@ -832,18 +837,15 @@
     const info = modelInfo(selectedModel());
     const choices = status && status.choices ? status.choices : {};
     const keep = ui.proposer.value;
-    const opts = [el("option", {value: "", text: info && info.proposer ?
-      `server's (${info.proposer})` : "server's"})];
-    if (choices.proposer && info) {
-      for (const p of info.proposers || []) opts.push(el("option", {value: p, text: p}));
-    }
-    ui.proposer.replaceChildren(...opts);
-    if ([...ui.proposer.options].some((o) => o.value === keep)) ui.proposer.value = keep;
+    const opts = [["", info && info.proposer ? `server's (${info.proposer})` : "server's"]];
+    if (choices.proposer && info) for (const p of info.proposers || []) opts.push([p, p]);
+    setOptions(ui.proposer, opts);
+    ui.proposer.value = opts.some(([v]) => v === keep) ? keep : "";
     ui.proposer.disabled = !choices.proposer;
     ui.proposer.title = choices.proposer ? "Which proposer drafts this request" :
       "This server runs each model's own proposer (edgespec serve --proposer); it takes " +
       "no per-request choice";
-    if (ui.exact.dataset.touched !== "1") ui.exact.checked = !!(info && info.exact);
+    ui.exact.checked = !!(info && info.exact);
     ui.exact.disabled = !choices.exact;
     ui.exact.parentElement.title = choices.exact ?
       "--exact: greedy output bitwise the plain path's" :
@@ -979,7 +981,6 @@
     fillProposers();
     renderLegend();
   });
-  ui.exact.addEventListener("change", () => { ui.exact.dataset.touched = "1"; });
   ui.system.addEventListener("change", () => {
     current().system = ui.system.value;
     saveConversations();
