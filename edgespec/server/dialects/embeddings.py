@@ -218,7 +218,7 @@ async def _json(request: Request, settings: ServerSettings) -> Any:
     text = await wire_body.read(request, settings)
     try:
         return json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep to parse
         raise bad_request(f"the request body is not valid JSON ({e}); send one JSON object",
                           code="invalid_json") from None
 

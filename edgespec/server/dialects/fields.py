@@ -31,7 +31,7 @@ def load_object(text: str) -> dict:
     """The body as a JSON object."""
     try:
         body = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep to parse
         raise invalid(f"the request body is not valid JSON ({e}); send one JSON object",
                       code="invalid_json") from None
     if not isinstance(body, dict):
