@@ -30,6 +30,7 @@ from . import auth, guard, info, web
 from .dialects import openai_chat, openai_completions
 from .dialects import anthropic, responses
 from .dialects import llamacpp, ollama
+from .dialects import embeddings
 from .errors import install_handlers
 from .metrics import Accounting, ServerMetrics
 from .settings import ServerSettings
@@ -82,6 +83,7 @@ def create_pool_app(pool: ModelPool, settings: ServerSettings) -> FastAPI:
     responses.register(app, core, settings)
     ollama.register(app, core, settings)  # /api/*; / on the --ollama-port listener
     llamacpp.register(app, core, settings)  # /completion, /infill, /tokenize, /props...
+    embeddings.register(app, core, settings)  # /v1/embeddings, /api/embed, /api/embeddings
     info.register(app, pool, settings, metrics, started)
     web.register(app, pool, settings)  # GET / (unless --no-web) and /v1/edgespec/status
     return app
