@@ -182,3 +182,27 @@ def test_infill_without_fim_tokens_is_refused_alike(llama_server, ours):
     assert a.status_code == b.status_code == 501
     assert a.json()["error"]["type"] == b.json()["error"]["type"] == "not_supported_error"
     assert set(a.json()["error"]) == set(b.json()["error"])
+
+
+def test_openai_completions_and_chat(llama_server, ours):
+    """The OpenAI routes both serve: field sets (top level, choice, message, usage) and
+    greedy text."""
+    comp = {"model": MODEL, "prompt": COUNTING, "max_tokens": 12, "temperature": 0}
+    a, b = both(ours, llama_server, "POST", "/v1/completions", comp)
+    assert a.status_code == b.status_code == 200
+    mine, theirs = a.json(), b.json()
+    same_fields("/v1/completions", "", theirs, mine)
+    same_fields("/v1/completions", "choices.0", theirs["choices"][0], mine["choices"][0])
+    same_fields("/v1/completions", "usage", theirs["usage"], mine["usage"])
+    assert mine["choices"][0]["text"] == theirs["choices"][0]["text"]
+    chat = {"model": MODEL, "max_tokens": 16, "temperature": 0,
+            "messages": [{"role": "user", "content": "Name three colours."}]}
+    a, b = both(ours, llama_server, "POST", "/v1/chat/completions", chat)
+    assert a.status_code == b.status_code == 200
+    mine, theirs = a.json(), b.json()
+    same_fields("/v1/chat/completions", "", theirs, mine)
+    same_fields("/v1/chat/completions", "choices.0", theirs["choices"][0], mine["choices"][0])
+    same_fields("/v1/chat/completions", "message", theirs["choices"][0]["message"],
+                mine["choices"][0]["message"])
+    same_fields("/v1/chat/completions", "usage", theirs["usage"], mine["usage"])
+    assert mine["choices"][0]["message"]["content"] == theirs["choices"][0]["message"]["content"]
