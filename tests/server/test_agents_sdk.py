@@ -14,8 +14,9 @@ REAL = "qwen-1.5b"
 
 
 def run_agent(base_url: str, model: str, tools, instructions: str, question: str,
-              max_tokens: int = 64):
-    """The agent's final output and its run's items (the SDK's default Responses model)."""
+              max_tokens: int = 64, tool_choice: str | None = None,
+              parallel_tool_calls: bool | None = None, **agent_kw):
+    """The agent's run (final output, items) on the SDK's default (Responses) model."""
     from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
     from openai import AsyncOpenAI
 
@@ -26,7 +27,10 @@ def run_agent(base_url: str, model: str, tools, instructions: str, question: str
                              timeout=600)
         agent = Agent(name="assistant", instructions=instructions, tools=tools,
                       model=OpenAIResponsesModel(model, client),
-                      model_settings=ModelSettings(temperature=0.0, max_tokens=max_tokens))
+                      model_settings=ModelSettings(temperature=0.0, max_tokens=max_tokens,
+                                                   tool_choice=tool_choice,
+                                                   parallel_tool_calls=parallel_tool_calls),
+                      **agent_kw)
         try:
             return await Runner.run(agent, question, max_turns=5)
         finally:
@@ -74,30 +78,36 @@ def qwen(model_path):
 
 
 def test_an_agent_completes_a_two_step_tool_task(qwen):
-    from agents import function_tool
+    """The second call needs the first one's result (the model cannot know where the user
+    lives), so the agent loops twice. Each turn must make one call (tool_choice "required",
+    parallel_tool_calls false: the grammar keeps a 1.5B model's markup well-formed, and a
+    second call in the same turn could only guess the city); the run ends at the weather
+    tool with its result."""
+    from agents import StopAtTools, function_tool
 
-    looked_up: list[str] = []
+    seen: list[str] = []
 
     @function_tool
-    def city_code(city: str) -> str:
-        """The weather service's code of a city; get_weather needs it."""
-        looked_up.append(city)
-        return "FR-PAR-75"
+    def get_user_city() -> str:
+        """The city the user lives in."""
+        seen.append("get_user_city")
+        return "Lyon"
 
     @function_tool
-    def get_weather(code: str) -> str:
-        """The current weather at a weather service code (from city_code)."""
-        looked_up.append(code)
-        return "sunny, 23 degrees Celsius" if code == "FR-PAR-75" else "unknown code"
+    def get_weather(city: str) -> str:
+        """The current weather of a city."""
+        seen.append(f"get_weather({city})")
+        return f"sunny, 23 degrees Celsius in {city}"
 
-    result = run_agent(qwen.base_url, REAL, [city_code, get_weather],
-                       "You are a weather assistant. To answer, first call city_code for the "
-                       "city, then call get_weather with the code it returns. Never guess.",
-                       "What is the weather in Paris?")
-    names = [name for name, _ in calls_of(result)]
-    assert names[:2] == ["city_code", "get_weather"], names
-    assert looked_up[:2] == ["Paris", "FR-PAR-75"]
-    assert "23" in result.final_output  # the answer uses the second tool's result
+    result = run_agent(qwen.base_url, REAL, [get_user_city, get_weather],
+                       "You are a weather assistant. You do not know where the user lives: "
+                       "call get_user_city first, then get_weather for that city.",
+                       "What is the weather where I live?", tool_choice="required",
+                       parallel_tool_calls=False, reset_tool_choice=False,
+                       tool_use_behavior=StopAtTools(stop_at_tool_names=["get_weather"]))
+    assert calls_of(result) == [("get_user_city", {}), ("get_weather", {"city": "Lyon"})]
+    assert seen == ["get_user_city", "get_weather(Lyon)"]
+    assert result.final_output == "sunny, 23 degrees Celsius in Lyon"
 
 
 def test_the_anthropic_sdk_runs_a_tool_round_trip_on_qwen(qwen):
