@@ -11,11 +11,12 @@ min-p 0.05, no token limit; completion: temperature 0.8 and 16 tokens), so an ap
 relies on them samples the same way.
 
 What llama-cpp-python 0.3.36 accepts and edgespec cannot honour is refused with an
-:class:`~edgespec.errors.UnsupportedError` naming the argument: ``suffix``, token-id prompts,
-``stopping_criteria`` and ``logits_processor`` (Python callbacks on logits that speculative
-verification cannot replay), ``typical_p`` and ``mirostat_mode`` when sampling, ``echo`` with
-``logprobs``. What llama-cpp-python itself ignores is ignored here too: ``tfs_z`` (its
-sampler has no tail-free step), ``mirostat_tau``/``mirostat_eta`` without mirostat,
+:class:`~edgespec.errors.UnsupportedError` naming the argument: ``suffix``,
+``stopping_criteria`` (a Python callback that speculative verification cannot replay),
+``typical_p`` and ``mirostat_mode`` when sampling, ``echo`` with ``logprobs``.
+``logits_processor`` is honoured on the plain path: such a request never drafts. What
+llama-cpp-python itself ignores is ignored here too: ``tfs_z`` (its sampler has no
+tail-free step), ``mirostat_tau``/``mirostat_eta`` without mirostat,
 ``top_logprobs`` without ``logprobs``, ``echo`` when streaming, ``tool_choice`` without
 ``tools``.
 
@@ -71,7 +72,8 @@ def create_completion(engine: "Engine", prompt: str, suffix: str | None = None,
     """``Llama.create_completion``: the whole ``text_completion`` dict, or with
     ``stream=True`` an iterator of its chunks."""
     call = completion_call(**_args(locals()))
-    return call.render(engine.stream(call.prompt, call.params))
+    return call.render(engine.stream(call.prompt, call.params,
+                                     logits_processor=call.logits_processor))
 
 
 def create_chat_completion(engine: "Engine", messages: Sequence[Mapping],
@@ -91,7 +93,8 @@ def create_chat_completion(engine: "Engine", messages: Sequence[Mapping],
     """``Llama.create_chat_completion``: the whole ``chat.completion`` dict, or with
     ``stream=True`` an iterator of ``chat.completion.chunk`` dicts."""
     call = chat_call(**_args(locals()))
-    return call.render(engine.stream(call.prompt, call.params))
+    return call.render(engine.stream(call.prompt, call.params,
+                                     logits_processor=call.logits_processor))
 
 
 def _args(scope: dict) -> dict:
@@ -105,13 +108,15 @@ class Call:
     """One request: what the engine runs and how its events become llama-cpp-python dicts."""
 
     head: shapes.Head
-    prompt: str | list[dict]
+    prompt: str | list[dict] | tuple[int, ...]
     params: GenerationParams
     stream: bool
     piece: Callable[[int], bytes] = field(repr=False)
     echo: str = ""  # a non-streamed completion's text starts with its prompt
     offset: int = 0  # characters before the generated text (completions' text_offset)
     turn: object = None  # a chat's edgespec.agents.Turn: tool calls read out of the text
+    #: llama-cpp-python's logits_processor: the request runs on the plain path (no drafts)
+    logits_processor: Callable | None = None
 
     def render(self, events: Iterator[Event]):
         return self.chunks(events) if self.stream else self.whole(events)
@@ -212,15 +217,24 @@ def completion_call(engine: "Engine", prompt, suffix=None, max_tokens=16, temper
                     mirostat_eta=0.1, model=None, stopping_criteria=None, logits_processor=None,
                     grammar=None, logit_bias=None, *, defaults: Defaults = Defaults()) -> Call:
     """Validate ``create_completion``'s arguments into a :class:`Call` (nothing runs)."""
+    text = prompt
     if not isinstance(prompt, str):
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            raise UnsupportedError("prompt: token-id prompts are not supported; pass the prompt "
-                                   "as text (llm.detokenize(tokens).decode())")
-        raise InvalidInputError(f"prompt must be a string (got {type(prompt).__name__})")
+        if not (isinstance(prompt, (list, tuple)) and prompt and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+            raise InvalidInputError(f"prompt must be a string or a non-empty list of token ids "
+                                    f"(got {type(prompt).__name__})")
+        # token ids are read as given (no BOS added), as llama-cpp-python reads them
+        prompt = tuple(int(t) for t in prompt)
+        bad = [t for t in prompt if not 0 <= t < engine.target.n_vocab]
+        if bad:
+            raise InvalidInputError(f"prompt: token id {bad[0]} is outside the vocabulary "
+                                    f"(0..{engine.target.n_vocab - 1})")
+        text = engine.target.detokenize(list(prompt)).decode("utf-8", errors="ignore")
     if suffix is not None:
         raise UnsupportedError("suffix: fill-in-the-middle is not supported; leave suffix out "
                                "and put the text after the gap in the prompt")
-    _refuse_callbacks(stopping_criteria=stopping_criteria, logits_processor=logits_processor)
+    _refuse_callbacks(stopping_criteria=stopping_criteria)
+    logits_processor = _processor(logits_processor)
     if echo and logprobs is not None:
         raise UnsupportedError("echo with logprobs: edgespec does not compute the prompt "
                                "tokens' logprobs; drop echo or logprobs")
@@ -240,7 +254,8 @@ def completion_call(engine: "Engine", prompt, suffix=None, max_tokens=16, temper
     head = shapes.Head("completion", _model(engine, model, defaults))
     # llama-cpp-python echoes the prompt only in a whole response; its stream ignores echo
     return Call(head, prompt, params, bool(stream), engine.target.token_piece,
-                echo=prompt if echo and not stream else "", offset=len(prompt))
+                echo=text if echo and not stream else "", offset=len(text),
+                logits_processor=logits_processor)
 
 
 def chat_call(engine: "Engine", messages, functions=None, function_call=None, tools=None,
@@ -251,7 +266,7 @@ def chat_call(engine: "Engine", messages, functions=None, function_call=None, to
               logits_processor=None, grammar=None, logit_bias=None, logprobs=None,
               top_logprobs=None, *, defaults: Defaults = Defaults()) -> Call:
     """Validate ``create_chat_completion``'s arguments into a :class:`Call` (nothing runs)."""
-    _refuse_callbacks(logits_processor=logits_processor)
+    logits_processor = _processor(logits_processor)
     structured = _response_format(response_format)
     if structured and grammar is not None:
         raise InvalidInputError("give grammar or response_format, not both")
@@ -278,7 +293,7 @@ def chat_call(engine: "Engine", messages, functions=None, function_call=None, to
         grammar=turn.grammar if turn.grammar is not None else _grammar(grammar),
         template_vars=turn.template_vars or None, **structured)
     return Call(head, turn.messages, params, bool(stream), engine.target.token_piece,
-                turn=turn)
+                turn=turn, logits_processor=logits_processor)
 
 
 def _model(engine: "Engine", model: str | None, defaults: Defaults) -> str:
@@ -425,6 +440,24 @@ def _messages(messages) -> list[dict]:
         msg["content"] = "" if content is None and not m.get("tool_calls") else content
         out.append(msg)
     return out
+
+
+def _processor(logits_processor):
+    """``logits_processor`` as one callable: a function, a ``llama_cpp.LogitsProcessorList``
+    (callable itself) or a plain list of functions, applied in order as that list does."""
+    if logits_processor is None or callable(logits_processor):
+        return logits_processor
+    if isinstance(logits_processor, (list, tuple)) and all(callable(f) for f in logits_processor):
+        funcs = tuple(logits_processor)
+
+        def chained(input_ids, scores):
+            for f in funcs:
+                scores = f(input_ids, scores)
+            return scores
+        return chained
+    raise InvalidInputError("logits_processor must be callable as (input_ids, logits) -> "
+                            "logits (a function, a list of them or a "
+                            "llama_cpp.LogitsProcessorList)")
 
 
 def _refuse_callbacks(**given) -> None:

@@ -40,14 +40,19 @@ draft model, for ``proposer="draft"``), ``exact``, ``adaptive`` (see ``Engine.lo
 """
 from __future__ import annotations
 
+import fnmatch
 import logging
+import random
+import re
 import sys
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 from ..api.labels import AUTO
 from ..runtime.kernel import KV_GGML_TYPE, KernelConfig
 from ..errors import InvalidInputError, UnsupportedError
-from . import completions
+from ..decoding.kvcache import common_prefix
+from . import completions, state
 from .completions import RANDOM_SEEDS, Defaults
 from .. import registry
 from ..runtime.gguf_facts import read_facts
@@ -76,10 +81,7 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[object, str]] = {
     "yarn_beta_fast": (32.0, _CHANGES_THE_MODEL),
     "yarn_beta_slow": (1.0, _CHANGES_THE_MODEL),
     "yarn_orig_ctx": (0, _CHANGES_THE_MODEL),
-    "pooling_type": (-1, "pooling is for embeddings, which edgespec does not compute"),
     "attention_type": (-1, "edgespec runs the model's own (causal) attention"),
-    "embedding": (False, "edgespec generates text and does not compute embeddings; use "
-                         "llama_cpp.Llama(embedding=True) for those"),
     "lora_base": (None, "LoRA adapters are not supported; merge the adapter into the GGUF"),
     "lora_path": (None, "LoRA adapters are not supported; merge the adapter into the GGUF"),
     "lora_scale": (1.0, "LoRA adapters are not supported; merge the adapter into the GGUF"),
@@ -94,6 +96,9 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[object, str]] = {
     "tensor_split": (None, "edgespec places layers itself (n_gpu_layers); leave tensor_split "
                            "out"),
 }
+
+#: pooling_type (llama.cpp's enum llama_pooling_type) -> edgespec.runtime.embedding's names
+_POOLING_OF = {-1: "model", 0: "none", 1: "mean", 2: "cls", 3: "last"}
 
 #: chat_format values that name what edgespec renders anyway: the GGUF's own template
 _OWN_TEMPLATE = (None, "chat_template.default")
@@ -115,7 +120,7 @@ class Llama:
                  last_n_tokens_size: int = 64, flash_attn: bool | None = None,
                  type_k: int | None = None, type_v: int | None = None,
                  use_mmap: bool = True, chat_format: str | None = None, draft_model=None,
-                 verbose: bool = True,
+                 embedding: bool = False, pooling_type: int = -1, verbose: bool = True,
                  # edgespec's own
                  proposer: str = AUTO, draft: str | None = None, exact: bool = False,
                  adaptive: bool = True, **llama_kwargs) -> None:
@@ -136,26 +141,67 @@ class Llama:
         if last_n_tokens_size < 0:
             raise InvalidInputError(f"last_n_tokens_size must be >= 0 (got "
                                     f"{last_n_tokens_size})")
+        if pooling_type not in _POOLING_OF:
+            raise UnsupportedError(f"pooling_type={pooling_type}: the embedding poolings are "
+                                   + ", ".join(f"{k} ({v})" for k, v in _POOLING_OF.items()))
         kernel = _kernel(flash_attn, type_k, type_v, use_mmap)
         self.model_path = model_path
+        self.embedding = bool(embedding)  # accepted: embed() works either way
+        self._pooling = _POOLING_OF[pooling_type]
         self.verbose = verbose
         self.engine = Engine.load(
             str(model_path), draft=draft, proposer=proposer,
             n_ctx=n_ctx or _trained_context(str(model_path)), threads=n_threads,
             n_gpu_layers=n_gpu_layers, adaptive=adaptive, exact=exact, kernel=kernel)
-        self._defaults = Defaults(model=str(model_path), repeat_last_n=last_n_tokens_size,
-                                  seed=None if seed in RANDOM_SEEDS else seed)
+        self._defaults = Defaults(model=str(model_path), repeat_last_n=last_n_tokens_size)
+        #: llama-cpp-python's seed chain: a request without a seed takes the next seed of a
+        #: random.Random seeded with the last one (None: fresh entropy per request)
+        self._seed: int | None = None if seed in RANDOM_SEEDS else seed
+        #: a prompt starting with what the context holds prefills only the rest, as
+        #: llama-cpp-python's Llama does (exact mode keeps its guarantee: decoding.kvcache)
+        self.engine.reuse = True
+        self.cache = None  # set_cache: a llama-cpp-python prompt cache of saved states
+        self._metadata: dict[str, str] | None = None
         if verbose:
             e = self.engine
             print(f"edgespec: {e.target.path.name}, n_ctx {e.ctx.n_ctx}, proposer "
                   f"{e.default_proposer}{' (exact)' if e.exact else ''}", file=sys.stderr)
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None, additional_files=None,
+                        local_dir=None, local_dir_use_symlinks="auto", cache_dir=None,
+                        **kwargs) -> "Llama":
+        """``Llama.from_pretrained``: a GGUF of a Hugging Face repo, through edgespec's Hub
+        pulls (edgespec.registry.hub: huggingface_hub's cache, every file pinned by sha256
+        at its first pull). ``filename`` is a file of the repo or a glob matching exactly
+        one (as llama-cpp-python's); a split set is fetched whole, so ``additional_files``
+        naming its other parts need nothing more. The files live in the Hugging Face cache
+        (``HF_HOME``/``HF_HUB_CACHE``): ``local_dir`` and ``cache_dir`` are refused."""
+        if local_dir is not None or cache_dir is not None:
+            raise UnsupportedError("from_pretrained: edgespec keeps Hub files in the Hugging "
+                                   "Face cache (set HF_HOME or HF_HUB_CACHE); leave local_dir "
+                                   "and cache_dir out")
+        if not filename:
+            raise InvalidInputError("from_pretrained needs a filename (or a glob) of the repo")
+        from ..registry import hub  # deferred: huggingface_hub is slow to import
+
+        name = _hub_file(repo_id, filename)
+        for extra in additional_files or ():
+            if not fnmatch.fnmatch(_split_base(name), _split_base(extra)):
+                raise UnsupportedError(f"additional_files {extra!r}: edgespec fetches a split "
+                                       "GGUF set whole; other extra files are not supported")
+        path = hub.resolve(f"{hub.SCHEME}{repo_id}/{name}")
+        return cls(model_path=str(path), **kwargs)
+
     # --- generation -------------------------------------------------------------------
-    def create_completion(self, prompt: str, *args, **kwargs):
+    def create_completion(self, prompt: str | Sequence[int], *args, **kwargs):
         """``Llama.create_completion``: the ``text_completion`` dict, or its chunks with
-        ``stream=True``."""
-        return completions.create_completion(self.engine, prompt, *args,
-                                             defaults=self._defaults, **kwargs)
+        ``stream=True``. ``prompt`` is text or token ids (read as given: no BOS added)."""
+        defaults = self._request_defaults(kwargs.get("seed"))
+        if self.cache is None:
+            return completions.create_completion(self.engine, prompt, *args,
+                                                 defaults=defaults, **kwargs)
+        return self._cached_completion(prompt, args, kwargs, defaults)
 
     def __call__(self, prompt: str, *args, **kwargs):
         return self.create_completion(prompt, *args, **kwargs)
@@ -164,7 +210,100 @@ class Llama:
         """``Llama.create_chat_completion``: the ``chat.completion`` dict, or its chunks with
         ``stream=True``."""
         return completions.create_chat_completion(self.engine, messages, *args,
-                                                  defaults=self._defaults, **kwargs)
+                                                  defaults=self._request_defaults(
+                                                      kwargs.get("seed")), **kwargs)
+
+    def set_seed(self, seed: int) -> None:
+        """The seed the next request without one derives its own from (llama-cpp-python's
+        chain; -1 or llama.cpp's default seed: fresh entropy per request)."""
+        self._seed = None if seed in RANDOM_SEEDS else int(seed)
+
+    def _request_defaults(self, seed) -> Defaults:
+        # llama-cpp-python: a request's seed becomes the instance's; without one, the
+        # instance's seed moves on to random.Random(seed).randint(0, 2**32)
+        if seed is not None:
+            self.set_seed(seed)
+            return self._defaults
+        if self._seed is None:
+            return self._defaults
+        self._seed = random.Random(self._seed).randint(0, 2 ** 32)
+        return replace(self._defaults, seed=self._seed)
+
+    def _cached_completion(self, prompt, args, kwargs, defaults: Defaults):
+        """A completion through the prompt cache (:meth:`set_cache`): a saved state holding
+        more of the prompt than the context does is loaded first (through ``load_state``),
+        and the state after the answer is saved under prompt + answer tokens."""
+        tokens = self._prompt_ids(prompt)
+        try:
+            item = self.cache[tokens]
+        except KeyError:
+            item = None
+        if item is not None:
+            ids = [int(t) for t in item.input_ids[:item.n_tokens]]
+            if common_prefix(ids, tokens) > common_prefix(state.held(self.engine), tokens):
+                self.load_state(item)
+        out = completions.create_completion(self.engine, prompt, *args, defaults=defaults,
+                                            **kwargs)
+        if kwargs.get("stream"):
+            return self._saving_chunks(out, tokens)
+        self.cache[tokens + state.held(self.engine)[len(tokens):]] = self.save_state()
+        return out
+
+    def _saving_chunks(self, chunks, tokens: list[int]):
+        yield from chunks
+        self.cache[tokens + state.held(self.engine)[len(tokens):]] = self.save_state()
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.engine.target.tokenize(prompt, add_special=True, parse_special=False)
+        return [int(t) for t in prompt]
+
+    # --- embeddings (a context of their own: generation is not disturbed) -------------------
+    def embed(self, input: str | Sequence[str], normalize: bool = False, truncate: bool = True,
+              return_count: bool = False):
+        """``Llama.embed``: one vector (a list of floats) for a string, a list of vectors for
+        a list; with ``pooling_type`` none, a list of per-token vectors instead of each
+        vector. Unlike llama-cpp-python, no ``embedding=True`` is needed: edgespec embeds
+        through a second context of the loaded model (pooling: the constructor's
+        ``pooling_type``, the GGUF's own by default, mean for a generative model)."""
+        from ..engine.embedding import embedder  # deferred: builds a llama.cpp context
+
+        one = isinstance(input, str)
+        out = embedder(self.engine, self._pooling).embed([input] if one else list(input),
+                                                         normalize=normalize, truncate=truncate)
+        vectors = [v.tolist() for v in out.vectors]
+        result = vectors[0] if one else vectors
+        return (result, out.n_tokens) if return_count else result
+
+    def create_embedding(self, input: str | Sequence[str], model: str | None = None) -> dict:
+        """``Llama.create_embedding``: OpenAI's embedding list, ``usage`` counting the input
+        tokens read."""
+        vectors, n = self.embed(input if isinstance(input, list) else [input],
+                                return_count=True)
+        return {"object": "list",
+                "data": [{"object": "embedding", "embedding": v, "index": i}
+                         for i, v in enumerate(vectors)],
+                "model": model if model is not None else self.model_path,
+                "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+    # --- state ---------------------------------------------------------------------------
+    def save_state(self) -> "state.LlamaState":
+        """``Llama.save_state``: the context's request sequence and the seed chain."""
+        return state.save(self.engine, self._seed)
+
+    def load_state(self, saved: "state.LlamaState") -> None:
+        """``Llama.load_state``: what :meth:`save_state` returned, on this model."""
+        state.load(self.engine, saved)
+        self._seed = getattr(saved, "seed", self._seed)
+
+    def reset(self) -> None:
+        """``Llama.reset``: the next prompt is evaluated from scratch."""
+        state.reset(self.engine)
+
+    def set_cache(self, cache) -> None:
+        """``Llama.set_cache``: a llama-cpp-python prompt cache (``LlamaRAMCache``,
+        ``LlamaDiskCache``) or any mapping-like cache of token tuples to states, or None."""
+        self.cache = cache
 
     # --- what apps read besides completions ------------------------------------------------
     def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
@@ -174,8 +313,27 @@ class Llama:
     def detokenize(self, tokens: Sequence[int], prev_tokens=None, special: bool = False) -> bytes:
         return self.engine.target.detokenize(list(tokens), special=special)
 
+    def tokenizer(self) -> "LlamaTokenizer":
+        """``Llama.tokenizer()``: tokenize/detokenize/encode/decode over the GGUF's vocabulary."""
+        return LlamaTokenizer(self)
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The GGUF's metadata, every value as its string (``Llama.metadata``)."""
+        if self._metadata is None:
+            from ..runtime.embedding import model_metadata  # deferred: it loads llama.cpp
+            self._metadata = model_metadata(self.engine.target)
+        return self._metadata
+
     def n_ctx(self) -> int:
         return self.engine.ctx.n_ctx
+
+    def n_embd(self) -> int:
+        return self.engine.target.n_embd
+
+    def token_nl(self) -> int:
+        nl = self.engine.target.tokenize("\n", add_special=False, parse_special=False)
+        return nl[0] if len(nl) == 1 else -1
 
     def n_vocab(self) -> int:
         return self.engine.target.n_vocab
@@ -194,6 +352,51 @@ class Llama:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class LlamaTokenizer:
+    """``llama_cpp.LlamaTokenizer``: the model's own vocabulary."""
+
+    def __init__(self, llama: Llama) -> None:
+        self._llama = llama
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self._llama.tokenize(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, tokens: Sequence[int], prev_tokens=None, special: bool = False) -> bytes:
+        return self._llama.detokenize(tokens, special=special)
+
+    def encode(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.tokenize(text.encode("utf-8", errors="ignore"), add_bos=add_bos,
+                             special=special)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.detokenize(tokens).decode("utf-8", errors="ignore")
+
+
+def _hub_file(repo_id: str, filename: str) -> str:
+    """The one file of ``repo_id`` that ``filename`` names (a glob: the one it matches, by
+    path or by base name, as llama-cpp-python's ``fnmatch``)."""
+    if not any(c in filename for c in "*?["):
+        return filename
+    from ..registry.hub_listing import _env, _listing  # the listing every Hub pull reads
+    from ..registry.hub_ref import parse
+    from ..registry.store import _say
+
+    files = sorted(_listing(parse(repo_id), _env(), True, _say).files)
+    found = [f for f in files if fnmatch.fnmatch(f, filename)
+             or fnmatch.fnmatch(f.rsplit("/", 1)[-1], filename)]
+    if len(found) != 1:
+        what = "no file" if not found else f"{len(found)} files ({', '.join(found[:6])})"
+        ggufs = [f for f in files if f.lower().endswith(".gguf")]
+        raise InvalidInputError(f"from_pretrained: {what} of {repo_id} match {filename!r}; "
+                                f"its GGUF files: {', '.join(ggufs[:12]) or 'none'}")
+    return found[0]
+
+
+def _split_base(name: str) -> str:
+    """A split part's set name: NAME-00002-of-00003.gguf -> NAME-*-of-00003.gguf."""
+    return re.sub(r"-\d{5}-of-(\d{5})\.gguf$", r"-*-of-\1.gguf", name)
 
 
 def _check_llama_kwargs(kwargs: Mapping[str, object]) -> None:
@@ -233,4 +436,5 @@ def _trained_context(model: str) -> int:
     return read_facts(registry.resolve(model, pull=True)).n_ctx_train
 
 
-__all__ = ["LLAMA_DEFAULT_SEED", "Llama", "PERFORMANCE_ONLY", "REFUSED_UNLESS_DEFAULT"]
+__all__ = ["LLAMA_DEFAULT_SEED", "Llama", "LlamaTokenizer", "PERFORMANCE_ONLY",
+           "REFUSED_UNLESS_DEFAULT"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 import threading
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -75,6 +75,10 @@ class Request:
     stop_reason: MaybeStopReason = ""
     kv: PrefixCache | None = None  # the request's sequence's cache (None: the loop's)
     cancel: threading.Event | None = None  # set to end this request at its next step
+    #: llama-cpp-python's logits_processor: (input ids so far, logits row) -> logits, run
+    #: before each plain-path choice. A request with one never drafts (Engine.prepare
+    #: makes it plain): speculative verification cannot replay an arbitrary callback
+    logits_processor: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
 
     @property
     def generator(self) -> np.random.Generator:
@@ -351,6 +355,10 @@ class Loop:
     # --- verification ----------------------------------------------------------------
     def _choose_plain(self, req: Request, row: FloatArray) -> int | None:
         s = req.params.sampling
+        if req.logits_processor is not None:
+            row = np.asarray(req.logits_processor(np.asarray(req.tokens, dtype=np.intc),
+                                                  np.array(row, dtype=np.float32)),
+                             dtype=np.float32)
         if req.grammar is not None:  # None: nothing the grammar admits
             y = grammar.choose(req.grammar, row, req.tokens, s, req.rng)
             if y is not None:

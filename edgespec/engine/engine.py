@@ -16,7 +16,7 @@ import itertools
 import threading
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from .. import proposers as registry_of_proposers
 from ..api.events import Event, Finished, TokenLogprob
@@ -63,6 +63,7 @@ class Prepared:
     traffic: str
     grammar: GrammarState | None
     exact: bool
+    logits_processor: Callable | None = None  # plain path only (Request.logits_processor)
 
     def close(self) -> None:
         """Release what a request that never runs holds (its grammar)."""
@@ -258,7 +259,8 @@ class Engine:
     def stream(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
                proposer: str | None = None, control=None,
                exact: bool | None = None, reuse: bool | None = None,
-               traffic: str = "default") -> Iterator[Event]:
+               traffic: str = "default",
+               logits_processor: Callable | None = None) -> Iterator[Event]:
         """Run one request, yielding RequestStarted, PrefillDone, Step..., Control..., Finished.
 
         ``proposer`` (a loaded name, several joined by ``+``, or ``"none"``), ``control``
@@ -268,20 +270,26 @@ class Engine:
         engine's ``reuse``) starts from the longest token prefix of the prompt that the KV
         cache already holds and prefills only the rest (edgespec.decoding.kvcache). ``traffic`` names
         the request's traffic slice: the goodput guard and the canary judge per slice.
+        ``logits_processor`` (llama-cpp-python's: ``(input_ids, logits) -> logits`` before
+        each token is chosen) makes the request plain: verification cannot replay a callback.
         Everything is validated before this returns (the events come when iterated).
         """
         return self._run(self.prepare(prompt, params, proposer=proposer, control=control,
-                                      exact=exact, reuse=reuse, traffic=traffic))
+                                      exact=exact, reuse=reuse, traffic=traffic,
+                                      logits_processor=logits_processor))
 
     def prepare(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
                 proposer: str | None = None, control=None,
                 exact: bool | None = None, reuse: bool | None = None,
-                traffic: str = "default") -> "Prepared":
+                traffic: str = "default",
+                logits_processor: Callable | None = None) -> "Prepared":
         """Validate and tokenize a request without running it (what :meth:`stream` and the
         serving scheduler admit); every user error is raised here."""
         params = (params or GenerationParams()).validate()
         exact = self.exact if exact is None else exact
         label = proposer or self.default_proposer
+        if logits_processor is not None:
+            label = PLAIN  # a Python callback on logits runs on the plain path only
         self._check_loaded(label)
         control = self.check_exact((control or self.control).validate(), exact, label)
         prompt_tokens = self.prompt_tokens(prompt, params)
@@ -295,7 +303,8 @@ class Engine:
         # opened here, so a grammar this vocabulary cannot start is refused before generation
         state = GrammarState.open(constraint, self.target) if constraint is not None else None
         return Prepared(prompt_tokens, params, label, control,
-                        self.reuse if reuse is None else reuse, traffic, state, exact)
+                        self.reuse if reuse is None else reuse, traffic, state, exact,
+                        logits_processor)
 
     def add_proposer(self, name: str, proposer: Proposer) -> None:
         """Make another proposer (e.g. the same kind with other knobs) available to requests."""
@@ -369,7 +378,7 @@ class Engine:
         req = Request(id=next(self._ids), params=params, proposer_label=label,
                       tokens=list(prep.tokens), n_prompt=len(prep.tokens),
                       text=TextAssembler(params.stop), reuse=prep.reuse, grammar=prep.grammar,
-                      exact=prep.exact)
+                      exact=prep.exact, logits_processor=prep.logits_processor)
         prep.grammar = None  # the request owns it now
         req.stats.proposer = label
         if self.sinks:  # records leaving the process name the release they measured

@@ -238,7 +238,6 @@ def test_logprobs_shape(llm, path):
 # --- refusals: named, before anything runs -----------------------------------------------
 @pytest.mark.parametrize("kwargs, named", [
     (dict(suffix="}"), "suffix"),
-    (dict(logits_processor=[lambda ids, scores: scores]), "logits_processor"),
     (dict(stopping_criteria=[lambda ids, scores: False]), "stopping_criteria"),
     (dict(mirostat_mode=2, temperature=0.8), "mirostat_mode"),
     (dict(typical_p=0.5, temperature=0.8), "typical_p"),

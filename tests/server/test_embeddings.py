@@ -19,7 +19,8 @@ N_EMBD = 576  # SmolLM2-135M's hidden size
 # --- pure: parsing and rendering ------------------------------------------------------------
 class _Out:
     def __init__(self, vectors, n_tokens):
-        self.vectors, self.n_tokens = tuple(np.asarray(v, dtype=np.float32) for v in vectors), n_tokens
+        self.vectors = tuple(np.asarray(v, dtype=np.float32) for v in vectors)
+        self.n_tokens = n_tokens
 
 
 def test_openai_inputs_take_every_form():
