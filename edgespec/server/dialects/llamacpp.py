@@ -25,6 +25,8 @@ from ...protocol.events import ChoiceDone, TextDelta
 from ...protocol.fim import fim_prompt
 from ...protocol.plan import apply_template
 from .fields import check, get, invalid, load_object
+from .refusal import counted
+from .refusal import to_protocol as refusal_to_protocol
 from .llamacpp_wire import (Completion, Shape, as_token_prompt, error_body,
                             generation_settings, infill_tokens, parse_completion, parse_infill,
                             token_pieces, with_vocab)
@@ -64,7 +66,7 @@ def register(app, core, settings) -> None:
             done = (await run.collect())[0]
             return JSONResponse(shape.final(done, whole=True))
         except Exception as e:
-            return refusal(e)
+            return refusal(request, e)
 
     @app.post("/completion")
     async def completion(request: Request):
@@ -89,7 +91,7 @@ def register(app, core, settings) -> None:
                 out: Any = token_pieces(tokens, target.token_piece) if with_pieces else tokens
             return JSONResponse({"tokens": out})
         except Exception as e:
-            return refusal(e)
+            return refusal(request, e)
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
@@ -107,7 +109,7 @@ def register(app, core, settings) -> None:
                 text = target.detokenize(tokens, special=True).decode("utf-8", "replace")
             return JSONResponse({"content": text})
         except Exception as e:
-            return refusal(e)
+            return refusal(request, e)
 
     @app.post("/apply-template")
     async def apply_template_route(request: Request):
@@ -124,7 +126,7 @@ def register(app, core, settings) -> None:
                     chat_template_kwargs=kwargs)
             return JSONResponse({"prompt": prompt})
         except Exception as e:
-            return refusal(e)
+            return refusal(request, e)
 
     @app.get("/props")
     async def props(request: Request):
@@ -132,7 +134,7 @@ def register(app, core, settings) -> None:
             async with core.held(request.query_params.get("model")) as held:
                 return JSONResponse(await asyncio.to_thread(_props, held, core, settings))
         except Exception as e:
-            return refusal(e)
+            return refusal(request, e)
 
     @app.get("/slots")
     async def slots(request: Request):
@@ -147,7 +149,7 @@ def register(app, core, settings) -> None:
                                     code="no_slot_available")
             return JSONResponse([_slot(s, n_ctx, speculative) for s in states])
         except Exception as e:
-            return refusal(e)
+            return refusal(request, e)
 
     @app.get("/v1/health")
     async def health_v1():
@@ -297,27 +299,18 @@ async def _sse(run, shape: Shape):
 
 
 def to_protocol(e: BaseException) -> ProtocolError:
-    from ...errors import EdgespecError
-    from ...protocol.errors import from_edgespec, internal
-    from ..errors import APIError
-
-    if isinstance(e, ProtocolError):
-        if e.code == "fim_unsupported" and e.param != "input_extra":
-            # llama-server answers a model without FIM tokens 501 not_supported_error
-            return ProtocolError(501, e.message, kind="unsupported", param=e.param,
-                                 code=e.code)
-        return e
-    if isinstance(e, APIError):
-        return ProtocolError(e.status, e.message, param=e.param, code=e.code,
-                             headers=e.headers)
-    if isinstance(e, EdgespecError):
-        return from_edgespec(e, "prompt")
-    log.exception("llama.cpp native route failed", exc_info=e)
-    return internal(e)
+    err = refusal_to_protocol(e)
+    if err.code == "fim_unsupported" and err.param != "input_extra":
+        # llama-server answers a model without FIM tokens 501 not_supported_error
+        return ProtocolError(501, err.message, kind="unsupported", param=err.param,
+                             code=err.code)
+    return err
 
 
-def refusal(e: BaseException):
+def refusal(request, e: BaseException):
+    """llama-server's error answer, counted."""
     from fastapi.responses import JSONResponse
 
     err = to_protocol(e)
+    counted(request, err)
     return JSONResponse(error_body(err), status_code=err.status, headers=err.headers)

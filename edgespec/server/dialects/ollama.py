@@ -23,6 +23,7 @@ from ...protocol.events import ChoiceDone, ReasoningDelta, TextDelta
 from ...serving import ModelNotServedError
 from . import ollama_models
 from .fields import load_object
+from .refusal import counted, to_protocol
 from .ollama_wire import (API_VERSION, OllamaRequest, Renderer, Timing, check_num_ctx,
                           error_body, parse_chat, parse_generate)
 
@@ -66,7 +67,7 @@ def register(app, core, settings) -> None:
             await after(core, req, name)
             return JSONResponse(out.final(done, timing, whole=True))
         except Exception as e:
-            return refusal(e)
+            return refusal(request, e)
 
     @app.post("/api/chat")
     async def chat(request: Request):
@@ -77,20 +78,20 @@ def register(app, core, settings) -> None:
         return await generation(request, parse_generate)
 
     @app.get("/api/tags")
-    async def tags():
+    async def tags(request: Request):
         try:
             return JSONResponse({"models": await asyncio.to_thread(
                 ollama_models.tags, core.pool)})
         except Exception as e:
-            return refusal(e)
+            return refusal(request, e)
 
     @app.get("/api/ps")
-    async def ps():
+    async def ps(request: Request):
         try:
             return JSONResponse({"models": await asyncio.to_thread(
                 ollama_models.running, core.pool)})
         except Exception as e:
-            return refusal(e)
+            return refusal(request, e)
 
     @app.post("/api/show")
     async def show(request: Request):
@@ -103,7 +104,7 @@ def register(app, core, settings) -> None:
             entry = core.pool.find(resolve(core, asked))
             return JSONResponse(await asyncio.to_thread(ollama_models.show, entry))
         except Exception as e:
-            return refusal(e)
+            return refusal(request, e)
 
     @app.get("/api/version")
     async def version():
@@ -201,32 +202,11 @@ def _line(obj: dict) -> bytes:
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def to_protocol(e: BaseException) -> ProtocolError:
-    """Any failure as a ProtocolError: the body reader's APIError, the engine's errors, and
-    bugs (logged, a 500)."""
-    from ...errors import EdgespecError
-    from ...protocol.errors import from_edgespec, internal
-    from ..errors import APIError
-
-    if isinstance(e, ProtocolError):
-        return e
-    if isinstance(e, APIError):
-        return ProtocolError(e.status, e.message, param=e.param, code=e.code,
-                             headers=e.headers)
-    if isinstance(e, ModelNotServedError):
-        return ProtocolError(404, str(e), kind="not_found", param="model",
-                             code="model_not_found")
-    if isinstance(e, EdgespecError):
-        return from_edgespec(e, "prompt")
-    log.exception("ollama route failed", exc_info=e)
-    return internal(e)
-
-
-def refusal(e: BaseException):
-    """Ollama's error answer: ``{"error": "..."}`` with the status."""
+def refusal(request, e: BaseException):
+    """Ollama's error answer: ``{"error": "..."}`` with the status, counted."""
     from fastapi.responses import JSONResponse
 
-    err = to_protocol(e)
+    err = counted(request, e)
     return JSONResponse(error_body(err.message), status_code=err.status, headers=err.headers)
 
 
