@@ -193,6 +193,67 @@ def test_the_markdown_renderer_builds_elements_and_never_parses_html(web_server,
     assert d.title == "edgespec"
 
 
+#: a page-side stand-in for the chat route: a long answer (paragraphs, then a long code
+#: block), streamed as fast as the page reads it, in the extension's shape
+_LONG_STREAM = r"""
+const n = arguments[0];
+const real = window.fetch;
+window.fetch = async (url, opts) => {
+  if (!String(url).includes('/chat/completions')) return real(url, opts);
+  const enc = new TextEncoder();
+  let i = 0;
+  const piece = (k) => k < n / 2 ? (k % 40 === 39 ? ' end.\n\n' : ' w' + k)
+                                 : (k === Math.floor(n / 2) ? '```\n' : 'x' + k + '\n');
+  const body = new ReadableStream({pull(ctrl) {
+    if (i >= n) {
+      ctrl.enqueue(enc.encode('data: ' + JSON.stringify({choices: [{index: 0, delta: {},
+        finish_reason: 'length'}], edgespec: {drafted: n, accepted: n / 2,
+        acceptance_rate: 0.5, decode_tokens_per_second: 100}}) + '\n\ndata: [DONE]\n\n'));
+      ctrl.close();
+      return;
+    }
+    let out = '';
+    for (let k = 0; k < 20 && i < n; k++, i++) {
+      const text = piece(i);
+      out += 'data: ' + JSON.stringify({choices: [{index: 0, delta: {content: text}}],
+        edgespec: {tokens: [{text: text, origin: i % 2 ? 'ngram' : 'target', drafted: 1,
+                             position: 0}]}}) + '\n\n';
+    }
+    if (i >= n / 2 && !window.firstBlock) {  // the paragraphs are all closed by now
+      window.firstBlock = document.querySelector('[data-role=answer] .md > p');
+    }
+    ctrl.enqueue(enc.encode(out));
+    return new Promise((r) => setTimeout(r, 0));
+  }});
+  return new Response(body, {status: 200, headers: {'Content-Type': 'text/event-stream'}});
+};
+"""
+
+
+def test_a_very_long_answer_renders_incrementally(web_server, driver):
+    """4,000 tokens arriving as fast as the page reads them: every token gets its element,
+    and a paragraph finished early is the same node at the end (blocks a later block has
+    closed are rendered once, not rebuilt per frame)."""
+    d = driver
+    n = 4000
+    open_page(d, web_server)
+    d.execute_script(_LONG_STREAM, n)
+    started = time.monotonic()
+    send(d, "a long answer, please")
+    answer = wait_done(d, 60)
+    took = time.monotonic() - started
+    assert answer.get_attribute("data-state") == "done"
+    spans, first_kept, lines = d.execute_script(
+        "const a = arguments[0].querySelector('[data-role=answer]');"
+        "return [a.querySelectorAll('[data-tok]').length,"
+        " !!window.firstBlock && window.firstBlock.isConnected,"
+        " a.querySelector('pre code').textContent.split('\\n').length];", answer)
+    assert spans >= n - 1, spans  # the fence's own token is markup, not text
+    assert first_kept
+    assert lines >= n // 2 - 1
+    assert took < 45, f"{n} tokens took {took:.1f} s to render"
+
+
 def test_stop_cancels_a_long_answer(web_server, driver):
     d = driver
     open_page(d, web_server, max_tokens=400)
