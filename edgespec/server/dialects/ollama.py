@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from fastapi import Request  # module level: FastAPI reads the annotations
@@ -53,9 +54,9 @@ def register(app, core, settings) -> None:
             if req.core is None:  # load, or with keep_alive 0 unload
                 return JSONResponse(await lifecycle(core, req, name))
             timing = Timing()
-            loaded_before = _loaded(core, name)
+            loaded_before, t_hold = _loaded(core, name), time.monotonic()
             async with core.held(name) as held:
-                timing.load = 0.0 if loaded_before else time.monotonic() - t0
+                timing.load = 0.0 if loaded_before else time.monotonic() - t_hold
                 check_num_ctx(req.num_ctx, held.engine.config.n_ctx, req.model)
                 run = await core.start(request, _named(req.core, name))
                 out = Renderer(req.endpoint, req.model, held.engine.target.token_piece)
@@ -128,8 +129,7 @@ def resolve(core, name: str) -> str:
 
 
 def _named(req, name: str):
-    from dataclasses import replace
-    return replace(req, model=name)
+    return replace(req, model=name)  # the served id the client's name reached
 
 
 def _loaded(core, name: str) -> bool:
