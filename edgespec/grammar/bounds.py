@@ -27,10 +27,10 @@ How the limits were set: the C stack cost per nesting level was measured with ll
 parsing grammars in threads of a known stack size: ~450 bytes a level of parentheses, ~130
 a rule of a leftmost chain (a 1 MiB stack crashed at 2,343 levels, 256 KiB at 586).
 tests/unit/grammar/test_grammar_bounds.py keeps the measurement honest: the deepest grammar
-allowed parses in a thread with :data:`STACK_FLOOR` bytes of stack. The limits keep the worst case within that floor, well
-under the smallest stack a Python thread gets on the platforms we run on (glibc and macOS
-give Python's threads 8 and 16 MiB; musl builds of Python set 1 MiB), so the bound does not
-depend on this machine's ``ulimit -s``.
+allowed parses in a thread with :data:`STACK_FLOOR` bytes of stack. That floor is well under
+the smallest stack a Python thread gets where we run (glibc: `ulimit -s`, 8 MiB by default;
+macOS: Python sets 16 MiB; musl builds of Python set 1 MiB), so the bound does not depend on
+this machine's stack size by luck.
 """
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ _TOKEN = re.compile(r"""
   | (?P<tok>!?<(?:\[[0-9]+\]|[^>]*)>)
   | (?P<defn>::=)
   | (?P<name>[A-Za-z0-9_-]+)
-  | (?P<rep>\{[ \t\r\n]*(?P<lo>[0-9]+)[ \t\r\n]*(?:(?P<comma>,)[ \t\r\n]*(?P<hi>[0-9]*)[ \t\r\n]*)?\})
+  | (?P<rep>\{\s*(?P<lo>[0-9]+)\s*(?:(?P<comma>,)\s*(?P<hi>[0-9]*)\s*)?\})
   | (?P<op>[()|.*+?])
 """, re.VERBOSE | re.DOTALL)
 _ESCAPE = re.compile(r"\\(?:x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|.)", re.DOTALL)

@@ -121,7 +121,9 @@ def _probe_layout() -> int | None:
         try:
             ctx = _ptr(_address(h) + _PTR)
             # the probe's own text, read back through the std::string (data, size) at ctx+8
-            if not ctx or _ptr(ctx) != 0 or ctypes.c_size_t.from_address(ctx + 2 * _PTR).value != len(raw):
+            if not ctx or _ptr(ctx) != 0:
+                return None
+            if ctypes.c_size_t.from_address(ctx + 2 * _PTR).value != len(raw):
                 return None
             if ctypes.string_at(_ptr(ctx + _PTR), len(raw)) != raw:
                 return None
