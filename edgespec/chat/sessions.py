@@ -152,6 +152,67 @@ def list_sessions(directory: Path | None = None) -> list[str]:
     return sorted(p.name[: -len(SUFFIX)] for p in d.glob(f"*{SUFFIX}")) if d.exists() else []
 
 
+@dataclass(frozen=True)
+class Listed:
+    """One saved session as `edgespec chat --list` shows it (its header only is read)."""
+
+    name: str
+    modified: float  # the file's mtime: the last turn saved
+    turns: int  # user messages
+    first: str  # the first user message, for recognising the conversation
+    model: str  # the target's sha256 prefix the KV state belongs to ("" if none)
+
+
+def auto_name(now: float | None = None) -> str:
+    """The name a conversation is saved under when `chat` was not given one."""
+    return time.strftime("chat-%Y%m%d-%H%M%S", time.localtime(now))
+
+
+def describe(directory: Path | None = None) -> list[Listed]:
+    """The saved sessions, most recent first; files whose header is unreadable are left out
+    (``chat --resume NAME`` on one says why)."""
+    d = directory or paths.sessions_dir()
+    out = []
+    for p in d.glob(f"*{SUFFIX}") if d.exists() else ():
+        try:
+            header = _read_header(p)
+            mtime = p.stat().st_mtime
+        except (SessionError, OSError):
+            continue
+        users = [str(m.get("content", "")) for m in header["messages"] if m.get("role") == "user"]
+        first = " ".join(users[0].split()) if users else ""
+        out.append(Listed(p.name[: -len(SUFFIX)], mtime, len(users), first,
+                          str(header.get("key", {}).get("model_sha256", ""))[:12]))
+    return sorted(out, key=lambda s: s.modified, reverse=True)
+
+
+def latest(directory: Path | None = None) -> str | None:
+    """The most recently saved session's name (``chat --resume`` without a name)."""
+    got = describe(directory)
+    return got[0].name if got else None
+
+
+def _read_header(path: Path) -> dict:
+    """A session's header without reading its KV state (which may be hundreds of MiB)."""
+    head = len(MAGIC) + _FRAME.size
+    with open(path, "rb") as f:
+        start = f.read(head)
+        if len(start) < head or not start.startswith(MAGIC):
+            raise SessionError(f"{path} is not an edgespec session file")
+        version, hlen = _FRAME.unpack_from(start, len(MAGIC))
+        hbytes = f.read(hlen)
+        digest = f.read(32)
+    if version != FORMAT_VERSION or hashlib.sha256(hbytes).digest() != digest:
+        raise SessionError(f"session {path} is of another format, truncated or corrupt")
+    try:
+        header = json.loads(hbytes)
+        assert isinstance(header.get("messages"), list)
+        assert all(isinstance(m, dict) for m in header["messages"])
+    except (ValueError, AssertionError):
+        raise SessionError(f"session {path} has a malformed header") from None
+    return dict(header)
+
+
 # --- load --------------------------------------------------------------------------------
 def read(path: Path) -> tuple[dict, bytes | None, str]:
     """(header, state or None, why the state is unusable)."""
