@@ -261,7 +261,8 @@ def _check_object(node: dict, root, path: tuple, seen: set) -> None:
 
 def _check_array(node: dict, root, path: tuple, seen: set) -> set[str]:
     """An array's items (one schema, or one per position); the keywords honoured with them."""
-    items = node.get("items") or node["prefixItems"]
+    # "items" may be {} (any item), which is falsy: look the keys up, not the values
+    items = node["items"] if "items" in node else node["prefixItems"]
     if isinstance(items, list):
         for i, sub in enumerate(items):
             _check(sub, root, (*path, i), seen)

@@ -269,3 +269,11 @@ def test_a_forced_tool_call_schema_is_bounded_before_conversion():
         "s": {"type": "string", "minLength": 10 ** 7}}, "required": ["s"]})
     with pytest.raises(GrammarTooComplexError, match="max_schema_repeat"):
         call_grammar([tool], Choice("required"), "hermes", parallel=False)
+
+
+def test_an_array_of_anything_is_refused_cleanly():
+    """Found by the fuzz: `items: {}` (falsy) was looked up as prefixItems (KeyError, a 500).
+    llama-cpp-python's converter has the same slip, so it is refused as unsupported (400)."""
+    from edgespec.errors import UnsupportedError
+    with pytest.raises(UnsupportedError, match="cannot be turned into a grammar"):
+        C.constraint_of(json_schema={"type": "array", "items": {}, "maxItems": 3})
