@@ -19,15 +19,21 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import Request  # module level: FastAPI reads the annotations
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse
 
+from ..._version import __version__
+from ...api.params import GenerationParams, SamplingParams
+from ...protocol.request import CoreRequest
 from ...protocol.errors import ProtocolError
 from ...protocol.events import ChoiceDone, TextDelta
 from ...protocol.fim import fim_prompt
 from ...protocol.plan import apply_template
+from ..body import read
 from .fields import check, get, invalid, load_object
 from .refusal import counted
 from .refusal import to_protocol as refusal_to_protocol
-from .llamacpp_wire import (Completion, Shape, as_token_prompt, error_body,
+from .llamacpp_wire import (DEFAULTS, Completion, Shape, as_token_prompt, error_body,
                             generation_settings, infill_tokens, parse_completion, parse_infill,
                             token_pieces, with_vocab)
 
@@ -36,10 +42,6 @@ log = logging.getLogger("edgespec.server")
 
 def register(app, core, settings) -> None:
     """llama-server's native routes on ``app``."""
-    from fastapi.responses import JSONResponse
-    from sse_starlette import EventSourceResponse
-
-    from ..body import read
 
     async def body_of(request: Request) -> dict:
         return load_object(await read(request, settings))
@@ -229,21 +231,15 @@ def _template_messages(messages: list) -> list[dict]:
 
 def _props(held, core, settings) -> dict:
     """llama-server's /props for the held model, with an ``edgespec`` object beside it."""
-    from ..._version import __version__
-
     engine = held.engine
     target = engine.target
     cfg = engine.config
-    from ...api.params import GenerationParams, SamplingParams
-    from .llamacpp_wire import DEFAULTS, Completion as _C
-    from ...protocol.request import CoreRequest
-
     defaults = GenerationParams(max_tokens=settings.max_tokens_limit, chat=False,
                                 sampling=SamplingParams(
                                     temperature=DEFAULTS["temperature"],
                                     top_k=DEFAULTS["top_k"], top_p=DEFAULTS["top_p"],
                                     min_p=DEFAULTS["min_p"]))
-    c = _C(CoreRequest(model=None, params=defaults, prompt=" "), stream=False)
+    c = Completion(CoreRequest(model=None, params=defaults, prompt=" "), stream=False)
     gen = generation_settings(defaults, c, cfg.n_ctx, held.name)
     template = target.chat_template() or ""
 
@@ -309,8 +305,6 @@ def to_protocol(e: BaseException) -> ProtocolError:
 
 def refusal(request, e: BaseException):
     """llama-server's error answer, counted."""
-    from fastapi.responses import JSONResponse
-
     err = to_protocol(e)
     counted(request, err)
     return JSONResponse(error_body(err), status_code=err.status, headers=err.headers)

@@ -18,10 +18,12 @@ from dataclasses import replace
 from typing import Any
 
 from fastapi import Request  # module level: FastAPI reads the annotations
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from ...protocol.errors import ProtocolError
 from ...protocol.events import ChoiceDone, ReasoningDelta, TextDelta
 from ...serving import ModelNotServedError
+from ..body import read
 from . import ollama_models
 from .fields import load_object
 from .refusal import counted, to_protocol
@@ -37,10 +39,6 @@ RUNNING = "Ollama is running"
 def register(app, core, settings) -> None:
     """Ollama's routes on ``app``; ``app.state.ollama_ports`` holds the ports whose ``/``
     answers as Ollama does (``edgespec serve --ollama-port`` adds its port once bound)."""
-    from fastapi.responses import JSONResponse, StreamingResponse
-
-    from ..body import read
-
     app.state.ollama_ports = set()
     app.add_middleware(OllamaRoot, ports=app.state.ollama_ports)
 
@@ -204,8 +202,6 @@ def _line(obj: dict) -> bytes:
 
 def refusal(request, e: BaseException):
     """Ollama's error answer: ``{"error": "..."}`` with the status, counted."""
-    from fastapi.responses import JSONResponse
-
     err = counted(request, e)
     return JSONResponse(error_body(err.message), status_code=err.status, headers=err.headers)
 

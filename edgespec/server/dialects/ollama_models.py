@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import EdgespecError
+from ...protocol.fim import has_fim
 
 #: metadata whose size makes no sense in a listing (the template has its own field)
 _SKIP_INFO = frozenset({"tokenizer.chat_template"})
@@ -175,6 +176,5 @@ def _fim(entry: Any, f: dict) -> bool:
     """FIM tokens: the loaded vocabulary's (as llama.cpp finds them), else the header's."""
     engine = entry.engine
     if engine is not None:
-        from ...protocol.fim import has_fim
         return has_fim(engine.target)
     return bool(f["fim_in_header"])
