@@ -107,12 +107,14 @@ def _layout() -> bool:
 
 def _probe_layout() -> int | None:
     """sizeof(std::string) of the build, if the probes read back as they must."""
-    size = {"linux": 32, "darwin": 24}.get(sys.platform)  # libstdc++ / libc++
-    if size is None:
-        return None
+    if not sys.platform.startswith("linux"):  # libstdc++'s layout only (macOS's libc++
+        return None                            # keeps a string's fields in another order)
+    size = 32  # libstdc++: data pointer, size, 16-byte local buffer (or capacity)
     ensure_init()
-    probes = {'root ::= "a" | "b" | "c"': 3, 'root ::= "a"': 1, 'root ::= [a-c] "x" | "y" | "z"': 3}
-    for text, want in probes.items():
+    # the first probe is short enough to sit in the string's local buffer, so its data
+    # pointer must point into the string itself: checked before any pointer read is followed
+    probes = {'root ::= "a"': 1, 'root ::= "a" | "b" | "c"': 3, 'root ::= [a-c] "x" | "y" | "z"': 3}
+    for i, (text, want) in enumerate(probes.items()):
         raw = text.encode()
         with _captured_stderr():
             h = _ll.llama_sampler_init_grammar(None, raw, b"root")
@@ -124,6 +126,8 @@ def _probe_layout() -> int | None:
             if not ctx or _ptr(ctx) != 0:
                 return None
             if ctypes.c_size_t.from_address(ctx + 2 * _PTR).value != len(raw):
+                return None
+            if i == 0 and _ptr(ctx + _PTR) != ctx + 3 * _PTR:
                 return None
             if ctypes.string_at(_ptr(ctx + _PTR), len(raw)) != raw:
                 return None
