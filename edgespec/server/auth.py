@@ -21,14 +21,10 @@ from ..errors import InvalidInputError
 from ..protocol.errors import ProtocolError
 from .errors import APIError
 from .guard import answer
-from .web.routes import ASSETS
+from .web.routes import PUBLIC_PATHS
 
 #: paths whose minimal answer needs no key (see the module doc)
 OPEN_PATHS = frozenset({"/health", "/v1/health"})  # /v1/health: llama-server's spelling
-#: the web page's static files (edgespec.server.web) load without the key: they hold no
-#: secret, and a browser cannot send a header when it opens a page; the page asks for the
-#: key and sends it with every API call
-PAGE_PATHS = frozenset({"/", *(f"/web/{name}" for name in ASSETS)})
 _LIVENESS = json.dumps({"status": "ok"}).encode()
 
 
@@ -99,7 +95,10 @@ class Middleware:
                 if path in OPEN_PATHS and scope.get("method") in ("GET", "HEAD"):
                     await _liveness(send)
                     return
-                if path in PAGE_PATHS and scope.get("method") in ("GET", "HEAD"):
+                # the web page's static files (edgespec.server.web) hold no secret, and a
+                # browser cannot send a header when it opens a page: they load without the
+                # key; the page asks for it and sends it with every API call
+                if path in PUBLIC_PATHS and scope.get("method") in ("GET", "HEAD"):
                     await self.app(scope, receive, send)
                     return
                 self.metrics.reject(401, "invalid_api_key")

@@ -76,6 +76,7 @@ def test_the_page_and_its_assets_carry_a_same_origin_only_policy():
     csp = r.headers["content-security-policy"]
     assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp
     assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
+    assert c.get("/favicon.ico").content == c.get("/web/favicon.svg").content
     for name, kind in ASSETS.items():
         a = c.get(f"/web/{name}")
         assert a.status_code == 200, name
@@ -146,6 +147,7 @@ def test_with_an_api_key_the_page_loads_and_its_api_calls_need_the_key():
     c = TestClient(app)
     assert c.get("/").status_code == 200
     assert c.get("/web/app.js").status_code == 200
+    assert c.get("/favicon.ico").status_code == 200
     assert c.get("/v1/edgespec/status").status_code == 401
     assert c.post("/").status_code == 401  # only reading the page is open
     assert c.get("/v1/edgespec/status", headers={"Authorization": "Bearer k3y"}).status_code \

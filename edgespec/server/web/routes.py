@@ -1,5 +1,6 @@
-"""The routes: ``GET /`` (the page), ``GET /web/{asset}`` (its script, styles, icon) and
-``GET /v1/edgespec/status`` (status.py; served with or without the page).
+"""The routes: ``GET /`` (the page), ``GET /web/{asset}`` (its script, styles, icon; the
+icon also as ``/favicon.ico``) and ``GET /v1/edgespec/status`` (status.py; served with or
+without the page).
 
 The assets are read once from package data at registration; only the names in ``ASSETS``
 are served (no path reaches the file system). Every page response carries a
@@ -26,6 +27,8 @@ ASSETS = {
     "favicon.svg": "image/svg+xml",
 }
 PAGE = "index.html"
+#: what a browser fetches to show the page: the key check lets these through (auth.py)
+PUBLIC_PATHS = frozenset({"/", "/favicon.ico", *(f"/web/{name}" for name in ASSETS)})
 
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
@@ -52,6 +55,10 @@ def register(app: FastAPI, pool: ModelPool, settings: ServerSettings) -> None:
     @app.get("/", include_in_schema=False)
     async def page():
         return Response(files[PAGE], media_type="text/html; charset=utf-8", headers=HEADERS)
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon():  # what browsers ask for by default, beside the page's own link
+        return Response(files["favicon.svg"], media_type=ASSETS["favicon.svg"], headers=HEADERS)
 
     @app.get("/web/{name}", include_in_schema=False)
     async def asset(name: str):
