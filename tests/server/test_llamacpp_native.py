@@ -92,15 +92,16 @@ def _done(stop_reason="length", text="a\nb", tokens=(5, 6)):
 
 def test_the_answer_has_llama_server_fields():
     c = lw.parse_completion({"prompt": "p", "n_probs": 1, "return_tokens": True}, 16)
-    settings = lw.generation_settings(c.core.params, c, 1024, "m")
+    settings = lw.generation_settings(c.core.params, c)
     shape = lw.Shape(c, "m", "p", settings, 4, piece=lambda t: b"x")
     body = shape.final(_done(), whole=True)
     assert set(body) == COMPLETION_FIELDS | {"completion_probabilities"}
     assert (body["stop_type"], body["tokens"], body["has_new_line"]) == ("limit", [5, 6], True)
     assert body["completion_probabilities"][0]["top_logprobs"][1]["id"] == 9
     assert lw.stop_type(_done("eos")) == "eos" and lw.stop_type(_done("stop")) == "word"
-    assert lw.project(body, ("content", "generation_settings/n_ctx", "nope")) == {
-        "content": "a\nb", "generation_settings/n_ctx": 1024}
+    assert lw.project(body, ("content", "generation_settings/n_predict", "nope")) == {
+        "content": "a\nb", "generation_settings/n_predict": -1}
+    assert "stop" not in lw.generation_settings(c.core.params, c, metrics_only=True)
     chunk = shape.chunk("a", 2)
     assert (chunk["stop"], chunk["tokens_predicted"], chunk["tokens_evaluated"]) == (False, 2, 4)
 

@@ -61,7 +61,7 @@ def register(app, core, settings) -> None:
                 run = await core.start(request, c.core)
             model = c.core.model or name
             shape = Shape(c, model, prompt_text,
-                          generation_settings(c.core.params, c, engine.config.n_ctx, model),
+                          generation_settings(c.core.params, c),
                           prompt_n, piece=engine.target.token_piece)
             if c.stream:
                 return EventSourceResponse(_sse(run, shape), sep="\n", ping=15)
@@ -90,7 +90,9 @@ def register(app, core, settings) -> None:
                 target = held.engine.target
                 tokens = [] if content is None else await asyncio.to_thread(
                     _tokenize, target, content, add_special, parse_special)
-                out: Any = token_pieces(tokens, target.token_piece) if with_pieces else tokens
+                # pieces as llama-server writes them: special tokens as their text
+                out: Any = token_pieces(tokens, lambda t: target.token_piece(t, special=True)) \
+                    if with_pieces else tokens
             return JSONResponse({"tokens": out})
         except Exception as e:
             return refusal(request, e)
@@ -240,7 +242,7 @@ def _props(held, core, settings) -> dict:
                                     top_k=DEFAULTS["top_k"], top_p=DEFAULTS["top_p"],
                                     min_p=DEFAULTS["min_p"]))
     c = Completion(CoreRequest(model=None, params=defaults, prompt=" "), stream=False)
-    gen = generation_settings(defaults, c, cfg.n_ctx, held.name)
+    gen = generation_settings(defaults, c, metrics_only=True)
     template = target.chat_template() or ""
 
     def special(tok: int) -> str:

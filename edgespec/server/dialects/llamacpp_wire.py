@@ -211,13 +211,19 @@ def stop_type(done: ChoiceDone) -> str:
             "context": "limit"}.get(done.stop_reason, "none")
 
 
-def generation_settings(params: GenerationParams, c: Completion, n_ctx: int, model: str
+#: what /props' default_generation_settings.params leaves out of generation_settings
+#: (llama-server's task_params.to_json(only_metrics=true))
+_NOT_METRICS = ("stop", "logit_bias", "grammar", "grammar_lazy", "grammar_triggers",
+                "preserved_tokens", "dry_sequence_breakers")
+
+
+def generation_settings(params: GenerationParams, c: Completion, *, metrics_only: bool = False
                         ) -> dict:
-    """llama-server's ``generation_settings`` (its task_params.to_json keys) with the values
-    this request ran with; samplers edgespec does not have report their no-op value."""
+    """llama-server's ``generation_settings`` (its task_params.to_json keys, in its order)
+    with the values this request ran with; samplers edgespec does not have report their
+    no-op value. ``metrics_only``: the subset /props reports."""
     s = params.sampling
-    return {
-        "n_ctx": n_ctx, "model": model,
+    out = {
         "seed": 4294967295 if s.seed is None else s.seed, "temperature": s.temperature,
         "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_k": s.top_k, "top_p": s.top_p,
         "min_p": s.min_p, "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
@@ -225,15 +231,20 @@ def generation_settings(params: GenerationParams, c: Completion, n_ctx: int, mod
         "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
         "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
         "dry_penalty_last_n": -1, "dry_sequence_breakers": [], "mirostat": 0,
-        "mirostat_tau": 5.0, "mirostat_eta": 0.1, "stop": list(params.stop),
-        "max_tokens": c.n_predict, "n_predict": c.n_predict, "n_keep": 0, "n_discard": 0,
-        "ignore_eos": False, "stream": c.stream,
-        "logit_bias": [[t, b] for t, b in s.logit_bias], "n_probs": c.n_probs, "min_keep": 0,
-        "grammar": params.grammar or "", "grammar_lazy": False, "grammar_triggers": [],
-        "preserved_tokens": [], "chat_format": "Content-only", "reasoning_format": "none",
+        "mirostat_tau": 5.0, "mirostat_eta": 0.1, "adaptive_target": -1.0,
+        "adaptive_decay": 0.9, "stop": list(params.stop), "max_tokens": c.n_predict,
+        "n_predict": c.n_predict, "n_keep": 0, "n_discard": 0, "ignore_eos": False,
+        "stream": c.stream, "logit_bias": [[t, b] for t, b in s.logit_bias],
+        "n_probs": c.n_probs, "min_keep": 0, "grammar": params.grammar or "",
+        "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
+        "chat_format": "Content-only", "reasoning_format": "none",
         "reasoning_in_content": False, "generation_prompt": "", "samplers": list(SAMPLERS),
         "speculative.types": "edgespec", "timings_per_token": False,
         "post_sampling_probs": False, "backend_sampling": False, "lora": []}
+    if metrics_only:
+        for key in _NOT_METRICS:
+            del out[key]
+    return out
 
 
 @dataclass
