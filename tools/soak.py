@@ -100,7 +100,11 @@ class ServeProcess:
             conn.close()
 
     def health(self) -> dict:
-        status, _, body = self.request("GET", "/health")
+        # with --api-key, /health without the key is a bare liveness answer: send the key
+        args = self.proc.args
+        key = args[args.index("--api-key") + 1] if "--api-key" in args else None
+        status, _, body = self.request("GET", "/health", headers={
+            "Authorization": f"Bearer {key}"} if key else None)
         assert status == 200, body
         return json.loads(body)
 

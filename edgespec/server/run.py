@@ -27,11 +27,11 @@ import errno
 import json
 import logging
 import os
-import resource
 import signal
 import sys
 import threading
 import time
+from http import HTTPStatus
 from typing import Callable, Sequence
 
 from ..errors import InvalidInputError
@@ -139,6 +139,10 @@ class _Stopping:
 def _raise_fd_limit(needed: int, say) -> None:
     """Open files: the soft limit raised toward ``needed`` (up to the hard limit), so the
     connection cap, not the descriptor table, is what bounds connections."""
+    try:
+        import resource  # deferred: Unix only (Windows has no descriptor limit to raise)
+    except ImportError:
+        return
     try:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (OSError, ValueError):
@@ -254,7 +258,8 @@ def _protocol(read_seconds: float, connections: Connections):
             headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
             try:
                 self.transport.write(self.conn.send(h11.Response(
-                    status_code=status, headers=headers)))
+                    status_code=status, headers=headers,
+                    reason=HTTPStatus(status).phrase.encode())))
                 self.transport.write(self.conn.send(h11.Data(data=body)))
                 self.transport.write(self.conn.send(h11.EndOfMessage()))
             except h11.LocalProtocolError:  # a response was already under way: just close

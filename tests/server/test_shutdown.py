@@ -25,7 +25,10 @@ def open_stream(server, max_tokens=4000):
         "temperature": 0.0, "ignore_eos": True}), headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200
-    assert resp.readline().startswith(b"data: ")
+    line = resp.readline()
+    while line.startswith(b":") or not line.strip():  # SSE pings on a slow first token
+        line = resp.readline()
+    assert line.startswith(b"data: ")
     return conn, resp
 
 
