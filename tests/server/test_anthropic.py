@@ -339,7 +339,8 @@ def test_sdk_errors_are_anthropic_shaped(server):
 @pytest.mark.parametrize("body, words", [
     (b"{not json", "not valid JSON"),
     (b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}', "max_tokens is required"),
-    (b'{"model": "m", "max_tokens": "8", "messages": []}', "max_tokens must be an integer"),
+    (b'{"model": "m", "max_tokens": "8", "messages": [{"role": "user", "content": "x"}]}',
+     "max_tokens must be an integer"),
 ])
 def test_malformed_bodies_are_anthropic_shaped(server, body, words):
     status, _, raw = server.request("POST", "/v1/messages", body)

@@ -200,7 +200,145 @@ def test_the_stream_is_the_responses_event_sequence():
 
 
 def test_errors_are_openai_shaped():
-    assert rs.error_body(404, "gone", "not_found", "previous_response_id", "x") == {
-        "error": {"message": "gone", "type": "invalid_request_error",
-                  "param": "previous_response_id", "code": "x"}}
-    assert rs.error_body(503, "busy", "overloaded", None, None)["error"]["type"] == "server_error"
+    from edgespec.server.dialects.refusal import to_protocol
+    from edgespec.server.errors import body
+
+    err = to_protocol(ProtocolError(404, "gone", kind="not_found",
+                                    param="previous_response_id", code="x"))
+    assert body(err) == {"error": {"message": "gone", "type": "invalid_request_error",
+                                   "param": "previous_response_id", "code": "x"}}
+    bug = to_protocol(RuntimeError("boom"))
+    assert bug.status == 500 and body(bug)["error"]["type"] == "server_error"
+
+
+# --- the real openai SDK, a scripted model (function calls) ----------------------------------
+WEATHER = {"type": "function", "name": "get_weather",
+           "description": "The current weather of a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                          "required": ["city"]}}
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    from scripted_serve import scripted_server
+
+    with scripted_server(["x"]) as (url, sched):
+        yield url, sched
+
+
+def sdk(url: str):
+    from openai import OpenAI
+    return OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_sdk_function_call_then_its_output_by_previous_response_id(scripted):
+    from scripted_serve import CALL
+
+    url, sched = scripted
+    client = sdk(url)
+    sched.pieces = CALL
+    first = client.responses.create(model="fake", input="Weather in Paris?", tools=[WEATHER],
+                                    instructions="Use the tools.")
+    (call,) = [it for it in first.output if it.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    assert first.status == "completed"
+
+    sched.pieces = ["Sunny", " in Paris."]
+    second = client.responses.create(
+        model="fake", previous_response_id=first.id, tools=[WEATHER],
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "21C"}])
+    assert second.output_text == "Sunny in Paris."
+    assert second.previous_response_id == first.id
+    sent = sched.calls[-1][0]  # the conversation the engine was given
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool"]  # no instructions
+    assert sent[1]["tool_calls"][0]["id"] == call.call_id
+    assert sent[2] == {"role": "tool", "tool_call_id": call.call_id, "content": "21C",
+                       "name": "get_weather"}
+    assert client.responses.retrieve(second.id).output_text == "Sunny in Paris."
+
+
+def test_sdk_stream_of_a_function_call(scripted):
+    from scripted_serve import CALL
+
+    url, sched = scripted
+    sched.pieces = ["Checking. ", *CALL]
+    events = list(sdk(url).responses.create(model="fake", input="Weather in Paris?",
+                                            tools=[WEATHER], stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert "response.function_call_arguments.delta" in kinds
+    assert "response.function_call_arguments.done" in kinds
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response
+    assert [it.type for it in final.output] == ["message", "function_call"]
+    assert final.output_text == "Checking."
+    assert json.loads(final.output[1].arguments) == {"city": "Paris"}
+
+
+# --- the real openai SDK on a real `edgespec serve` (smollm2-135m) ---------------------------
+def test_sdk_text_stream_and_previous_response(server):
+    from server_env import MODEL
+
+    client = sdk(server.base_url)
+    first = client.responses.create(model=MODEL, input="Say hello.", max_output_tokens=8,
+                                    temperature=0)
+    assert first.object == "response" and first.model == MODEL
+    assert first.status in ("completed", "incomplete") and first.output_text
+    assert 0 < first.usage.output_tokens <= 8
+
+    events = list(client.responses.create(model=MODEL, input="Say hello.",
+                                          max_output_tokens=8, temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    for kind in ("response.output_item.added", "response.content_part.added",
+                 "response.output_text.delta", "response.output_text.done",
+                 "response.content_part.done", "response.output_item.done"):
+        assert kind in kinds
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == events[-1].response.output_text == first.output_text  # greedy: the same
+
+    second = client.responses.create(model=MODEL, input="Again.", previous_response_id=first.id,
+                                     max_output_tokens=4, temperature=0)
+    assert second.previous_response_id == first.id
+    # the follow-up's prompt holds the first turn: more tokens than "Again." alone
+    assert second.usage.input_tokens > first.usage.input_tokens
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+
+
+def test_sdk_errors_are_openai_shaped(server):
+    import openai
+    from server_env import MODEL
+
+    client = sdk(server.base_url)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model=MODEL, input="x", previous_response_id="resp_nope")
+    assert e.value.body["param"] == "previous_response_id"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model="no-such-model", input="x", max_output_tokens=4)
+    assert e.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_nope")
+
+
+@pytest.mark.parametrize("body, param", [
+    (b"{not json", None),
+    (b'{"input": 5}', "input"),
+    (b'{"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}',
+     "input.0.call_id"),
+    (b'{"input": "x", "max_output_tokens": "8"}', "max_output_tokens"),
+])
+def test_malformed_bodies_are_openai_shaped(server, body, param):
+    status, _, raw = server.request("POST", "/v1/responses", body)
+    err = json.loads(raw)["error"]
+    assert status == 400 and err["type"] == "invalid_request_error" and err["param"] == param
+
+
+def test_an_over_context_prompt_is_refused_openai_shaped(server):
+    status, _, raw = server.request("POST", "/v1/responses", {
+        "input": " ".join(["word"] * 1500), "max_output_tokens": 4})
+    err = json.loads(raw)["error"]
+    assert status == 400 and err["code"] == "context_length_exceeded"
+    assert server.wait_idle(15)["running"] == 0

@@ -4,21 +4,12 @@ dialect to render in its own error shape."""
 from __future__ import annotations
 
 from ...protocol.errors import ProtocolError, from_failure
-from ..errors import APIError
 
 
 def to_protocol(e: BaseException) -> ProtocolError:
-    """The server's own APIError (the body reader's: 408, 413, bad UTF-8), the engine's
-    errors, and bugs (logged, a 500)."""
-    if isinstance(e, ProtocolError):
-        return e
-    if isinstance(e, APIError):
-        kind = "server_error" if e.status >= 500 else "not_found" if e.status == 404 \
-            else "too_large" if e.status == 413 else "timeout" if e.status == 408 \
-            else "invalid_request"
-        return ProtocolError(e.status, e.message, kind=kind, param=e.param, code=e.code,
-                             headers=e.headers)
-    return from_failure(e)
+    """ProtocolErrors (the body reader's APIError is one: 408, 413, bad UTF-8) as they are;
+    the engine's errors mapped; bugs logged, a 500."""
+    return e if isinstance(e, ProtocolError) else from_failure(e)
 
 
 def counted(request, e: BaseException) -> ProtocolError:

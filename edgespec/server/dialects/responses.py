@@ -40,6 +40,7 @@ from ...protocol.errors import ProtocolError
 from ...protocol.events import ChoiceDone, CoreEvent, ReasoningDelta, TextDelta, ToolCallDelta
 from ...protocol.request import CoreRequest
 from ..body import read
+from ..errors import response as openai_error
 from .fields import check, get, invalid, load_object, number, unsupported
 from .refusal import counted, to_protocol
 from .responses_store import ResponseStore, Stored
@@ -472,15 +473,6 @@ class ResponseStream:
         return out
 
 
-def error_body(status: int, message: str, kind: str, param: str | None,
-               code: str | None) -> dict:
-    """OpenAI's error shape."""
-    kinds = {"not_found": "invalid_request_error", "overloaded": "server_error",
-             "server_error": "server_error"}
-    kind_name = kinds.get(kind, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind_name, "param": param, "code": code}}
-
-
 # --- routes ----------------------------------------------------------------------------------
 def register(app: FastAPI, core, settings, store: ResponseStore | None = None) -> None:
     """``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}`` on ``core``, the
@@ -550,7 +542,7 @@ async def _sse(run, stream: ResponseStream, parsed: Parsed, store: ResponseStore
     except Exception as e:  # the answer cannot continue: the stream's error event
         complete = True
         err = to_protocol(e)
-        name, data = stream.error(err.code, err.message, err.param)
+        name, data = stream.error(err.code, err.message, err.param)  # OpenAI's shape
         yield {"event": name, "data": json.dumps(data)}
     finally:
         if not complete:  # the client went away (sse-starlette cancels this generator)
@@ -559,5 +551,4 @@ async def _sse(run, stream: ResponseStream, parsed: Parsed, store: ResponseStore
 
 def _refusal(request: Request, e: BaseException) -> JSONResponse:
     err = counted(request, e)
-    return JSONResponse(error_body(err.status, err.message, err.kind, err.param, err.code),
-                        status_code=err.status, headers=err.headers)
+    return openai_error(err)
