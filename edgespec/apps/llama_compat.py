@@ -48,11 +48,14 @@ import sys
 from dataclasses import replace
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from ..api.labels import AUTO
+from ..api.params import SamplingParams
 from ..runtime.kernel import KV_GGML_TYPE, KernelConfig
 from ..errors import InvalidInputError, UnsupportedError
 from ..decoding.kvcache import common_prefix
-from . import completions, state
+from . import completions, lowlevel, state
 from .completions import RANDOM_SEEDS, Defaults
 from .. import registry
 from ..runtime.gguf_facts import read_facts
@@ -162,6 +165,7 @@ class Llama:
         self.engine.reuse = True
         self.cache = None  # set_cache: a llama-cpp-python prompt cache of saved states
         self._metadata: dict[str, str] | None = None
+        self._rows = lowlevel.Rows()  # the last eval()'s logits, for sample()
         if verbose:
             e = self.engine
             print(f"edgespec: {e.target.path.name}, n_ctx {e.ctx.n_ctx}, proposer "
@@ -257,6 +261,80 @@ class Llama:
         if isinstance(prompt, str):
             return self.engine.target.tokenize(prompt, add_special=True, parse_special=False)
         return [int(t) for t in prompt]
+
+    # --- the token-level API (edgespec.apps.lowlevel) -------------------------------------
+    @property
+    def n_tokens(self) -> int:
+        """Tokens the context holds (``Llama.n_tokens``)."""
+        return len(state.held(self.engine))
+
+    @property
+    def input_ids(self) -> np.ndarray:
+        """The tokens the context holds (``Llama.input_ids[:n_tokens]``)."""
+        return np.array(state.held(self.engine), dtype=np.intc)
+
+    @property
+    def _is_recurrent(self) -> bool:
+        return self._kind()[0]
+
+    @property
+    def _is_hybrid(self) -> bool:
+        return self._kind()[1]
+
+    def _kind(self) -> tuple[bool, bool]:
+        from ..runtime.embedding import model_kind  # deferred: it loads llama.cpp
+        return model_kind(self.engine.target)
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        """``Llama.eval``: decode ``tokens`` after what the context holds."""
+        lowlevel.evaluate(self.engine, tokens, self._rows)
+
+    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+               typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0,
+               frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+               tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_eta: float = 0.1,
+               mirostat_tau: float = 5.0, penalize_nl: bool = True, logits_processor=None,
+               grammar=None, idx: int | None = None) -> int:
+        """``Llama.sample``: a token from the last ``eval``'s logits at position ``idx``
+        (default: its last), with edgespec's sampler (grammar and mirostat refused)."""
+        if grammar is not None or mirostat_mode:
+            raise UnsupportedError("sample(): grammar and mirostat are not supported at the "
+                                   "token level; use create_completion(grammar=...)")
+        params = self._token_sampling(top_k, top_p, min_p, temp, repeat_penalty,
+                                      frequency_penalty, presence_penalty)
+        row = self._rows.row(idx)
+        if logits_processor is not None:
+            row = np.asarray(completions._processor(logits_processor)(self.input_ids,
+                                                                      row.copy()))
+        return lowlevel.choose(row, state.held(self.engine), params)
+
+    def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95,
+                 min_p: float = 0.05, typical_p: float = 1.0, temp: float = 0.80,
+                 repeat_penalty: float = 1.0, reset: bool = True,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 tfs_z: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0,
+                 mirostat_eta: float = 0.1, penalize_nl: bool = True, logits_processor=None,
+                 stopping_criteria=None, grammar=None):
+        """``Llama.generate``: the tokens after ``tokens``, one at a time, until the consumer
+        stops, as an engine request (drafted unless ``logits_processor`` is given; a prompt
+        the context already holds is reused, not evaluated again)."""
+        if grammar is not None or mirostat_mode or stopping_criteria is not None:
+            raise UnsupportedError("generate(): grammar, mirostat and stopping_criteria are "
+                                   "not supported at the token level; use create_completion")
+        params = self._token_sampling(top_k, top_p, min_p, temp, repeat_penalty,
+                                      frequency_penalty, presence_penalty)
+        return lowlevel.generate(self.engine, tokens, params,
+                                 completions._processor(logits_processor))
+
+    def _token_sampling(self, top_k, top_p, min_p, temp, repeat_penalty, frequency_penalty,
+                        presence_penalty):
+        seed = self._request_defaults(None).seed
+        return SamplingParams(
+            temperature=max(0.0, float(temp)), top_p=float(top_p), top_k=max(0, int(top_k)),
+            min_p=float(min_p), repeat_penalty=float(repeat_penalty),
+            repeat_last_n=self._defaults.repeat_last_n,
+            frequency_penalty=float(frequency_penalty),
+            presence_penalty=float(presence_penalty), seed=seed).validate()
 
     # --- embeddings (a context of their own: generation is not disturbed) -------------------
     def embed(self, input: str | Sequence[str], normalize: bool = False, truncate: bool = True,

@@ -163,6 +163,13 @@ def declared_pooling(model: "Model") -> int:
     return kind if kind in (1, 2, 3) else POOLING["mean"]
 
 
+def model_kind(model: "Model") -> tuple[bool, bool]:
+    """(recurrent, hybrid): what ``llama_cpp.Llama`` keeps as ``_is_recurrent`` and
+    ``_is_hybrid`` (a recurrent state cannot be trimmed to a prefix)."""
+    return (bool(_ll.llama_model_is_recurrent(model._m)),
+            bool(_ll.llama_model_is_hybrid(model._m)))
+
+
 def model_metadata(model: "Model") -> dict[str, str]:
     """The GGUF's key/value metadata as llama.cpp reports it (``llama_model_meta_*``): every
     value as its string, what ``llama_cpp.Llama.metadata`` holds."""
@@ -182,5 +189,6 @@ def model_metadata(model: "Model") -> dict[str, str]:
     return out
 
 
-__all__ = ["EmbeddingContext", "POOLING", "POOLING_NAMES", "declared_pooling", "model_metadata",
+__all__ = ["EmbeddingContext", "POOLING", "POOLING_NAMES", "declared_pooling", "model_kind",
+           "model_metadata",
            "pooling_type"]

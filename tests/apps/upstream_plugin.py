@@ -64,13 +64,16 @@ def _scipy_stand_in() -> None:
 
 
 def _upstream_class():
-    """edgespec's Llama as the suite constructs it: llama-cpp-python's keywords, greedy
-    parity kept (exact mode), drafting on every step it can."""
+    """edgespec's Llama as the suite constructs it: llama-cpp-python's keywords; where they
+    leave the kernel configuration to edgespec, exact mode (greedy output bitwise the plain
+    path's, so a reused prefix and a fresh prompt agree); given kernel keywords (the suite's
+    ``flash_attn=True``), edgespec's default lossless mode on that configuration."""
     from edgespec.apps import Llama
 
     class Upstream(Llama):
         def __init__(self, model_path, *args, **kwargs):
-            kwargs.setdefault("exact", True)
+            kernel = any(k in kwargs for k in ("flash_attn", "type_k", "type_v", "use_mmap"))
+            kwargs.setdefault("exact", not kernel)
             super().__init__(model_path, *args, **kwargs)
 
     Upstream.__name__ = Upstream.__qualname__ = "Llama"
