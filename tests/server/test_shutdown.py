@@ -56,6 +56,17 @@ def test_sigterm_ends_open_requests_with_an_error_within_the_bound(model_path):
         deadline = time.monotonic() + 20
         while server.health()["running"] < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
+        # and, queued behind them, a stream of each other streaming dialect
+        others = {}
+        for path, body in (("/api/generate", {"model": MODEL, "prompt": COUNTING, "raw": True,
+                                              "options": {"num_predict": 3000}}),
+                           ("/v1/messages", {"model": MODEL, "max_tokens": 3000, "stream": True,
+                                             "messages": [{"role": "user",
+                                                           "content": COUNTING}]})):
+            c = server.connect()
+            c.request("POST", path, body=json.dumps(body),
+                      headers={"Content-Type": "application/json"})
+            others[path] = (c, {})
         got: dict = {}
         reader = read_all(resp, got)
         t0 = time.monotonic()
@@ -76,6 +87,16 @@ def test_sigterm_ends_open_requests_with_an_error_within_the_bound(model_path):
         assert not any('"finish_reason": "length"' in e for e in events)
         w = whole.getresponse()
         assert w.status == 503 and json.loads(w.read())["error"]["code"] == "shutting_down"
+        # each in its own shape: Ollama's NDJSON line, Anthropic's error event
+        for path, (c, _) in others.items():
+            r = c.getresponse()
+            text = r.read().decode()
+            if r.status == 200:
+                last = text.strip().splitlines()[-1]
+                assert ('"error"' in last and "shut down" in last), (path, text[-300:])
+            else:  # refused before its stream began
+                assert r.status == 503 and "shut down" in text, (path, r.status, text)
+            c.close()
         conn.close()
         whole.close()
         no_traceback(server)
