@@ -1,15 +1,24 @@
 """A bench request's record: the JSON shape every engine, anchor and llama.cpp tool
 request is reported in, the parity mark against its plain path, and the memory figures.
+
+A record is written whole to ``records.jsonl`` (:class:`RecordSink`) as soon as its unit is
+done, then :func:`compact` drops what grows with the answer (token times, tokens, text) from
+the copy the run keeps for its report: a run holds a bounded record per request, not its
+tokens (docs/bench.md, "Memory").
 """
 from __future__ import annotations
 
 import resource
+import json
+import os
+from pathlib import Path
 from typing import Sequence
 
 from ..api.stats import RequestStats
 from ..errors import EdgespecError
 from . import tools
 from .matrix import BASELINE
+from .stats import latency_histogram
 import psutil
 
 
@@ -63,6 +72,51 @@ def stats_record(stats: RequestStats, tokens: list[int], text: str, wall: float,
              position_accepted=list(stats.position_accepted),
              tokens=tokens, text=text)
     return d
+
+
+#: what a kept record drops once it is on disk: each grows with the answer's length
+PER_TOKEN_FIELDS = ("token_times", "tokens", "text")
+
+
+def compact(rec: dict) -> dict:
+    """In place: the per-token fields replaced by their bounded summaries (the ITL histogram,
+    the answer's length in characters); returns ``rec``."""
+    times = rec.pop("token_times", None)
+    if times is not None:
+        rec["itl_hist"] = latency_histogram(times)
+    text = rec.pop("text", None)
+    if text is not None:
+        rec["text_chars"] = len(text)
+    rec.pop("tokens", None)
+    return rec
+
+
+class RecordSink:
+    """Appends each full record to a JSON-lines file, flushed per unit, so what a run
+    measured is on disk as it goes (and survives a kill)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "w", encoding="utf-8")
+        self.written = 0
+
+    def write(self, records: Sequence[dict]) -> None:
+        for r in records:
+            self._f.write(json.dumps(r, default=_jsonable) + "\n")
+            self.written += 1
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _jsonable(x):  # type: ignore[no-untyped-def]
+    if hasattr(x, "item"):  # numpy scalars
+        return x.item()
+    if isinstance(x, (set, tuple)):
+        return list(x)
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
 def error_record(message: str) -> dict:

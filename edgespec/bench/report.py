@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from .matrix import BASELINE
 from .plots import render_plots
 from .prompts import bucket_labels
-from .results import (OVERALL, PLAIN_LLAMA, SpeedupCell, baselines, categories,
+from .results import (OVERALL, PLAIN_LLAMA, SpeedupCell, baselines, busy_warning, categories,
                       category_mean, config_labels, config_summary, divergences, ok_records,
                       pass_cost, pass_size_hist, speedup_cell, speedup_table, tree_summary,
                       unit_key, vs_llama_table)
@@ -61,6 +61,9 @@ def render_markdown(run: Mapping, plots: Mapping[str, str] | None = None) -> str
     if run.get("interrupted"):
         lines += ["**Interrupted**: the run was stopped early; these are the requests measured "
                   "before that.", ""]
+    busy = busy_warning(run)
+    if busy:
+        lines += [f"**Warning**: {busy}", ""]
     es = ident.get("edgespec", {})
     mach = ident.get("machine", {})
     models = ident.get("models", {})
@@ -84,10 +87,13 @@ def render_markdown(run: Mapping, plots: Mapping[str, str] | None = None) -> str
                      f"{_rounds(m.get('repeats', 1))}; {m['max_new_tokens']} new tokens; "
                      f"temperature {m['temperature']}"),
         ("configurations", ", ".join(labels)),
-        ("engine", f"n_ctx {eng.get('n_ctx', m.get('n_ctx'))}, draft length {eng.get('draft_len', '?')}"),
+        ("engine", f"n_ctx {eng.get('n_ctx', m.get('n_ctx'))}, draft length {draft_length(run)}"),
         ("cold load", ", ".join(f"{k} {v:.2f} s" for k, v in run.get("load_seconds", {}).items())),
         ("warm-up", f"{run.get('warmup_discarded', 0)} requests discarded"),
     ]
+    if run.get("load_rss_bytes"):
+        facts.append(("memory at load", ", ".join(f"{k} +{v / 2**20:.0f} MiB" for k, v in
+                                                   run["load_rss_bytes"].items())))
     lines += _table(("", ""), facts) + [""]
     lines += ["Per-request records and the full identity (llama.cpp system info included) are in "
               "the JSON file next to this report.", ""]
@@ -112,6 +118,19 @@ def render_markdown(run: Mapping, plots: Mapping[str, str] | None = None) -> str
         for title, name in plots.items():
             lines += [f"### {title}", "", f"![{title}]({name})", ""]
     return "\n".join(lines)
+
+
+def draft_length(run: Mapping) -> str:
+    """The engine's draft length (its controller's cap), and each configuration's own."""
+    eng = run.get("identity", {}).get("engine", {})
+    ctl = eng.get("control") or {}
+    base = eng.get("draft_len", ctl.get("max_draft") if ctl.get("adaptive") else
+                   ctl.get("draft_length"))
+    own = {label: k["draft_len"] for label, k in (eng.get("control_knobs") or {}).items()
+           if "draft_len" in k}
+    text = "?" if base is None else (f"up to {base} (adaptive)" if ctl.get("adaptive")
+                                     and "draft_len" not in eng else str(base))
+    return text + "".join(f"; {label}: {n}" for label, n in own.items())
 
 
 def _header(run, config: str) -> str:
@@ -301,18 +320,28 @@ def _latency_section(run, labels) -> list[str]:
         s = config_summary(run, c)
         rows.append((c, str(s.requests), _ms(s.prefill_p50), _ms(s.ttft_p50), _ms(s.ttft_p95),
                      _ms(s.itl_p50), _ms(s.itl_p95), _ms(s.itl_p99), f"{s.e2e_p50:.2f} s",
-                     f"{s.e2e_p95:.2f} s", f"{s.decode_tps_p50:.1f}", f"{s.rss_peak / 2**20:.0f} MiB"))
+                     f"{s.e2e_p95:.2f} s", f"{s.decode_tps_p50:.1f}", f"{s.rss_peak / 2**20:.0f} MiB",
+                     f"+{s.rss_growth / 2**20:.1f} MiB"))
     lines += _table(("config", "requests", "prefill p50", "TTFT p50", "TTFT p95", "ITL p50",
-                     "ITL p95", "ITL p99", "e2e p50", "e2e p95", "decode tok/s p50", "peak RSS"), rows)
+                     "ITL p95", "ITL p99", "e2e p50", "e2e p95", "decode tok/s p50",
+                     "process RSS", "RSS growth"), rows)
+    lines += ["", "Process RSS: the most the (shared) process held during this configuration's "
+              "requests; RSS growth: the most one of its requests added to it. What loading "
+              "each model added is under Run. ITL percentiles of this edgespec are pooled from "
+              "per-request histograms, exact to about 10 %.", ""]
     lines.append("")
     return lines
 
 
-def write_report(run: Mapping, out_dir: str | os.PathLike) -> Path:
-    """report.md + PNGs in out_dir; returns the Markdown path."""
+def write_report(run: Mapping, out_dir: str | os.PathLike,
+                 say: Callable[[str], None] | None = None) -> Path:
+    """report.md + PNGs in out_dir; returns the Markdown path. ``say`` hears each step (a
+    plot, the tables), so writing a big report is never a silent minute."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plots = render_plots(run, out) if run["records"] else {}
+    say = say or (lambda line: None)
+    plots = render_plots(run, out, say=say) if run["records"] else {}
+    say("report: tables (bootstrap intervals)")
     path = out / "report.md"
     path.write_text(render_markdown(run, plots), encoding="utf-8")
     return path

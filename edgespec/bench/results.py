@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from .matrix import BASELINE
-from .stats import Interval, geometric_mean, histogram_mean, histogram_sum, median, percentile, speedup
+from .stats import (Interval, geometric_mean, histogram_mean, histogram_percentile, histogram_sum,
+                    latency_histogram, median, percentile, speedup)
 from ..errors import InvalidInputError
 
 OVERALL = "all"
@@ -59,6 +60,21 @@ def load_run(path: str | os.PathLike) -> dict:
 
 
 # --- summaries ----------------------------------------------------------------------
+def busy_warning(run: Mapping) -> str:
+    """One sentence when other processes used the CPUs at the start or during units ("" when
+    the run was quiet, or is of an edgespec that did not measure it)."""
+    b = run.get("busy") or {}
+    limit = b.get("limit", 0.25)
+    said = []
+    if (b.get("at_start") or 0) > limit:
+        said.append(f"other processes used {b['at_start']:.0%} of the CPUs at the start")
+    if b.get("busy_units"):
+        said.append(f"{b['busy_units']} of {b['units']} units ran while others took more than "
+                    f"{limit:.0%} of the CPUs (at most {b['max_unit']:.0%})")
+    return ("; ".join(said) + ". Timings on a busy machine are noise; run again on a quiet "
+            "one before trusting them.") if said else ""
+
+
 def ok_records(run: Mapping) -> list[dict]:
     return [r for r in run["records"] if "error" not in r]
 
@@ -190,6 +206,7 @@ class ConfigSummary:
     e2e_p95: float
     decode_tps_p50: float
     rss_peak: int
+    rss_growth: int = 0  # the most RSS grew during one of its requests (0: not measured)
 
 
 def config_summary(run: Mapping, config: str, category: str | None = None) -> ConfigSummary:
@@ -208,7 +225,12 @@ def config_summary(run: Mapping, config: str, category: str | None = None) -> Co
                 pos_a.append(0)
             pos_d[i] += d
             pos_a[i] += a
-    itl = [b - a for r in recs for a, b in zip(r["token_times"], r["token_times"][1:])]
+    if all("token_times" in r for r in recs):  # a run of older edgespec, or records.jsonl
+        itl = [b - a for r in recs for a, b in zip(r["token_times"], r["token_times"][1:])]
+        itl_p50, itl_p95, itl_p99 = (percentile(itl, q) for q in (50, 95, 99))
+    else:  # kept records: each request's ITLs as a histogram (records.compact)
+        hists = [r.get("itl_hist") or latency_histogram(r.get("token_times", [])) for r in recs]
+        itl_p50, itl_p95, itl_p99 = (histogram_percentile(hists, q) for q in (50, 95, 99))
     compared = [r["parity"] for r in recs if r.get("parity") is not None]
     shares = [1.0 - r["proposer_share"].get("target", 1.0) for r in recs if r["proposer_share"]]
     ttft = [r["ttft_seconds"] for r in recs if r["ttft_seconds"] is not None]
@@ -227,11 +249,12 @@ def config_summary(run: Mapping, config: str, category: str | None = None) -> Co
         proposer_share=sum(shares) / len(shares) if shares else math.nan,
         prefill_p50=percentile([r["prefill_seconds"] for r in recs], 50),
         ttft_p50=percentile(ttft, 50), ttft_p95=percentile(ttft, 95),
-        itl_p50=percentile(itl, 50), itl_p95=percentile(itl, 95), itl_p99=percentile(itl, 99),
+        itl_p50=itl_p50, itl_p95=itl_p95, itl_p99=itl_p99,
         e2e_p50=percentile([r["e2e_seconds"] for r in recs], 50),
         e2e_p95=percentile([r["e2e_seconds"] for r in recs], 95),
         decode_tps_p50=percentile([r["decode_tokens_per_second"] for r in recs], 50),
         rss_peak=max((r.get("rss_peak_bytes", 0) for r in recs), default=0),
+        rss_growth=max((r.get("rss_growth_bytes", 0) for r in recs), default=0),
     )
 
 

@@ -18,8 +18,14 @@ Protocol (why each rule exists):
 * Anchors (:mod:`edgespec.bench.anchors`) are configurations like any other: llama-cpp-python
   runs in-process, llama.cpp's programs once per request on the prompt text whose
   tokenization is the engine's prompt tokens; a failing one is an error record, not the end.
-* After the last unit, every greedy divergence from the plain path is attributed
+* After each unit, every greedy divergence from the plain path is attributed
   (near-tie or defect) from a re-run of the plain path with logprobs, outside the timings.
+* Then the unit's records go whole to the sink (``records.jsonl``) and the run keeps them
+  compacted (records.compact: no token times, tokens or text), so its memory grows by a
+  bounded record per request, never by its tokens (docs/bench.md, "Memory").
+* Other processes' CPU share is measured before the load and over every unit
+  (calibration.cpu.CpuWatch); a busy start or busy units are warned about as they happen and
+  kept in the run (``busy``) for the report.
 * Ctrl-C stops at once; what was measured is kept and marked ``interrupted``.
 """
 from __future__ import annotations
@@ -40,8 +46,9 @@ from .oracle import References, settle
 from .matrix import ANCHOR_KIND, BASELINE, ConfigSpec, Matrix
 from .prompts import (BenchPrompt, bucket_label, load_humanevalfix, load_jsonl_prompts,
                       load_long, load_spec_bench)
-from .records import (error_record, mark_parity, process, rss_of, stats_record,
+from .records import (compact, error_record, mark_parity, process, rss_of, stats_record,
                       tool_prompt_text, tool_record)
+from ..calibration.cpu import BUSY_LIMIT, CpuWatch, machine_busy
 from ..analysis.parity import TOP_N, attribute_divergence
 from .identity import collect_identity
 from ..replay.depth import depths_for, measure_depths
@@ -52,6 +59,8 @@ from ..replay.record import Recorder
 WARMUP_MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 Progress = Callable[[int, int, dict | None], None]  # (done, total, record or None for warm-up)
+Warn = Callable[[str], None]  # one line for the console, as it happens
+Sink = Callable[[list[dict]], None]  # a unit's full records, before they are compacted
 
 
 def collect_prompts(m: Matrix) -> list[BenchPrompt]:
@@ -91,6 +100,10 @@ class BenchRun:
     started_at: float = 0.0
     finished_at: float = 0.0
     recorder: object | None = None  # an edgespec.replay.record.Recorder with --record
+    load_rss_bytes: dict = field(default_factory=dict)  # what loading each one added to RSS
+    # other processes' CPU share: at start, the most over one unit, units above BUSY_LIMIT
+    busy: dict = field(default_factory=lambda: {"limit": BUSY_LIMIT, "at_start": None,
+                                                "max_unit": 0.0, "busy_units": 0, "units": 0})
 
     def trace_lines(self) -> list[dict]:
         """traces.jsonl: a header, then every recorded engine request (none without --record)."""
@@ -101,7 +114,8 @@ class BenchRun:
         return {"schema": 1, "identity": self.identity, "matrix": self.matrix.to_dict(),
                 "load_seconds": self.load_seconds, "warmup_discarded": self.warmup_discarded,
                 "interrupted": self.interrupted, "started_at": self.started_at,
-                "finished_at": self.finished_at, "records": self.records}
+                "finished_at": self.finished_at, "load_rss_bytes": self.load_rss_bytes,
+                "busy": self.busy, "records": self.records}
 
 
 class Runner:
@@ -110,8 +124,11 @@ class Runner:
     def __init__(self, m: Matrix, engine, anchors: dict | None = None,
                  request_name: dict[str, str] | None = None, progress: Progress | None = None,
                  control: dict[str, dict] | None = None, exact_engine=None,
-                 recorder=None, references: dict[str, References] | None = None) -> None:
+                 recorder=None, references: dict[str, References] | None = None,
+                 sink: Sink | None = None, warn: Warn | None = None) -> None:
         self.m = m
+        self.sink = sink or (lambda records: None)
+        self.warn = warn or (lambda line: None)
         # oracle configuration -> its references, filled before the warm-ups (bench.oracle)
         self.references = references or {}
         self.recorder = recorder  # edgespec.replay.record.Recorder, or None
@@ -126,6 +143,7 @@ class Runner:
     def run(self, prompts: Sequence[BenchPrompt], run: BenchRun) -> BenchRun:
         total = total_requests(self.m, prompts)
         done = 0
+        pending: list[dict] = []  # the current unit's records, kept also when interrupted
         run.started_at = run.started_at or time.time()
         plain_messages: dict[int, list[dict]] = {}  # unit -> what the plain path was asked
         baseline = {c.label: c.parity_baseline for c in self.m.configs}
@@ -145,9 +163,10 @@ class Runner:
                     self._renew_learners()
                 answers: dict[str, list[str] | None] = {c.label: [] for c in self.m.configs}
                 for turn in range(len(prompt.turns)):
+                    watch = CpuWatch()
                     k = unit % len(self.m.configs)
                     order = list(self.m.configs[k:]) + list(self.m.configs[:k])
-                    unit_records = []
+                    unit_records = pending = []
                     for pos, cfg in enumerate(order):
                         history = answers[cfg.label]
                         if history is None:  # an earlier turn failed: no history to continue
@@ -173,16 +192,36 @@ class Runner:
                         if "prompt_tokens" in rec:
                             rec["bucket"] = bucket_label(rec["prompt_tokens"], self.m.buckets)
                         unit_records.append(rec)
-                        run.records.append(rec)
                         done += 1
                         self.progress(done, total, rec)
                     mark_parity(unit_records, greedy=self.m.temperature == 0, baseline=baseline)
+                    self._note_busy(run, watch.share(), unit)
+                    self._attribute(unit_records, {unit: plain_messages.pop(unit)}
+                                    if unit in plain_messages else {})
+                    self._keep(run, unit_records)
+                    pending = []
                     unit += 1
-            self._attribute(run.records, plain_messages)
         except KeyboardInterrupt:
             run.interrupted = True
+            self._keep(run, pending)  # the interrupted unit's finished requests
         run.finished_at = time.time()
         return run
+
+    def _keep(self, run: BenchRun, records: list[dict]) -> None:
+        """Whole records to the sink; the run keeps compacted copies."""
+        if records:
+            self.sink(records)
+            run.records.extend(compact(dict(r)) for r in records)
+
+    def _note_busy(self, run: BenchRun, share: float, unit: int) -> None:
+        b = run.busy
+        b["units"] += 1
+        b["max_unit"] = max(b["max_unit"], round(share, 3))
+        if share > BUSY_LIMIT:
+            b["busy_units"] += 1
+            if b["busy_units"] == 1:  # said once; the report counts them all
+                self.warn(f"warning: other processes took {share:.0%} of the CPUs during unit "
+                          f"{unit + 1}; timings of busy units are noise (the report counts them)")
 
     def _reference_answers(self, prompts: Sequence[BenchPrompt]) -> None:
         """Every oracle configuration's reference for every turn of every prompt, untimed
@@ -280,7 +319,7 @@ class Runner:
 
     def _engine_request(self, cfg: ConfigSpec, messages: list[dict], max_tokens: int,
                         seed: int) -> dict:
-        rss = rss_of(self._proc)
+        rss = rss0 = rss_of(self._proc)
         t0 = time.perf_counter()
         fin = None
         ctl = self.control.get(cfg.label)
@@ -321,7 +360,9 @@ class Runner:
         wall = time.perf_counter() - t0
         if fin is None:
             raise EdgespecError("the engine stream ended without a Finished event")
+        rss = max(rss, rss_of(self._proc))
         rec = stats_record(fin.stats, list(fin.tokens), fin.text, wall, rss)
+        rec["rss_growth_bytes"] = max(rss - rss0, 0)
         rec["pass_size_hist"] = {str(k): int(v[0]) for k, v in sorted(sizes.items())}
         rec["pass_seconds"] = {str(k): v[1] for k, v in sorted(sizes.items())}
         if rr is not None and "passes" in rr.rec:
@@ -337,13 +378,15 @@ class Runner:
             return self._tool_request(anchor, messages, max_tokens, seed)
         # Tokenized by the engine, so the anchor sees exactly the plain path's prompt.
         tokens = self.engine.prompt_tokens(messages, self._params(max_tokens, 0))
-        rss = rss_of(self._proc)
+        rss0 = rss_of(self._proc)
         t0 = time.perf_counter()
         trace = anchor.generate(tokens, max_tokens, temperature=self.m.temperature)
         wall = time.perf_counter() - t0
-        rss = max(rss, rss_of(self._proc))
+        rss = max(rss0, rss_of(self._proc))
         text = self.engine.target.detokenize(trace.tokens).decode("utf-8", "replace")
-        return stats_record(trace_to_stats(trace, cfg.label), list(trace.tokens), text, wall, rss)
+        rec = stats_record(trace_to_stats(trace, cfg.label), list(trace.tokens), text, wall, rss)
+        rec["rss_growth_bytes"] = rss - rss0
+        return rec
 
     def _tool_request(self, anchor: "tools.ToolAnchor", messages: list[dict], max_tokens: int,
                       seed: int) -> dict:
@@ -373,19 +416,30 @@ def anchor_context(m: Matrix, engine, prompts: Sequence[BenchPrompt]) -> int:
 
 
 def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[BenchRun], None] | None = None,
-              prompts: Sequence[BenchPrompt] | None = None) -> BenchRun:
-    """The whole benchmark: load once (timed), run every unit, return the run (partial on Ctrl-C)."""
+              prompts: Sequence[BenchPrompt] | None = None, sink: Sink | None = None,
+              warn: Warn | None = None) -> BenchRun:
+    """The whole benchmark: load once (timed), run every unit, return the run (partial on
+    Ctrl-C). ``sink`` receives each unit's full records; the run keeps them compacted."""
     m = m.validate()
+    warn = warn or (lambda line: None)
     prompts = list(prompts) if prompts is not None else collect_prompts(m)
     plan = plan_engine(m.configs)
     tool_names = sorted({c.proposer for c in m.anchor_configs if ANCHORS[c.proposer].tool})
     bin_dir = tools.check_built(tool_names) if tool_names else None  # before any load
     run = BenchRun(matrix=m, started_at=time.time())
+    share = machine_busy(0.5)
+    run.busy["at_start"] = round(share, 3)
+    if share > BUSY_LIMIT:
+        warn(f"warning: other processes are using {share:.0%} of the CPUs at the start; this "
+             "run's timings will be noise (the report says so)")
+    proc = process()
+    rss0 = rss_of(proc)
     t0 = time.perf_counter()
     references = {label: References() for label in plan.oracles}
     engines, request_names = load_engine(m, plan, references)
     engine = engines[False]
     run.load_seconds["target"] = time.perf_counter() - t0
+    run.load_rss_bytes["target"] = rss_of(proc) - rss0
     anchors: dict = {}
     try:
         pld = [c for c in m.anchor_configs if not ANCHORS[c.proposer].tool]
@@ -394,10 +448,12 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
             n_ctx = anchor_context(m, engine, prompts)
             for cfg in pld:
                 t0 = time.perf_counter()
+                rss0 = rss_of(proc)
                 anchors[cfg.label] = anchor_prompt_lookup(
                     engine.target.path, n_ctx=n_ctx, threads=m.threads,
                     num_pred_tokens=int(cfg.knob_dict["num_pred_tokens"]))
                 run.load_seconds[cfg.label] = time.perf_counter() - t0
+                run.load_rss_bytes[cfg.label] = rss_of(proc) - rss0
         if bin_dir is not None:
             setup = tools.setup_from_engine(engine, bin_dir, _draft_path(m))
             for cfg in m.anchor_configs:
@@ -411,7 +467,7 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
             on_loaded(run)
         Runner(m, engine, anchors, request_names, progress, plan.control,
                exact_engine=engines.get(True), recorder=run.recorder,
-               references=references).run(prompts, run)
+               references=references, sink=sink, warn=warn).run(prompts, run)
     except KeyboardInterrupt:
         run.interrupted = True
         run.finished_at = time.time()

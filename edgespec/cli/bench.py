@@ -20,38 +20,68 @@ def _out_dir(out: str | None, name: str) -> Path:
 
 
 class _Progress:
-    """Progress with ETA on stderr: a click bar on a terminal, one line per request in a log."""
+    """Progress on stderr: a bar on a terminal, one line per request in a log, with an ETA
+    from each configuration's own measured mean request time (configurations differ by
+    several times, so one global rate drifts as the rotation moves)."""
 
-    def __init__(self, total: int, label: str) -> None:
+    def __init__(self, total: int, label: str, configs: int = 1, warmup: int = 0) -> None:
         self.total = total
+        self.configs = max(1, configs)
+        self.per_config = max(0, (total - warmup * self.configs) // self.configs)
         self.tty = sys.stderr.isatty()
         self.t0 = time.monotonic()
+        self.seconds: dict[str, list[float]] = {}  # config -> [requests, seconds]
         self.bar = None
         if self.tty:
-            self.bar = click.progressbar(length=total, label=label, file=sys.stderr, show_eta=True,
-                                         show_pos=True, item_show_func=self._item)
+            self.bar = click.progressbar(length=total, label=label, file=sys.stderr,
+                                         show_eta=False, show_pos=True,
+                                         item_show_func=self._item)
             self.bar.__enter__()
 
-    @staticmethod
-    def _item(rec) -> str | None:
+    def eta(self) -> float | None:
+        """Seconds left: each configuration's remaining requests at its own mean time (a
+        configuration not measured yet at the mean of the others); None before any."""
+        means = {c: t / n for c, (n, t) in self.seconds.items() if n}
+        if not means:
+            return None
+        fallback = sum(means.values()) / len(means)
+        left = 0.0
+        for c in set(means) | {f"?{i}" for i in range(self.configs - len(means))}:
+            done = self.seconds.get(c, [0, 0.0])[0]
+            left += max(self.per_config - done, 0) * means.get(c, fallback)
+        return left
+
+    def _item(self, rec) -> str | None:
         if rec is None:
             return "warm-up"
+        eta = self.eta()
+        tail = f" · ETA {eta / 60:.1f} min" if eta is not None else ""
         if "error" in rec:
-            return f"{rec['config']} {rec['prompt_id']}: error"
-        return f"{rec['config']} {rec['category']} {rec['decode_tokens_per_second']:.1f} tok/s"
+            return f"{rec['config']} {rec['prompt_id']}: error{tail}"
+        return f"{rec['config']} {rec['category']} {rec['decode_tokens_per_second']:.1f} tok/s{tail}"
 
     def __call__(self, done: int, total: int, rec) -> None:
+        if rec is not None and "wall_seconds" in rec:
+            cell = self.seconds.setdefault(rec["config"], [0, 0.0])
+            cell[0] += 1
+            cell[1] += rec["wall_seconds"]
         if self.bar is not None:
             self.bar.update(1, rec)
             return
         elapsed = time.monotonic() - self.t0
-        eta = elapsed / done * (total - done) if done else 0.0
-        click.echo(f"[{done}/{total}] {self._item(rec)}; elapsed {elapsed / 60:.1f} min, "
-                   f"ETA {eta / 60:.1f} min", err=True)
+        click.echo(f"[{done}/{total}] {self._item(rec)}; elapsed {elapsed / 60:.1f} min",
+                   err=True)
+
+    def say(self, line: str) -> None:
+        """A line of its own (a warning) without breaking the bar."""
+        if self.bar is not None:
+            click.echo("", err=True)
+        click.echo(f"edgespec: {line}", err=True)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.__exit__(None, None, None)
+            self.bar = None
 
 
 def run_and_write(m, out_dir: Path, label: str):
@@ -60,21 +90,28 @@ def run_and_write(m, out_dir: Path, label: str):
     from ..bench.results import write_json  # deferred: `edgespec` starts without what other commands need
     from ..bench.runner import collect_prompts, run_bench, total_requests  # deferred: `edgespec` starts without what other commands need
 
+    from ..bench.records import RecordSink  # deferred: `edgespec` starts without what other commands need
+
     m = m.validate()
     prompts = collect_prompts(m)
     total = total_requests(m, prompts)
     click.echo(f"{label}: {len(prompts)} prompts, {len(m.configs)} configurations "
                f"({', '.join(m.labels)}), {total} requests; loading {m.target}…", err=True)
     progress = None
+    sink = RecordSink(out_dir / "records.jsonl")  # every full record, as its unit ends
     try:
-        progress = _Progress(total, label)
-        run = run_bench(m, progress=progress, prompts=prompts)
+        progress = _Progress(total, label, len(m.configs), m.warmup if prompts else 0)
+        run = run_bench(m, progress=progress, prompts=prompts, sink=sink.write, warn=progress.say)
     finally:
+        sink.close()
         if progress is not None:
             progress.close()
     data = run.to_dict()
+    say = (lambda line: click.echo(f"edgespec: {line}", err=True))
+    say(f"writing {out_dir / 'bench.json'} ({len(data['records'])} records; full ones with "
+        f"token times in records.jsonl)")
     json_path = write_json(data, out_dir / "bench.json")
-    report_path = write_report(data, out_dir)
+    report_path = write_report(data, out_dir, say=say)
     lines = run.trace_lines()
     if lines:
         import json  # deferred: `edgespec` starts without what other commands need
@@ -84,6 +121,13 @@ def run_and_write(m, out_dir: Path, label: str):
         click.echo(f"recorded {len(lines) - 1} requests' passes in {out_dir / 'traces.jsonl'}; "
                    f"replay them with `edgespec bench --replay {out_dir}`", err=True)
     return run, data, json_path, report_path
+
+
+def _echo_busy(data) -> None:
+    from ..bench.report import busy_warning  # deferred: `edgespec` starts without what other commands need
+    said = busy_warning(data)
+    if said:
+        click.echo(f"edgespec: warning: {said}", err=True)
 
 
 def _echo_overall(data) -> None:
@@ -202,6 +246,7 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
     run, data, json_path, report_path = run_and_write(m, out_dir, "bench")
     click.echo(f"wrote {json_path} and {report_path}")
     _echo_overall(data)
+    _echo_busy(data)
     if run.interrupted:
         click.echo("interrupted: the files hold what was measured before Ctrl-C", err=True)
         sys.exit(130)

@@ -101,11 +101,15 @@ def test_second_turn_carries_each_configurations_own_answer():
 
 def test_parity_against_the_plain_path():
     eng = FakeEngine(tokens_for=lambda p, n: [1, 2, 9] if p == "b" else [1, 2, 3])
-    run = Runner(_matrix(warmup=0), eng).run(PROMPTS[1:], BenchRun(_matrix()))
+    full = []  # what the sink (records.jsonl) gets: whole records
+    run = Runner(_matrix(warmup=0), eng, sink=full.extend).run(PROMPTS[1:], BenchRun(_matrix()))
     parity = {r["config"]: r["parity"] for r in run.records}
     assert parity == {"none": None, "a": True, "b": False}
+    assert [r["parity"] for r in full] == [r["parity"] for r in run.records]
+    whole = next(r for r in full if r["config"] == "a")
+    assert whole["tokens"] == [1, 2, 3] and whole["text"] and len(whole["token_times"]) == 3
     rec = next(r for r in run.records if r["config"] == "a")
-    assert rec["tokens"] == [1, 2, 3] and rec["generated_tokens"] == 3
+    assert "tokens" not in rec and rec["generated_tokens"] == 3 and rec["itl_hist"]
     assert rec["bucket"] == "<256" and rec["category"] == "qa"
     assert rec["rss_peak_bytes"] > 0
     assert rec["pass_size_hist"] == {"1": 3} and rec["pass_seconds"]["1"] == pytest.approx(0.03)
