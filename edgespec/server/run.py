@@ -82,7 +82,8 @@ def serve(app, host: str, port: int, *, drain_seconds: float = 10.0,
                             # uvicorn's cancellation tracebacks
                             timeout_graceful_shutdown=drain_seconds + EXIT_GRACE + 5,
                             lifespan="on", timeout_keep_alive=keep_alive_seconds,
-                            http=_protocol(read_seconds, Connections(limits)))
+                            http=_protocol(read_seconds, Connections(limits),
+                                           _refusals_counter(app)))
     sockets = [config.bind_socket()]
     for extra in more_ports:
         sockets.append(uvicorn.Config(app, host=host, port=extra, log_level=log_level)
@@ -158,7 +159,17 @@ def _raise_fd_limit(needed: int, say) -> None:
                 f"{needed - _FD_RESERVE} needs {needed} (raise `ulimit -n` or lower it)")
 
 
-def _protocol(read_seconds: float, connections: Connections):
+def _refusals_counter(app) -> Callable[[int, str], None]:
+    """``count(status, code)`` for the refusals answered below the app (malformed HTTP, a
+    connection over the cap): in the app's metrics (edgespec.server.metrics), if it has
+    them, like every refusal a route answers."""
+    metrics = getattr(getattr(app, "state", None), "metrics", None)
+    reject = getattr(metrics, "reject", None)
+    return reject if reject is not None else (lambda status, code: None)
+
+
+def _protocol(read_seconds: float, connections: Connections,
+              count: Callable[[int, str], None] = lambda status, code: None):
     """uvicorn's h11 protocol with a header deadline, the connection caps and JSON errors
     for malformed HTTP (see the module doc)."""
     # deferred: the [server] extra, imported only by `edgespec serve`
@@ -190,6 +201,7 @@ def _protocol(read_seconds: float, connections: Connections):
                 log.warning("refused a connection from %s: %d open (%d from it), each busy "
                             "with a request (--max-connections)", client, len(connections),
                             connections.of(client))
+                count(503, "too_many_connections")
                 self._refuse()
                 return
             self._await_headers()
@@ -249,6 +261,7 @@ def _protocol(read_seconds: float, connections: Connections):
         def send_400_response(self, msg: str) -> None:
             e = self._bad_request
             status = getattr(e, "error_status_hint", 400) or 400
+            count(status, "malformed_http")
             detail = str(e)[:200] if e is not None else "malformed request"
             body = json.dumps({"error": {
                 "message": f"the request is not valid HTTP/1.1 ({detail}); send a well-formed "

@@ -144,6 +144,9 @@ def test_malformed_http_is_answered_in_the_json_shape(guarded, length):
     out = raw(guarded, b"NOT A REQUEST\r\n\r\n")
     assert out.startswith(b"HTTP/1.1 400") and json_body(out)["error"]["code"] == "malformed_http"
     assert guarded.request("GET", "/health")[0] == 200  # and the server keeps serving
+    _, _, body = guarded.request("GET", "/metrics", headers=AUTH)
+    assert 'edgespec_requests_rejected_total{code="malformed_http",status="400"}' in \
+        body.decode()  # counted like every refusal
 
 
 # --- the CLI --------------------------------------------------------------------------------
