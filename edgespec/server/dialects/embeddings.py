@@ -36,6 +36,7 @@ from ...protocol.errors import ProtocolError, bad_request, context_overflow, fro
 from ...runtime.embedding import POOLING_NAMES
 from .. import body as wire_body
 from ..settings import ServerSettings
+from .refusal import counted
 
 OPENAI_ROUTES = ("/v1/embeddings", "/embeddings")
 #: inputs one request may hold (OpenAI's own limit)
@@ -139,7 +140,7 @@ def render_openai(out, model: str, encoding_format: str = "float",
 
 # --- Ollama ---------------------------------------------------------------------------------
 async def _ollama(request: Request, core: Any, settings: ServerSettings, legacy: bool):
-    from .ollama import refusal, resolve  # Ollama's model names and error shape
+    from .ollama import resolve  # Ollama's model names (name:latest is name)
 
     t0 = time.perf_counter()
     try:
@@ -158,7 +159,8 @@ async def _ollama(request: Request, core: Any, settings: ServerSettings, legacy:
                              "load_duration": int((loaded - t0) * 1e9),
                              "prompt_eval_count": out.n_tokens})
     except Exception as e:
-        return refusal(_protocol(e, "prompt" if legacy else "input"))
+        err = counted(request, _protocol(e, "prompt" if legacy else "input"))
+        return JSONResponse({"error": err.message}, status_code=err.status, headers=err.headers)
 
 
 def parse_ollama(body: Any, legacy: bool) -> dict:
