@@ -37,8 +37,8 @@ from sse_starlette import EventSourceResponse
 
 from ...api.params import GenerationParams
 from ...protocol import limits
-from ...protocol.plan import plan
 from ...protocol.events import ChoiceDone, CoreEvent, ReasoningDelta, TextDelta, ToolCallDelta
+from ...protocol.plan import plan
 from ...protocol.request import CoreRequest
 from ..body import read
 from .fields import check, get, invalid, load_object, number, strings, unsupported
@@ -343,9 +343,11 @@ class MessageStream:
     _call: int | None = None  # the open tool_use block's call number
 
     def start(self) -> list[tuple[str, dict]]:
-        msg = {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
-               "content": [], "stop_reason": None, "stop_sequence": None,
-               "usage": {"input_tokens": 0, "output_tokens": 0}}
+        # input_tokens is known once the prompt is tokenized: message_delta's usage has it
+        msg: dict[str, Any] = {
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0}}
         return [("message_start", {"type": "message_start", "message": msg}),
                 ("ping", {"type": "ping"})]
 
