@@ -16,8 +16,9 @@ How each ``llama_cpp.Llama`` 0.3.36 keyword is taken (nothing is dropped without
 
 - honoured: ``model_path`` (a ``.gguf`` path, or an edgespec registry name), ``n_ctx``
   (0: the model's trained context), ``n_threads``, ``n_gpu_layers`` (-1: all), ``seed``
-  (the seed of requests that give none; -1 or llama.cpp's default: a fresh one each
-  request), ``last_n_tokens_size`` (the repeat-penalty window), ``flash_attn``,
+  (the start of llama-cpp-python's seed chain for requests that give none; -1 or
+  llama.cpp's default: a fresh one each request), ``embedding`` (accepted: ``embed`` works
+  either way), ``pooling_type`` (the pooling ``embed`` applies), ``last_n_tokens_size`` (the repeat-penalty window), ``flash_attn``,
   ``type_k``/``type_v`` and ``use_mmap`` (the kernel configuration; left out, edgespec's mode
   picks its own), ``verbose`` (a one-line load summary on stderr; llama.cpp's own log stays
   quiet), ``chat_format`` None or ``"chat_template.default"`` (the GGUF's own template,
@@ -29,8 +30,7 @@ How each ``llama_cpp.Llama`` 0.3.36 keyword is taken (nothing is dropped without
   prompt; ``proposer=`` picks);
 - refused unless left at llama-cpp-python's default, each with what to do instead: what
   changes the model (``kv_overrides``, ``rope_*``, ``yarn_*``, ``lora_*``, ``vocab_only``,
-  ``pooling_type``, ``attention_type``), what edgespec does not serve (``embedding``,
-  ``spm_infill``, ``chat_handler``, ``tokenizer``, another ``chat_format``, another
+  ``attention_type``), what edgespec does not serve (``spm_infill``, ``chat_handler``, ``tokenizer``, another ``chat_format``, another
   ``draft_model``), multi-GPU placement (``split_mode``, ``main_gpu``, ``tensor_split``);
 - refused: any keyword ``llama_cpp.Llama`` does not have (llama-cpp-python swallows them
   silently; a misspelt keyword should not be lost).
