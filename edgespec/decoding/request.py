@@ -65,7 +65,9 @@ class Request:
     reuse: bool = False  # start from the longest prefix of `tokens` the KV cache already holds
     in_flight: bool = False  # a pass has written positions past n_past that are not trimmed yet
     exact: bool = False  # reuse only positions a prefill wrote (see edgespec.decoding.kvcache)
-    rng: np.random.Generator | None = None
+    rng: np.random.Generator | None = None  # unused by the loop: draws are keyed (keys)
+    #: the request's position-keyed uniforms (sampling's RNG policy), made at its start
+    keys: sampling.KeyedUniforms | None = None
     grammar: GrammarState | None = None  # the grammar state of a constrained request
     stats: RequestStats = field(default_factory=RequestStats)
     text: TextAssembler = field(default_factory=TextAssembler)
@@ -80,12 +82,18 @@ class Request:
     #: makes it plain): speculative verification cannot replay an arbitrary callback
     logits_processor: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
 
+    def uniforms(self) -> sampling.KeyedUniforms:
+        """The request's keyed uniforms: its seed's, or a fresh seed's, fixed once."""
+        if self.keys is None:
+            self.keys = sampling.KeyedUniforms(self.params.sampling.seed)
+        return self.keys
+
     @property
-    def generator(self) -> np.random.Generator:
-        """The random generator a sampling request draws from (the engine gives it one)."""
-        if self.rng is None:
-            raise RuntimeError(f"request {self.id} samples but has no random generator")
-        return self.rng
+    def generator(self) -> sampling.Cursor:
+        """Uniforms for code that draws one per emitted token, in order, from the next
+        position on (plain steps, point-mass verification, draft trees): each is the
+        position's keyed uniform, so the drafting around it never changes a draw."""
+        return self.uniforms().cursor(len(self.generated))
 
     def close(self) -> None:
         completed = self.stop_reason not in ("", "cancelled")
@@ -207,11 +215,16 @@ class Loop:
         p = req.params
         logits = pre.logits
         req.n_past = len(req.tokens)
+        opened = p.sampling
+        if not opened.greedy:
+            # a draft model couples to the request's uniforms: it needs the seed they are
+            # keyed by, the fresh one included (sampling's RNG policy)
+            opened = replace(opened, seed=req.uniforms().seed)
         # Opening a session indexes the prompt (a draft model prefills it): part of TTFT.
         for n, prop in req.proposers.items():
             if isinstance(prop, ReusesPrefix):
                 prop.reuse_prefix = req.reuse
-            req.sessions[n] = prop.open(req.tokens, p.sampling)
+            req.sessions[n] = prop.open(req.tokens, opened)
         t_prefill = time.perf_counter() - req.t0
         req.stats.observe_prefill(req.n_prompt, t_prefill, reused=pre.reused)
         yield PrefillDone(req.id, req.n_prompt, t_prefill)
@@ -360,21 +373,26 @@ class Loop:
                                                   np.array(row, dtype=np.float32)),
                              dtype=np.float32)
         if req.grammar is not None:  # None: nothing the grammar admits
-            y = grammar.choose(req.grammar, row, req.tokens, s, req.rng)
+            y = grammar.choose(req.grammar, row, req.tokens, s,
+                               None if s.greedy else req.generator)
             if y is not None:
                 req.grammar.advance([y])
             return y
         if s.greedy:
             return sampling.greedy_token(row, req.tokens, s)
-        return sampling.sample(sampling.distribution(row, req.tokens, s), req.generator)
+        return sampling.sample_at(sampling.distribution(row, req.tokens, s),
+                                  req.uniforms().at(len(req.generated)))
 
     def _verify(self, req: Request, draft: Draft, rows: FloatArray) -> tuple[int, int | None]:
         s = req.params.sampling
         d = draft.tokens
         if not d:
             return 0, self._choose_plain(req, rows[0])
+        n0 = len(req.generated)  # the position of d[0]
         if req.grammar is not None:
-            n, nxt, after = grammar.verify(req.grammar, draft, rows, req.tokens, s, req.rng)
+            rng = None if s.greedy else (req.generator if draft.probs is None
+                                         else req.uniforms().step(n0))
+            n, nxt, after = grammar.verify(req.grammar, draft, rows, req.tokens, s, rng)
             req.grammar.close()
             req.grammar = after
             return n, nxt
@@ -386,8 +404,12 @@ class Loop:
                 if i < len(d) and ys[i] != d[i]:
                     break
             return verify.verify_greedy(d, ys)
-        return verify.verify_sampling(d, draft.probs, _TargetRows(rows, req.tokens, d, s),
-                                      req.generator)
+        keys = req.uniforms()
+        target = _TargetRows(rows, req.tokens, d, s)
+        if draft.probs is None:  # point mass or a coupled draft model: keyed by position
+            return verify.verify_coupled(d, target, [keys.at(n0 + i) for i in range(len(d) + 1)])
+        # a drafter that hands distributions: rejection sampling on the step's own stream
+        return verify.verify_sampling(d, draft.probs, target, keys.step(n0))
 
     # --- emission -----------------------------------------------------------------------
     def emit(self, req: Request, new: list[int], rows: FloatArray, *, n_acc: int, proposer: str | None,

@@ -23,24 +23,36 @@ penalties, as in llama.cpp. Everything is computed in float64.
 
 RNG policy
 ----------
-``make_rng(seed)`` gives the target's stream; a draft model samples from
-``make_rng(seed, "draft")``, an independent stream, so drafting never consumes
-the target's randomness. Every draw from the target distribution (``sample``)
-consumes exactly one ``rng.random()``. Consequences:
+Randomness is keyed by position, not by the order of draws: the token a request
+generates at position ``n`` (0 = the first generated token) is drawn with the
+uniform ``u(seed, n)`` of :class:`KeyedUniforms` (a counter-based derivation, one
+``SeedSequence`` per position), whatever happened before it. A request without a
+seed gets a fresh random seed once, at its start. Consequences:
 
-* same seed, same settings, same path -> the same output, run after run;
-* plain and speculative paths have the same output *distribution*; with a
-  draft model they consume randomness differently, so one seed gives different
-  (equally distributed) samples on the two paths;
-* with point-mass drafts (n-gram, suffix) verification samples each position
-  from the target and compares (verify.py), which consumes one uniform per
-  emitted token in order, exactly as plain sampling does: for the same seed and
-  bitwise-identical logits the two paths then emit the same tokens.
+* every emitted token is the inverse-CDF draw ``sample_at(p_n, u(seed, n))`` of the
+  target's distribution at ``n``, on the plain path and the speculative one alike, so
+  for the same seed and bitwise-equal logits the two paths emit the same tokens,
+  whatever the controller drafted, with which proposer, how long, in which passes;
+* point-mass drafts (n-gram, suffix, bridged, grammar literals) are accepted iff they
+  equal that draw (verify.py);
+* a draft model is *coupled* to the target: it draws its token at ``n`` from its own
+  distribution with the same ``u(seed, n)``, and the token is accepted iff it equals
+  the target's draw (``verify.verify_coupled``). That is lossless trivially (the
+  emitted token is always the target's own draw) and it accepts where the two
+  inverse-CDF intervals of the token overlap: when q is close to p that is close to
+  rejection sampling's ``sum min(p, q)``, below it otherwise (docs/parity.md has the
+  measured figures). Rejection sampling (``verify_sampling`` with draft
+  distributions) consumes a varying number of uniforms, so where a drafter still
+  hands distributions (the learned heads), each step draws from its own stream keyed
+  by (seed, the step's first position): deterministic, independent of the
+  position-keyed stream, and lossless, but then the text depends on the drafts;
+* ``make_rng(seed, stream)`` remains for callers outside a request (a head drafter's
+  own sampling, ``apps.lowlevel``).
 """
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -53,7 +65,59 @@ _TOP_P_FIRST_CUT = 256
 # sample() scans block sums first, then one block of this many tokens
 _SAMPLE_BLOCK = 1024
 
-_STREAMS = {"target": 0, "draft": 1}
+_STREAMS = {"target": 0, "draft": 1, "step": 2}
+
+_U53 = 1.0 / 9007199254740992.0  # 2**-53: a 53-bit integer onto [0, 1)
+
+
+class Uniforms(Protocol):
+    """What a draw consumes: ``random()`` in [0, 1) (a numpy Generator, or a cursor over
+    position-keyed uniforms)."""
+
+    def random(self) -> float: ...
+
+
+class KeyedUniforms:
+    """One request's uniforms by position: ``at(n)`` is a pure function of (seed, n).
+
+    ``seed=None`` draws a fresh seed once (non-reproducible by design); :attr:`seed` then
+    says which, so a draft model can be coupled to the same uniforms.
+    """
+
+    def __init__(self, seed: int | None) -> None:
+        if seed is None:
+            seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
+        self.seed = int(seed)
+
+    def at(self, n: int, stream: str = "target") -> float:
+        """The uniform of generated position ``n`` (one per position and stream)."""
+        if n < 0:
+            raise ValueError(f"position {n} is before the first generated token")
+        seq = np.random.SeedSequence(self.seed, spawn_key=(_STREAMS[stream], n))
+        return float(int(seq.generate_state(1, np.uint64)[0]) >> 11) * _U53
+
+    def cursor(self, n: int) -> "Cursor":
+        """Uniforms ``at(n), at(n + 1), ...`` one per ``random()``: for code that draws one
+        uniform per emitted token, in order (plain steps, point-mass verification)."""
+        return Cursor(self, n)
+
+    def step(self, n: int) -> np.random.Generator:
+        """An independent generator for a step starting at position ``n`` whose draws are
+        not one per position (rejection sampling with draft distributions)."""
+        seq = np.random.SeedSequence(self.seed, spawn_key=(_STREAMS["step"], n))
+        return np.random.Generator(np.random.PCG64(seq))
+
+
+class Cursor:
+    """Position-keyed uniforms read in order (see :meth:`KeyedUniforms.cursor`)."""
+
+    def __init__(self, keys: KeyedUniforms, n: int) -> None:
+        self.keys, self.position = keys, n
+
+    def random(self) -> float:
+        u = self.keys.at(self.position)
+        self.position += 1
+        return u
 
 _local = threading.local()
 
@@ -130,13 +194,19 @@ def distribution(logits: np.ndarray, history: Sequence[int], params: SamplingPar
     return x
 
 
-def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Inverse-CDF draw with exactly one ``rng.random()``; ``probs`` need not be normalised.
+def sample(probs: np.ndarray, rng: Uniforms) -> int:
+    """Inverse-CDF draw with exactly one ``rng.random()``; ``probs`` need not be normalised."""
+    return sample_at(probs, float(rng.random()))
+
+
+def sample_at(probs: np.ndarray, u: float) -> int:
+    """The inverse-CDF draw of ``probs`` (need not be normalised) at the uniform ``u``.
 
     Two levels (block sums, then one block) because a float64 cumsum over a
     150k vocabulary costs more than everything else in a sampling step.
     """
-    u = rng.random()
+    if not 0.0 <= u < 1.0:
+        raise ValueError(f"a uniform must lie in [0, 1) (got {u})")
     n = probs.shape[0]
     if n <= 4 * _SAMPLE_BLOCK:
         return _icdf(probs, u * probs.sum())

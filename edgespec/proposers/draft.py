@@ -4,6 +4,13 @@ The draft keeps its own KV cache in step with the accepted sequence instead of
 re-reading it every step: after each verification only the rejected tail is
 trimmed, and the tokens it has not seen yet (at most the target's own token and
 the last draft token) are fed with the next proposal.
+
+Under sampling the draft is *coupled* to the target (decoding/sampling.py's RNG
+policy): its token at generated position ``n`` is the inverse-CDF draw of its own
+distribution with the request's uniform ``u(seed, n)``, the one the target's token
+there is drawn with, and its drafts go out as point masses (``probs=None``):
+verification accepts a token iff the target drew the same one, so the text never
+depends on what or how much the draft proposed.
 """
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ from ..errors import IncompatibleDraftError
 from ..api.params import SamplingParams
 from .base import EMPTY_DRAFT, Draft
 from ..decoding.kvcache import common_prefix
-from ..decoding.sampling import distribution, make_rng, sample
+from ..decoding.sampling import KeyedUniforms, Uniforms, distribution, sample_at
 from ..decoding.tree import DraftTree
 from ..runtime.kernel import KernelConfig
 from ..api.arrays import FloatArray
@@ -90,9 +97,9 @@ class DraftSession:
         self.pending: list[int] = []  # last proposal, to match against accepted tokens
         # that Draft, its per-position (logits, distribution) rows
         self._last: tuple[Draft, list[_Row]] | None = None
-        self._rng: np.random.Generator | None = None
-        if not sampling.greedy:
-            self._rng = make_rng(sampling.seed, "draft")
+        self.n_prompt = len(tokens)  # generated position n is seq[n_prompt + n]
+        #: the request's uniforms (the loop opens sessions with the seed it resolved)
+        self._keys = None if sampling.greedy else KeyedUniforms(sampling.seed)
 
     def propose(self, k: int) -> Draft:
         return self._propose(k, 0)[0]
@@ -145,16 +152,14 @@ class DraftSession:
         logits = fit_row(ctx.decode(feed, self.kv_len, logits="last")[0], fit)
         self.kv_len = len(self.seq)
         tokens: list[int] = []
-        probs: list[FloatArray] = []
         conf: list[float] = []
         rows: list[_Row] = []
         history = list(self.seq)
+        n0 = len(self.seq) - self.n_prompt  # the generated position of the first draft
         for i in range(k):
-            tok, p, c = self._choose(logits, history)
+            tok, p, c = self._choose(logits, history, n0 + i)
             tokens.append(tok)
             conf.append(c)
-            if p is not None:
-                probs.append(p)
             rows.append((logits if p is None else None, p))  # decode gave a fresh array
             if n_alts:
                 alts.append(_runners_up(logits if p is None else None, p, tok, n_alts))
@@ -167,14 +172,15 @@ class DraftSession:
         o = self.owner
         o.seconds_per_token = est if o.seconds_per_token == 0 else 0.8 * o.seconds_per_token + 0.2 * est
         self.pending = tokens
-        draft = Draft(tokens=tuple(tokens), probs=np.stack(probs) if probs else None,
-                      confidence=tuple(conf), source="draft")
+        # coupled draws are verified as point masses (probs=None), by position
+        draft = Draft(tokens=tuple(tokens), probs=None, confidence=tuple(conf), source="draft")
         self._last = (draft, rows)
         return draft, alts
 
-    def _choose(self, logits: FloatArray,
-                history: list[int]) -> tuple[int, FloatArray | None, float]:
-        return choose_token(logits, history, self.sampling, self._rng)
+    def _choose(self, logits: FloatArray, history: list[int],
+                n: int) -> tuple[int, FloatArray | None, float]:
+        return choose_token(logits, history, self.sampling,
+                            None if self._keys is None else self._keys.at(n))
 
     def accept(self, tokens: Sequence[int], n_drafted_accepted: int) -> None:
         if self.pending:
@@ -230,10 +236,12 @@ def check_compatible(target: Model, draft: Model) -> None:
 
 
 def choose_token(logits: FloatArray, history: list[int], sampling: SamplingParams,
-                 rng: np.random.Generator | None) -> tuple[int, FloatArray | None, float]:
+                 u: float | Uniforms | None) -> tuple[int, FloatArray | None, float]:
     """A model draft's next token from its logits: (token, its sampling distribution or None
-    when greedy, the confidence the controller weighs). ``rng`` is None when greedy."""
-    if rng is None:
+    when greedy, the confidence the controller weighs). ``u`` is the position's keyed
+    uniform (the target's own at that position: a coupled draw), or a generator to draw
+    one from (a drafter that is verified by rejection sampling), None when greedy."""
+    if u is None:
         # greedy verification only needs the draft's best guess; its softmax mass
         # at that token is the confidence the controller weighs
         tok = int(np.argmax(logits))
@@ -241,7 +249,7 @@ def choose_token(logits: FloatArray, history: list[int], sampling: SamplingParam
         conf = 1.0 / float(np.sum(np.exp(logits.astype(np.float64) - m)))
         return tok, None, conf
     p = distribution(logits, history, sampling)
-    tok = sample(p, rng)
+    tok = sample_at(p, u if isinstance(u, float) else float(u.random()))
     return tok, p, float(p[tok])
 
 
