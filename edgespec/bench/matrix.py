@@ -148,6 +148,7 @@ class Matrix:
     max_turns: int | None = None  # None = every turn
     humanevalfix: int = 0
     long: tuple[int, ...] = ()  # grounded long prompts of about these many tokens (prompts.py)
+    grounded: str = ""  # "all" | "quick": edit work on stdlib sources (bench.grounded)
     jsonl: tuple[str, ...] = ()
     prompt_field: str = "prompt"
     jsonl_n: int | None = None
@@ -203,7 +204,8 @@ class Matrix:
         unknown = [c for c in self.spec_bench if c not in SPEC_BENCH_CATEGORIES]
         ensure(not unknown, f"unknown Spec-Bench categories {', '.join(unknown)}; choose from "
                             f"{', '.join(SPEC_BENCH_CATEGORIES)}")
-        ensure(bool(self.spec_bench or self.humanevalfix or self.long or self.jsonl),
+        ensure(bool(self.spec_bench or self.humanevalfix or self.long or self.jsonl
+                    or self.grounded),
                "no prompts selected: pick Spec-Bench categories, --humanevalfix N or --jsonl FILE")
         ensure(all(n >= 256 for n in self.long), "long prompts must be at least 256 tokens")
         labels = self.labels
@@ -254,7 +256,7 @@ _SCALARS = {"target", "draft", "max_new_tokens", "temperature", "seed", "threads
             "n_gpu_layers", "tree_width", "anchor_n_ctx", "warmup", "warmup_tokens",
             "repeats", "bootstrap_resamples", "confidence"}
 _PROMPT_KEYS = {"spec_bench", "per_category", "max_turns", "humanevalfix", "long", "jsonl",
-                "prompt_field", "jsonl_n"}
+                "prompt_field", "jsonl_n", "grounded"}
 
 
 def apply_overrides(m: Matrix, data: Mapping[str, Any], source: str = "matrix") -> Matrix:

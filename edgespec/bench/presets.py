@@ -11,6 +11,11 @@
               llama-completion, llama-lookup. Speedup and verify cost by context length.
     full      5 per category (every turn) + 10 HumanEvalFix, 128 tokens; the draft model when
               one is given, llama-cpp-python's lookup at 10 and 2 tokens. Hours.
+    grounded  edit, extraction, summary and multi-turn agent work on Python stdlib sources
+              (bench.grounded), 128 tokens; plain, auto, both oracles, llama-completion,
+              llama-lookup. 14 prompts, 22 turns.
+    grounded-quick  3 of those prompts (a planted bug, a JSON extraction, a 3-turn agent)
+              for smoke runs; the same configurations.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from ..errors import InvalidInputError
 from .matrix import BASELINE, ConfigSpec, Matrix, apply_overrides, parse_config
 from .prompts import SPEC_BENCH_CATEGORIES
 
-PRESETS = ("quick", "standard", "long", "full")
+PRESETS = ("quick", "standard", "long", "full", "grounded", "grounded-quick")
 LONG_TOKENS = (2048, 4096, 8192)
 
 
@@ -53,6 +58,12 @@ def preset(name: str) -> Matrix:
                    max_new_tokens=128,
                    configs=_engine(BASELINE, "ngram", "suffix", "draft")
                    + _anchors("llama-pld:10", "llama-pld:2"), **base)
+    elif name in ("grounded", "grounded-quick"):
+        m = Matrix(preset=name, spec_bench=(), humanevalfix=0,
+                   grounded="quick" if name == "grounded-quick" else "all",
+                   max_new_tokens=128, n_ctx=4096, buckets=(1024, 2048), temperature=0.0,
+                   configs=_engine(BASELINE, AUTO, "oracle", "oracle-copy")
+                   + _anchors("llama-completion", "llama-lookup"))
     else:
         raise InvalidInputError(f"unknown preset '{name}'; choose {', '.join(PRESETS)}")
     return m.with_baseline()

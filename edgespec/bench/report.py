@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
+from .grounded import report_section as grounded_section
 from .matrix import BASELINE
 from .plots import render_plots
 from .prompts import bucket_labels
@@ -99,6 +100,7 @@ def render_markdown(run: Mapping, plots: Mapping[str, str] | None = None) -> str
               "the JSON file next to this report.", ""]
 
     lines += _vs_llama_section(run, cats)
+    lines += grounded_section(run)
     if others:
         lines += _speedup_section(run, cats, others, m)
     lines += _acceptance_section(run, cats, labels)

@@ -41,6 +41,7 @@ from ..api.params import GenerationParams, SamplingParams
 from . import tools
 from .anchor import trace_to_stats
 from .anchors import ANCHORS
+from . import grounded
 from .engines import control_settings, load_engine, plan_engine, renew_clones
 from .oracle import References, settle
 from .matrix import ANCHOR_KIND, BASELINE, ConfigSpec, Matrix
@@ -72,6 +73,8 @@ def collect_prompts(m: Matrix) -> list[BenchPrompt]:
         prompts += load_humanevalfix(n=m.humanevalfix)
     if m.long:
         prompts += load_long(m.long)
+    if m.grounded:
+        prompts += grounded.build(m.grounded).prompts
     for path in m.jsonl:
         prompts += load_jsonl_prompts(path, field=m.prompt_field, n=m.jsonl_n)
     if m.max_turns:
@@ -427,6 +430,11 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
     tool_names = sorted({c.proposer for c in m.anchor_configs if ANCHORS[c.proposer].tool})
     bin_dir = tools.check_built(tool_names) if tool_names else None  # before any load
     run = BenchRun(matrix=m, started_at=time.time())
+    # the stdlib texts the grounded prompts come from (the same build as collect_prompts':
+    # a pure function of this Python), and the ones skipped, said by name
+    gset = grounded.build(m.grounded) if m.grounded else None
+    for skipped in gset.skipped if gset is not None else ():
+        warn(skipped.line())
     share = machine_busy(0.5)
     run.busy["at_start"] = round(share, 3)
     if share > BUSY_LIMIT:
@@ -461,6 +469,8 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
                     anchors[cfg.label] = tools.ToolAnchor(cfg.proposer, setup,
                                                           cfg.knob_dict.get("draft_max"))
         run.identity = collect_identity(m, engine, anchors, plan.control)
+        if gset is not None:
+            run.identity["grounded"] = gset.to_dict()
         if m.record:
             run.recorder = _recorder(m, engines, prompts)
         if on_loaded is not None:

@@ -108,9 +108,9 @@ def run_and_write(m, out_dir: Path, label: str):
             progress.close()
     data = run.to_dict()
     say = (lambda line: click.echo(f"edgespec: {line}", err=True))
-    say(f"writing {out_dir / 'bench.json'} ({len(data['records'])} records; full ones with "
-        f"token times in records.jsonl)")
-    json_path = write_json(data, out_dir / "bench.json")
+    say(f"writing {out_dir / 'bench.json'} ({len(data['records'])} records)")
+    json_path = write_json(data, out_dir / "bench.json", records_from=sink.path)
+    sink.path.unlink(missing_ok=True)  # its records are all in bench.json now
     report_path = write_report(data, out_dir, say=say)
     lines = run.trace_lines()
     if lines:
@@ -149,11 +149,14 @@ def _echo_overall(data) -> None:
 
 
 @click.command("bench")
-@click.option("--preset", type=click.Choice(["quick", "standard", "long", "full"]), default="quick",
+@click.option("--preset", type=click.Choice(["quick", "standard", "long", "full", "grounded",
+                                             "grounded-quick"]), default="quick",
               show_default=True,
               help="quick: 1 prompt per category, 64 tokens (~10 min, 2 cores, Qwen 1.5B); standard: "
                    "3 per category + 10 HumanEvalFix, 128 tokens, llama.cpp anchors (~1 h); long: "
-                   "2k/4k/8k-token grounded prompts; full: more (hours).")
+                   "2k/4k/8k-token grounded prompts; full: more (hours); grounded: edits of Python "
+                   "stdlib sources, one-shot and multi-turn, with oracles and llama.cpp anchors; "
+                   "grounded-quick: 3 of those prompts.")
 @click.option("--config", "matrix_file", type=click.Path(dir_okay=False),
               help="TOML matrix file (see docs/bench.md); flags below override it.")
 @click.option("--target", default=None, help="Registry name or .gguf path [default: qwen-1.5b].")
