@@ -457,7 +457,8 @@ def _hub_file(repo_id: str, filename: str) -> str:
     path or by base name, as llama-cpp-python's ``fnmatch``)."""
     if not any(c in filename for c in "*?["):
         return filename
-    from ..registry.hub_listing import _env, _listing  # the listing every Hub pull reads
+    # deferred: the Hub's listing (huggingface_hub, slow to import), as every pull reads it
+    from ..registry.hub_listing import _env, _listing
     from ..registry.hub_ref import parse
     from ..registry.store import _say
 
