@@ -359,3 +359,47 @@ def test_an_over_context_prompt_is_refused_anthropic_shaped(server):
     assert status == 400 and err["error"]["type"] == "invalid_request_error"
     assert "context" in err["error"]["message"]
     assert server.wait_idle(15)["running"] == 0
+
+
+# --- the SSE generator: errors in-stream, a client gone ---------------------------------------
+class FakeRun:
+    """A core run that yields ``events`` then raises ``error`` (if any)."""
+
+    def __init__(self, events, error=None):
+        self.events, self.error, self.cancelled = events, error, False
+
+    def cancel(self):
+        self.cancelled = True
+
+    async def __aiter__(self):
+        for ev in self.events:
+            yield ev
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_failure_after_the_start_is_an_error_event():
+    import asyncio
+
+    async def go():
+        run = FakeRun([TextDelta(0, "Hi")], ProtocolError(503, "dropped", kind="server_error"))
+        return [e async for e in am._sse(run, am.MessageStream("m"))], run
+
+    events, run = asyncio.run(go())
+    assert [e["event"] for e in events][-1] == "error"
+    assert json.loads(events[-1]["data"]) == {
+        "type": "error", "error": {"type": "overloaded_error", "message": "dropped"}}
+    assert not run.cancelled  # it ended on its own
+
+
+def test_a_client_gone_mid_stream_cancels_the_run():
+    import asyncio
+
+    async def go():
+        run = FakeRun([TextDelta(0, "a"), TextDelta(0, "b")])
+        gen = am._sse(run, am.MessageStream("m"))
+        await gen.__anext__()  # message_start, then the client goes away
+        await gen.aclose()
+        return run
+
+    assert asyncio.run(go()).cancelled

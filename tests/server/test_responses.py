@@ -342,3 +342,55 @@ def test_an_over_context_prompt_is_refused_openai_shaped(server):
     err = json.loads(raw)["error"]
     assert status == 400 and err["code"] == "context_length_exceeded"
     assert server.wait_idle(15)["running"] == 0
+
+
+# --- the SSE generator: errors in-stream, the store, a client gone ----------------------------
+class FakeRun:
+    def __init__(self, events, error=None):
+        self.events, self.error, self.cancelled = events, error, False
+
+    def cancel(self):
+        self.cancelled = True
+
+    async def __aiter__(self):
+        for ev in self.events:
+            yield ev
+        if self.error is not None:
+            raise self.error
+
+
+def sse(run, parsed, store):
+    import asyncio
+
+    async def go():
+        return [e async for e in rs._sse(run, rs.ResponseStream(parsed.echo), parsed, store)]
+    return asyncio.run(go())
+
+
+def test_a_streamed_answer_is_stored_and_a_failure_is_an_error_event():
+    store = ResponseStore()
+    p = parse()
+    events = sse(FakeRun([TextDelta(0, "Hi"), done("Hi")]), p, store)
+    final = json.loads(events[-1]["data"])["response"]
+    assert store.get(final["id"]).conversation[-1] == {"role": "assistant", "content": "Hi"}
+
+    events = sse(FakeRun([TextDelta(0, "Hi")], ProtocolError(503, "dropped",
+                                                              kind="server_error",
+                                                              code="dropped")), p, store)
+    last = json.loads(events[-1]["data"])
+    assert events[-1]["event"] == "error" and last["code"] == "dropped"
+    assert last["sequence_number"] == len(events) - 1 and len(store) == 1
+
+
+def test_a_client_gone_mid_stream_cancels_the_run():
+    import asyncio
+
+    async def go():
+        run = FakeRun([TextDelta(0, "a"), TextDelta(0, "b")])
+        p = parse()
+        gen = rs._sse(run, rs.ResponseStream(p.echo), p, ResponseStore())
+        await gen.__anext__()
+        await gen.aclose()
+        return run
+
+    assert asyncio.run(go()).cancelled
