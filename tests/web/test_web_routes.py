@@ -153,3 +153,21 @@ def test_with_an_api_key_the_page_loads_and_its_api_calls_need_the_key():
     assert c.get("/v1/edgespec/status", headers={"Authorization": "Bearer k3y"}).status_code \
         == 200
     assert len(rejected) == 2
+
+
+def test_serve_takes_no_web_from_the_flag_the_environment_and_the_file(tmp_path):
+    from click.testing import CliRunner
+
+    from edgespec.cli import cli
+
+    conf = tmp_path / "serve.toml"
+    conf.write_text("web = false\n")
+    empty = tmp_path / "empty.toml"  # not the user's own serve.toml
+    empty.write_text("")
+    none = {"EDGESPEC_CONFIG": str(empty)}
+    for args, env, line in ((["--no-web"], none, "web = false  # flag"),
+                            ([], {**none, "EDGESPEC_WEB": "false"}, "web = false  # env"),
+                            ([], {"EDGESPEC_CONFIG": str(conf)}, "web = false  # file")):
+        r = CliRunner().invoke(cli, ["serve", *args, "--print-config"], env=env)
+        assert r.exit_code == 0, r.output
+        assert line in r.output.splitlines()
