@@ -30,13 +30,14 @@ from .adaptive import AdaptiveController
 from .fixed import FixedController
 from .guard import GoodputGuard, GuardEstimate
 from .settings import (PLAIN_STEP, ControlRecord, ControlSettings, Controller, Decision, Outcome,
-                       StepView, truncate)
+                       StepView, reproducible, truncate)
 
 
 def make_controller(settings: ControlSettings, proposers: Mapping[str, bool],
                     calibration: Calibration | None = None, guard: GoodputGuard | None = None,
                     slice_: str = "default", token_seconds: Mapping[str, float] | None = None,
-                    memory: ControlMemory | None = None) -> Controller:
+                    memory: ControlMemory | None = None, *,
+                    deterministic: bool = False) -> Controller:
     """The controller a request gets: fixed (``adaptive=False``) or adaptive over ``proposers``.
 
     ``proposers`` maps each proposer the request may use to whether it is costly. In
@@ -44,6 +45,8 @@ def make_controller(settings: ControlSettings, proposers: Mapping[str, bool],
     ``settings.draft_length`` tokens every step; an empty ``proposers`` means the plain
     path. ``guard`` and ``memory`` are the engine's, shared by its requests;
     ``token_seconds`` gives costly proposers' seconds per drafted token when known.
+    ``deterministic`` (:func:`reproducible`): the adaptive controller decides on the request
+    and the setup only, never on wall-clock times or other requests.
     """
     settings.validate()
     if not proposers:
@@ -51,12 +54,14 @@ def make_controller(settings: ControlSettings, proposers: Mapping[str, bool],
     if not settings.adaptive:
         name = settings.proposer or next(iter(proposers))
         return FixedController(name, settings.draft_length)
-    return AdaptiveController(proposers, calibration, settings, guard, slice_, token_seconds, memory)
+    return AdaptiveController(proposers, calibration, settings, guard, slice_, token_seconds, memory,
+                              deterministic=deterministic)
 
 
 __all__ = [
     "AcceptanceModel", "AdaptiveController", "ControlMemory", "ControlRecord", "ControlSettings",
     "Controller", "Decision", "Feature", "FixedController", "GoodputGuard", "GuardEstimate",
-    "Outcome", "PLAIN_STEP", "StepView", "expected_tokens", "make_controller", "token_features",
+    "Outcome", "PLAIN_STEP", "StepView", "expected_tokens", "make_controller", "reproducible",
+    "token_features",
     "truncate",
 ]

@@ -37,6 +37,15 @@ Two safety nets on top of the estimates:
   threshold, disables that proposer for that traffic slice; it re-enables on fresh
   evidence from occasional probe steps.
 
+*Reproducible* requests (``deterministic=True``: greedy or seeded, outside ``--exact``,
+:func:`~edgespec.control.settings.reproducible`) decide on the request and the setup
+only: the cached calibration curve as it is (no scaling by measured pass times), a
+costly proposer priced at half a plain step per token (not its measured time), the
+acceptance priors (not the engine's memory of other requests), and no guard verdict
+(other requests' rates). What the request itself accepts still steers it. Its passes
+are then the same whenever it is sent alone, so batch-dependent logits cannot make its
+text differ at a near-tie; it still reports its timings to the guard for the others.
+
 Every change of mode (fallback, probe, recover, guard_off, guard_on, guarded) is
 recorded as a :class:`~edgespec.control.settings.ControlRecord` for the engine to emit
 as :class:`edgespec.api.events.Control`.
@@ -135,14 +144,21 @@ class AdaptiveController:
     refined from observed draft times. ``guard`` is the engine's
     :class:`GoodputGuard` (None: no guard); ``slice_`` names this request's
     traffic slice for it. ``memory`` is the engine's :class:`ControlMemory`
-    (None: every request starts from the priors).
+    (None: every request starts from the priors). ``deterministic``: decide on the
+    request and the setup only (the module doc says what that leaves out).
     """
 
     def __init__(self, proposers: Mapping[str, bool], calibration: Calibration | None = None,
                  settings: ControlSettings | None = None, guard: GoodputGuard | None = None,
                  slice_: str = "default", token_seconds: Mapping[str, float] | None = None,
-                 memory: ControlMemory | None = None) -> None:
+                 memory: ControlMemory | None = None, *, deterministic: bool = False) -> None:
         self.settings = s = (settings or ControlSettings()).validate()
+        self.deterministic = deterministic
+        if deterministic:  # wall-clock and other requests' evidence would shape the passes
+            token_seconds = None
+            seeded = None  # the priors, not the engine's memory
+        else:
+            seeded = memory
         self.cal = calibration or Calibration.prior_cpu()
         self.guard = guard if s.guard else None
         self.slice = slice_
@@ -151,7 +167,7 @@ class AdaptiveController:
         for name, costly in proposers.items():
             self._p[name] = _ProposerState(
                 costly=bool(costly),
-                model=(memory.seed(name, s.window, s.position_calibration) if memory
+                model=(seeded.seed(name, s.window, s.position_calibration) if seeded
                        else AcceptanceModel(s.window, position_calibration=s.position_calibration)),
                 shared=memory.model(name) if memory else None,
                 floor_window=deque(maxlen=s.floor_window), shadow_window=deque(maxlen=s.floor_window),
@@ -227,7 +243,8 @@ class AdaptiveController:
                 continue  # the proposer has nothing worth drafting here
             if cand is None and not st.costly and view.candidates:
                 continue  # a free proposer the engine did not consult this step
-            admit = self.guard.admits(self.slice, name) if self.guard else "on"
+            admit = (self.guard.admits(self.slice, name)
+                     if self.guard and not self.deterministic else "on")
             if admit == "off":
                 blocked.append(name)
                 continue
@@ -393,7 +410,7 @@ class AdaptiveController:
         n_pass = (outcome.drafted + 1 if name else 1)
         if outcome.batch_rows:
             n_pass = max(n_pass, outcome.batch_rows)  # the time was the whole shared pass
-        if outcome.verify_seconds > 0:
+        if outcome.verify_seconds > 0 and not self.deterministic:
             ratio = outcome.verify_seconds / self.cal.seconds(n_pass)
             ratio = min(max(ratio, 0.2), 5.0)
             if n_pass <= 1:
@@ -433,7 +450,7 @@ class AdaptiveController:
     def _observe_draft(self, name: str, o: Outcome, view: StepView | None) -> None:
         st = self._p[name]
         st.last_evidence = self._step
-        if st.costly and o.draft_seconds > 0:
+        if st.costly and o.draft_seconds > 0 and not self.deterministic:
             per = o.draft_seconds / o.drafted
             if st.token_seconds is None:
                 st.token_seconds = per

@@ -123,6 +123,15 @@ class StepView:
         return None if cand is None else truncate(cand, decision.k)
 
 
+def reproducible(greedy: bool, seed: int | None, exact: bool) -> bool:
+    """Whether a request's passes must not depend on wall-clock time or other requests: a
+    greedy or seeded one promises its text whenever it is sent alone, and outside
+    ``--exact`` a pass of another shape may compute a near-tie the other way. Exact mode's
+    passes compute the same logits whatever their shape (within its probed cap), so there
+    the controller may follow the load; so may an unseeded sample, which promises nothing."""
+    return (greedy or seed is not None) and not exact
+
+
 def truncate(draft: Draft, k: int) -> Draft:
     """The first ``k`` tokens of a draft, with their distributions and confidences."""
     return draft.head(k)

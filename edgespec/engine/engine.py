@@ -23,7 +23,7 @@ from ..api.events import Event, Finished, TokenLogprob
 from ..api.labels import AUTO, PLAIN
 from ..api.params import GenerationParams
 from ..api.stats import RequestStats, StatsSink
-from ..control import ControlSettings, GoodputGuard, make_controller
+from ..control import ControlSettings, GoodputGuard, make_controller, reproducible
 from ..decoding import sampling
 from ..decoding.kvcache import PrefixCache, StateCache
 from ..decoding.request import Loop, Request
@@ -399,7 +399,10 @@ class Engine:
                              token_seconds={n: s for n, s in token_seconds.items() if s} or None)
                 req.controller = make_controller(
                     built["settings"], built["proposers"], cal, self.guard, traffic,
-                    built["token_seconds"])
+                    built["token_seconds"],
+                    # a greedy or seeded request's passes follow neither the clock nor others
+                    deterministic=reproducible(params.sampling.greedy, params.sampling.seed,
+                                               prep.exact))
                 if self.controller_hook is not None:
                     req.controller = self.controller_hook(req, req.controller, built)
                 req.max_draft = (control.max_draft if control.adaptive
