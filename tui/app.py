@@ -30,8 +30,8 @@ from edgespec.proposers import needs_model
 from .conversation import Transcript
 from .help import HelpScreen
 from .metrics import LiveMetrics
-from .render import (HISTORY_COLUMNS, Palette, histogram_text, history_row, live_text,
-                     positions_text, spark_text, summary_line, transcript_text)
+from .render import (HISTORY_COLUMNS, Palette, control_words, histogram_text, history_row,
+                     live_text, positions_text, spark_text, summary_line, transcript_text)
 from .source import NO_PROPOSER, Choices, EventSource, Settings, default_proposer
 from .widgets import DRAFT, TARGET, AnswerView, History, PromptArea, Tick
 
@@ -117,6 +117,10 @@ class EdgespecApp(App[None]):
         Binding("f1,question_mark", "help", "Help"),
         Binding("f2", "toggle_settings", "Settings"),
         Binding("f3", "toggle_colour", "Colour"),
+        Binding("f4", "pick_proposer", "Proposer"),
+        # the standard select-all in every text field (Textual's own is F7 / ctrl+shift+a;
+        # its ctrl+a, "line start", stays on Home)
+        Binding("ctrl+a", "select_all", "Select all", show=False, priority=True),
         Binding("ctrl+n", "new_conversation", "New chat"),
         Binding("ctrl+up", "recall(-1)", "Prev prompt", show=False),
         Binding("ctrl+down", "recall(1)", "Next prompt", show=False),
@@ -307,6 +311,22 @@ class EdgespecApp(App[None]):
             self._main.query_one("#target").focus()
         else:
             self._main.query_one(PromptArea).focus()
+
+    def action_pick_proposer(self) -> None:
+        """F4: the proposer picker, open, whatever has focus (the settings panel is shown
+        first where the screen hides it)."""
+        if self.screen is not self._main:
+            return
+        if not self._main.query_one("#settings").display:
+            self.action_toggle_settings()
+        select = self._main.query_one("#proposer", Select)
+        select.focus()
+        select.expanded = True
+
+    def action_select_all(self) -> None:
+        focused = self.focused
+        if isinstance(focused, (Input, PromptArea)):
+            focused.select_all()
 
     def action_toggle_colour(self) -> None:
         answer = self._main.query_one(AnswerView)
@@ -598,7 +618,7 @@ class EdgespecApp(App[None]):
             t.append(f" · {n} tok")
         last = self.metrics.controls[-1] if self.metrics.controls else None
         if last is not None:
-            t.append(f" │ ctrl {last.kind}: {last.reason}", Style(dim=True))
+            t.append(f" │ {control_words(last.kind, last.proposer, last.draft_length)}", Style(dim=True))
         self._main.query_one("#status", Static).update(t)
 
     def _refresh_legend(self) -> None:

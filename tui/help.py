@@ -15,6 +15,8 @@ KEYS = [
     ("down (last line), ctrl+down", "next prompt"),
     ("F2", "show / hide the settings panel"),
     ("F3", "token-origin colouring on / off"),
+    ("F4", "pick the proposer (opens its list; shows the settings panel)"),
+    ("ctrl+a", "select all in a text field (Home: line start)"),
     ("ctrl+n", "new conversation (with \"keep it\" on in the settings)"),
     ("F1 / ?", "this help (Esc closes it)"),
     ("tab / shift+tab", "move between fields"),

@@ -243,6 +243,33 @@ def history_row(n: int, label: str, s: RequestStats) -> tuple[str, ...]:
 
 HISTORY_COLUMNS = ("#", "proposer", "tok", "reused", "tok/s", "acc", "len", "stop")
 
+#: the controller's decisions in plain words, for the status line (its reasons, which name
+#: cost curves and evidence counts, stay in the stats and the logs)
+CONTROL_WORDS = {
+    "fallback": "drafting stopped: the guesses were not paying",
+    "probe": "trying {p} again to see if it pays now",
+    "recover": "drafting back on: the guesses pay again",
+    "policy": "switched to {p}: it pays best here",
+    "guard_off": "drafting paused: it was slower than plain decoding",
+    "guard_on": "drafting resumed: faster than plain again",
+    "guarded": "drafting held off: slower than plain decoding here",
+    "canary_off": "drafting off for this kind of request: it did not pay",
+    "canary_on": "drafting on for this kind of request: it pays",
+    "canary": "testing whether drafting pays for this kind of request",
+    "canary_probe": "re-testing whether drafting pays for this kind of request",
+    "canary_held": "drafting held off for this kind of request",
+    "load_yield": "drafting paused: the machine is busy",
+    "load_resume": "drafting resumed: the machine is quiet again",
+    "draft_length": "now drafting {n} tokens at a time",
+}
+
+
+def control_words(kind: str, proposer: str | None = None, draft_length: int | None = None) -> str:
+    """A controller decision (api.events.Control) as a newcomer would say it."""
+    words = CONTROL_WORDS.get(kind, f"speculation: {kind.replace('_', ' ')}")
+    return words.format(p=proposer or "the proposer",
+                        n="?" if draft_length is None else draft_length)
+
 
 def transcript_text(turns: Sequence, user: str | None) -> Text:
     """The conversation above the answer: each earlier turn under a header that says how

@@ -98,14 +98,19 @@ class Choices:
     #: target -> the drafts with another tokenizer pinned as bridge pairs in models.toml
     #: (a proposer with same_vocab=False, the vocabulary bridge, is offered only these)
     bridge_drafts: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    #: the drafts that can run now (pulled, or a local file); None: every draft is offered
+    #: (a scripted source). A draft picked but not pulled would fail only at load time.
+    runnable: frozenset[str] | None = field(default=None, hash=False)
 
     def drafts_for(self, target: str | None, same_vocab: bool = True) -> tuple[str, ...]:
         known = self.compatible_drafts if same_vocab else self.bridge_drafts
         if target is not None and target in known:
-            return known[target]
-        if target is not None and target in self.compatible_drafts:
-            return ()  # a registry target with no pinned bridge pair
-        return self.drafts
+            out = known[target]
+        elif target is not None and target in self.compatible_drafts:
+            out = ()  # a registry target with no pinned bridge pair
+        else:
+            out = self.drafts
+        return out if self.runnable is None else tuple(d for d in out if d in self.runnable)
 
     def proposer_options(self, target: str | None = None) -> list[tuple[str, tuple[str, str | None]]]:
         """(label, (proposer, draft)) pairs: a model proposer once per draft that fits ``target``."""
@@ -369,7 +374,17 @@ def registry_choices() -> Choices:
         bridge_drafts={t: tuple(p.draft for p in registry.pairs
                                 if p.target == t and p.bridge_version and p.draft)
                        for t in targets},
+        runnable=frozenset(n for n, spec in models.items() if _on_disk(spec)),
     )
+
+
+def _on_disk(spec) -> bool:
+    """A registry model the engine can load without a pull: its file is there."""
+    from edgespec.registry.store import spec_file  # deferred: with the registry, on first use
+    try:
+        return spec_file(spec).is_file()
+    except OSError:  # an unreadable models directory: nothing is runnable from it
+        return False
 
 
 def proposer_names() -> tuple[str, ...]:

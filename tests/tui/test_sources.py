@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -43,7 +44,8 @@ def test_proposer_names_come_from_the_one_registry():
     assert Choices(targets=("t",)).proposers == tuple(names(plain=True, auto=True)) == \
         proposer_names()
     assert Settings(target="t").proposer == "auto"  # the engine's default (test_defaults.py)
-    c = registry_choices()  # models.toml ships with the package: no pull, no model
+    # models.toml ships with the package: no pull, no model (every draft offered)
+    c = replace(registry_choices(), runnable=None)
     assert c.proposers == tuple(names(plain=True, auto=True))
     labels = [v[0] for _, v in c.proposer_options()]
     # every proposer but one whose draft is a head file the user names (eagle3): no
@@ -54,7 +56,7 @@ def test_proposer_names_come_from_the_one_registry():
 
 
 def test_the_draft_picker_offers_only_drafts_sharing_the_target_tokenizer():
-    c = registry_choices()
+    c = replace(registry_choices(), runnable=None)  # as if every draft were pulled
     models = load_registry().models
     for target, drafts in c.compatible_drafts.items():
         assert target not in drafts
@@ -235,3 +237,20 @@ def test_chat_messages_are_a_conversation_and_exact_turns_settle():
     assert plain is not eng and eng.closed and "exact" not in plain.kw
     assert plain.streams[-1][0] == "plain text" and plain.exact is False
     assert src.settle(Settings(target="qwen", exact=True), lambda: True) == 0  # not this engine
+
+
+def test_only_pulled_drafts_are_offered(tmp_path, monkeypatch):
+    """A draft that is not on disk would fail at load (issue 39: `bridge: gemma-270m` was
+    offered unpulled); only pulled ones are listed."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "smollm2-135m.gguf").write_bytes(b"GGUF")
+    c = registry_choices()
+    assert c.runnable == frozenset({"smollm2-135m"})
+    opts = [v for _, v in c.proposer_options("qwen-1.5b") if needs_model(v[0])]
+    assert opts == [("bridge", "smollm2-135m")]  # not qwen-0.5b, not gemma-270m
+    assert [v for _, v in c.proposer_options("/m/other.gguf") if v[0] == "draft"] == \
+        [("draft", "smollm2-135m")]
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path / "empty"))
+    assert not [v for _, v in registry_choices().proposer_options("qwen-1.5b")
+                if needs_model(v[0])]
