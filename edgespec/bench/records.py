@@ -97,18 +97,21 @@ class RecordSink:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "w", encoding="utf-8")
+        self._f = None  # opened by the first unit: a run refused before it leaves no directory
         self.written = 0
 
     def write(self, records: Sequence[dict]) -> None:
+        if self._f is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "w", encoding="utf-8")
         for r in records:
             self._f.write(json.dumps(r, default=_jsonable) + "\n")
             self.written += 1
         self._f.flush()
 
     def close(self) -> None:
-        self._f.close()
+        if self._f is not None:
+            self._f.close()
 
 
 def _jsonable(x):  # type: ignore[no-untyped-def]

@@ -29,12 +29,30 @@ PLAIN_LLAMA = "llama-completion"
 
 
 # --- JSON ---------------------------------------------------------------------------
-def write_json(run: Mapping, path: str | os.PathLike) -> Path:
-    """Write atomically, so an interrupted write never leaves half a file behind."""
+def write_json(run: Mapping, path: str | os.PathLike,
+               records_from: str | os.PathLike | None = None) -> Path:
+    """Write atomically, so an interrupted write never leaves half a file behind. With
+    ``records_from`` (the run's records.jsonl: its full records, one per line) the records
+    are copied from that file line by line instead of taken from ``run``, whose records a
+    run keeps compacted (records.compact): bench.json holds every record whole while the
+    writer holds one line at a time."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(run, indent=1, default=_jsonable), encoding="utf-8")
+    if records_from is None or not Path(records_from).is_file():
+        tmp.write_text(json.dumps(run, indent=1, default=_jsonable), encoding="utf-8")
+    else:
+        head = json.dumps({k: v for k, v in run.items() if k != "records"}, indent=1,
+                          default=_jsonable)
+        with open(tmp, "w", encoding="utf-8") as out, \
+                open(records_from, encoding="utf-8") as lines:
+            out.write(head[:-2] + ',\n "records": [')  # head ends with "\n}"
+            sep = "\n  "
+            for line in lines:
+                if line.strip():
+                    out.write(sep + line.rstrip("\n"))
+                    sep = ",\n  "
+            out.write("\n ]\n}\n")
     tmp.replace(path)
     return path
 
@@ -225,12 +243,11 @@ def config_summary(run: Mapping, config: str, category: str | None = None) -> Co
                 pos_a.append(0)
             pos_d[i] += d
             pos_a[i] += a
-    if all("token_times" in r for r in recs):  # a run of older edgespec, or records.jsonl
-        itl = [b - a for r in recs for a, b in zip(r["token_times"], r["token_times"][1:])]
-        itl_p50, itl_p95, itl_p99 = (percentile(itl, q) for q in (50, 95, 99))
-    else:  # kept records: each request's ITLs as a histogram (records.compact)
-        hists = [r.get("itl_hist") or latency_histogram(r.get("token_times", [])) for r in recs]
-        itl_p50, itl_p95, itl_p99 = (histogram_percentile(hists, q) for q in (50, 95, 99))
+    # each request's ITLs as a histogram: what a run keeps (records.compact), and from whole
+    # records the same, so a report rebuilt from bench.json is the run's report
+    hists = [r["itl_hist"] if "itl_hist" in r else latency_histogram(r.get("token_times", []))
+             for r in recs]
+    itl_p50, itl_p95, itl_p99 = (histogram_percentile(hists, q) for q in (50, 95, 99))
     compared = [r["parity"] for r in recs if r.get("parity") is not None]
     shares = [1.0 - r["proposer_share"].get("target", 1.0) for r in recs if r["proposer_share"]]
     ttft = [r["ttft_seconds"] for r in recs if r["ttft_seconds"] is not None]

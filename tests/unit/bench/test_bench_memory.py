@@ -95,3 +95,24 @@ def test_kept_records_give_the_same_summary_as_whole_ones():
         assert (a.requests, a.acceptance_rate == a.acceptance_rate) == \
             (b.requests, b.acceptance_rate == b.acceptance_rate)
         assert math.isclose(a.itl_p50, b.itl_p50, rel_tol=0.12)
+
+
+def test_bench_json_takes_the_whole_records_from_the_sink_file(tmp_path):
+    from edgespec.bench.records import RecordSink
+    from edgespec.bench.results import load_run, write_json
+
+    eng = FakeEngine(tokens_for=lambda p, n: list(range(1, n + 1)))
+    m = Matrix(target="t", configs=CONFIGS, spec_bench=("writing",), max_new_tokens=5, warmup=0)
+    sink = RecordSink(tmp_path / "out" / "records.jsonl")
+    run = Runner(m, eng, sink=sink.write).run(PROMPTS, BenchRun(m))
+    sink.close()
+    data = run.to_dict()
+    path = write_json(data, tmp_path / "out" / "bench.json", records_from=sink.path)
+    back = load_run(path)
+    assert len(back["records"]) == len(data["records"]) == 9
+    assert all(len(r["tokens"]) == 5 and len(r["token_times"]) == 5 for r in back["records"])
+    assert {k: v for k, v in back.items() if k != "records"} == \
+        json.loads(json.dumps({k: v for k, v in data.items() if k != "records"}))
+    # and a summary of the whole records agrees with that of the kept ones
+    assert config_summary(back, "a").requests == config_summary(data, "a").requests
+    assert not RecordSink(tmp_path / "never" / "r.jsonl").path.parent.exists()  # lazily made

@@ -65,7 +65,7 @@ def test_config_summary_pools_requests():
     assert s.position_acceptance == [pytest.approx(0.7)]
     assert sorted(s.request_acceptance) == [0.0, 0.75, 1.0]
     assert s.parity == (2, 3)
-    assert s.itl_p50 == pytest.approx(0.1)
+    assert s.itl_p50 == pytest.approx(0.1, rel=0.06)  # from a log histogram: within its bin
 
 
 def test_slice_results_for_qualification():
