@@ -286,7 +286,7 @@ def test_grammar_and_logit_bias(llm):
 
 @pytest.mark.parametrize("kwargs, named", [
     (dict(lora_path="adapter.gguf"), "lora_path"),
-    (dict(embedding=True), "embedding"),
+    (dict(pooling_type=4), "pooling_type"),
     (dict(rope_freq_base=10000.0), "rope_freq_base"),
     (dict(chat_format="chatml"), "chat_format='chatml'"),
     (dict(type_k=8), "type_k=8 and type_v=None"),
