@@ -34,6 +34,11 @@ DOCUMENTED = {
                                    "n_prompt_tokens_cache", "params", "next_token", "prompt",
                                    "generated"}),
     ("/v1/health", ""): ({"slots_idle", "slots_processing"}, set()),
+    # the OpenAI routes: edgespec's speculation stats; OpenAI's own always-present nulls
+    ("/v1/completions", ""): ({"edgespec"}, set()),
+    ("/v1/chat/completions", ""): ({"edgespec"}, set()),
+    ("/v1/chat/completions", "choices.0"): ({"logprobs"}, set()),
+    ("/v1/chat/completions", "message"): ({"refusal"}, set()),
 }
 
 
