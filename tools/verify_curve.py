@@ -1,0 +1,420 @@
+"""Why the verify curve bends: CPU time of n-token passes, per layout and per ggml kernel.
+
+Wall-clock timings on a shared machine are noise, so everything here is CPU time of the
+measuring process (``time.process_time``: every thread's time on a core, not the time it
+waited for one) or perf's software ``cpu-clock`` samples (virtual machines often expose no
+hardware cycle counter; ``perf stat -e cycles`` then says "not supported"). Both still
+count a spinning thread-pool barrier as work: with 2 threads on a loaded machine the
+waiting thread spins, which the per-kernel table shows as its own line (sync).
+
+    # the curve per layout, one process per layout, all n round-robin (CPU-s per pass)
+    python tools/verify_curve.py curve MODEL --threads 1 --layout repack --layout plain
+    # where a pass of n tokens spends its time (one perf record per n, counting only passes)
+    python tools/verify_curve.py record MODEL --threads 1 --n 1 --n 4 --n 16 --out /tmp/vc
+    # a copy whose Q6_K tensors are Q8_0 (llama-quantize from the anchors' build tree)
+    python tools/verify_curve.py relayout MODEL /tmp/qwen-1.5b-q6q8.gguf --quantize QBIN
+    # greedy agreement of a re-laid copy with the original
+    python tools/verify_curve.py agree MODEL COPY --tokens 48
+
+``drive`` is the inner loop ``record`` runs under perf: it loads the model, decodes a
+prefix, then enables perf through its control fifo only around the timed passes, so
+loading and repacking the weights never enter a profile.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_NS = (1, 2, 4, 8, 16)
+LAYOUTS = ("repack", "plain")
+
+#: ggml CPU kernels -> what they are, first match wins. Q4_K tensors are repacked into 8x8
+#: tiles on AVX2 (gemm for each whole group of 4 rows of a pass, gemv for each leftover row);
+#: Q6_K and Q8_0 are not repacked on x86 and go through ggml's generic mul_mat (one
+#: vec_dot per weight row x token) or llamafile's tinyBLAS (Q8_0 batches).
+CATEGORIES: tuple[tuple[str, str], ...] = (
+    (r"gemm_(?P<t>q\d_K|q\d_\d)_\d+x\d+", "{T} repacked gemm (4-row tiles)"),
+    (r"gemv_(?P<t>q\d_K|q\d_\d)_\d+x\d+", "{T} repacked gemv (1 row)"),
+    (r"vec_dot_(?P<t>q\d_K|q\d_\d)_q8", "{T} vec_dot (not repacked)"),
+    (r"tinyBLAS|llamafile_sgemm", "llamafile tinyBLAS (Q8_0/Q4_0 gemm)"),
+    (r"flash_attn|soft_max|vec_dot_f16|vec_mad_f16|vec_dot_f32|rope|expf|dequantize_row_q8_0"
+     r"|fwht", "attention"),
+    (r"quantize_row|quantize_mat|from_float|fp32_to_fp16|fp16_to_fp32", "quantize activations"),
+    (r"gomp_|GOMP_|omp_|ggml_barrier|sched_yield|futex|spin|chunk_add", "sync / spin"),
+    (r"memcpy|memmove|memset|get_rows", "copies (logits, rows)"),
+    (r"rms_norm|vec_add|vec_mul|silu|swiglu|ggml_compute_forward_(add|mul|cpy|scale)\b",
+     "elementwise"),
+    (r"ggml_compute_forward_mul_mat", "mul_mat driver (chunking, row loop)"),
+)
+OTHER = "other"
+KERNEL = "kernel (page faults, syscalls)"
+
+#: a row of ``perf report --stdio --sort dso,symbol``: "  4.32%  libggml-cpu.so  [.] sym";
+#: columns are padded with 2+ spaces (perf may append IPC columns after the symbol)
+_REPORT_LINE = re.compile(r"^\s*(?P<pct>\d+(?:\.\d+)?)%\s+(?:(?P<dso>\S+)\s+)?"
+                          r"\[(?P<kind>[.k])\]\s+(?P<sym>.+?)(?:\s{2,}.*)?$")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One symbol's share of a perf profile."""
+
+    symbol: str
+    percent: float
+    kernel_space: bool
+    dso: str = ""
+
+
+def parse_report(text: str) -> list[Sample]:
+    """The rows of ``perf report --stdio --sort dso,symbol`` (or ``--sort symbol``);
+    comments and blank lines skipped."""
+    out = []
+    for line in text.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        m = _REPORT_LINE.match(line)
+        if m:
+            out.append(Sample(m["sym"].strip(), float(m["pct"]), m["kind"] == "k",
+                              m["dso"] or ""))
+    return out
+
+
+def categorize(symbol: str, kernel_space: bool = False, dso: str = "") -> str:
+    if kernel_space or dso.startswith("[kernel"):
+        return KERNEL
+    for pattern, name in CATEGORIES:
+        m = re.search(pattern, symbol)
+        if m:
+            t = m.groupdict().get("t")
+            return name.replace("{T}", t.upper() if t else "")
+    if symbol.startswith("0x") and "ggml-cpu" in dso:
+        # static functions of ggml-cpu (no exported symbol): its inlined kernels
+        return "ggml-cpu, unnamed (static)"
+    if "python" in dso or dso.startswith("libpython"):
+        return "Python"
+    return OTHER
+
+
+def by_category(samples: list[Sample]) -> dict[str, float]:
+    """Percent of the profile per category, largest first."""
+    acc: dict[str, float] = {}
+    for s in samples:
+        key = categorize(s.symbol, s.kernel_space, s.dso)
+        acc[key] = acc.get(key, 0.0) + s.percent
+    return dict(sorted(acc.items(), key=lambda kv: -kv[1]))
+
+
+# --- the driver (runs in its own process, under perf or not) -----------------------------
+def _load(model_path: str, repack: bool):
+    # deferred: the runtime loads llama.cpp's libraries; parse-only uses (the tests) skip it
+    from edgespec.runtime.model import load_model
+    return load_model(model_path, use_extra_bufts=repack)
+
+
+def _tokens(model, n: int) -> list[int]:
+    vocab = max(int(model.n_vocab), 2)
+    return [(1000 + 7919 * i) % vocab for i in range(n)]
+
+
+class _PerfControl:
+    """perf's ``--control fifo:CTL,ACK``: enable counting only around the measured passes."""
+
+    def __init__(self, ctl: str | None, ack: str | None) -> None:
+        self.ctl = open(ctl, "w") if ctl else None
+        self.ack = open(ack) if ctl and ack else None
+
+    def _say(self, word: str) -> None:
+        if self.ctl:
+            self.ctl.write(word + "\n")
+            self.ctl.flush()
+            if self.ack:
+                self.ack.readline()
+
+    def enable(self) -> None:
+        self._say("enable")
+
+    def disable(self) -> None:
+        self._say("disable")
+
+
+def drive(model_path: str, ns: list[int], reps: int, threads: int, repack: bool,
+          ubatch: int, prefix: int, ctl: str | None = None, ack: str | None = None) -> dict:
+    """CPU seconds (and wall seconds) per pass of each n, all-row logits, round-robin over n
+    so that drift hits every n alike; the KV cache is trimmed back after each pass."""
+    from edgespec.calibration.measuring import context_options  # deferred: as _load
+    from edgespec.runtime.kernel import KernelConfig
+    model = _load(model_path, repack)
+    kmax = max(ns)
+    ctx = model.new_context(n_ctx=prefix + kmax + 8, n_batch=ubatch, n_threads=threads,
+                            **context_options(KernelConfig(repack=repack)))
+    toks = _tokens(model, prefix + kmax)
+    for start in range(0, prefix, ubatch):  # the prefix in chunks the context accepts
+        ctx.decode(toks[start:min(prefix, start + ubatch)], start, logits="none")
+    cpu: dict[int, list[float]] = {n: [] for n in ns}
+    wall: dict[int, list[float]] = {n: [] for n in ns}
+    for n in ns:  # warm-up: first-touch of buffers, the thread pool
+        ctx.decode(toks[prefix:prefix + n], prefix, logits="all" if n <= ubatch else "last")
+        ctx.trim(0, prefix)
+    perf = _PerfControl(ctl, ack)
+    perf.enable()
+    for _ in range(reps):
+        for n in ns:
+            c0, w0 = time.process_time(), time.perf_counter()
+            # a pass longer than the micro-batch is split by the context; only its last
+            # chunk can carry logits, which is what a smaller n_ubatch would cost anyway
+            ctx.decode(toks[prefix:prefix + n], prefix, logits="all" if n <= ubatch else "last")
+            cpu[n].append(time.process_time() - c0)
+            wall[n].append(time.perf_counter() - w0)
+            ctx.trim(0, prefix)
+    perf.disable()
+    ctx.close()
+    model.close()
+    return {"cpu": {n: statistics.median(v) for n, v in cpu.items()},
+            "wall": {n: statistics.median(v) for n, v in wall.items()},
+            "threads": threads, "repack": repack, "ubatch": ubatch, "model": model_path}
+
+
+def _drive_cmd(a, ns: list[int], repack: bool, threads: int, ubatch: int, model: str,
+               reps: int) -> list[str]:
+    cmd = [sys.executable, os.path.abspath(__file__), "drive", model, "--threads", str(threads),
+           "--reps", str(reps), "--ubatch", str(ubatch), "--prefix", str(a.prefix)]
+    cmd += [x for n in ns for x in ("--n", str(n))]
+    return cmd + ([] if repack else ["--no-repack"])
+
+
+def _run_drive(cmd: list[str], env: dict | None = None) -> dict:
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        raise SystemExit(f"driver failed ({res.returncode}): {res.stderr[-2000:]}")
+    for line in reversed(res.stdout.splitlines()):
+        if line.startswith("{"):
+            out = json.loads(line)
+            out["cpu"] = {int(k): v for k, v in out["cpu"].items()}
+            out["wall"] = {int(k): v for k, v in out["wall"].items()}
+            return out
+    raise SystemExit(f"driver printed no result: {res.stdout[-1000:]}")
+
+
+def curve_rows(result: dict) -> list[tuple[int, float, float]]:
+    """(n, CPU ms per pass, CPU steps = pass / 1-token pass) for a driver result."""
+    base = result["cpu"][1]
+    return [(n, 1000 * c, c / base) for n, c in sorted(result["cpu"].items())]
+
+
+def cmd_curve(a) -> None:
+    ns = sorted(set(a.n or DEFAULT_NS) | {1})
+    models = [a.model] + list(a.copy or [])
+    print("| model | layout | threads | n_ubatch | " + " | ".join(f"n={n}" for n in ns)
+          + " | 1-token ms (CPU) |")
+    print("|---|---|---|---|" + "---|" * len(ns) + "---|")
+    for model in models:
+        for layout in a.layout or ["repack"]:
+            for threads in a.threads:
+                for ubatch in a.ubatch:
+                    r = _run_drive(_drive_cmd(a, ns, layout == "repack", threads, ubatch, model,
+                                              a.reps))
+                    rows = curve_rows(r)
+                    print(f"| {Path(model).name} | {layout} | {threads} | {ubatch} | "
+                          + " | ".join(f"{s:.2f}" for _, _, s in rows)
+                          + f" | {rows[0][1]:.1f} |", flush=True)
+
+
+def cmd_record(a) -> None:
+    perf = shutil.which("perf")
+    if not perf:
+        raise SystemExit("perf not found: apt-get install linux-perf")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ns = a.n or list(DEFAULT_NS)
+    tables: dict[int, dict[str, float]] = {}
+    cpu: dict[int, float] = {}
+    for n in ns:
+        data = out / f"perf-n{n}-t{a.threads}-{a.layout}.data"
+        with tempfile.TemporaryDirectory() as tmp:
+            ctl, ack = os.path.join(tmp, "ctl"), os.path.join(tmp, "ack")
+            os.mkfifo(ctl)
+            os.mkfifo(ack)
+            cmd = [perf, "record", "-q", "-e", "cpu-clock", "-F", str(a.freq), "-D", "-1",
+                   "--control", f"fifo:{ctl},{ack}", "-o", str(data), "--"]
+            cmd += _drive_cmd(a, [n], a.layout == "repack", a.threads, a.ubatch, a.model,
+                              a.reps)
+            cmd += ["--ctl", ctl, "--ack", ack]
+            r = _run_drive(cmd)
+        cpu[n] = r["cpu"][n]
+        rep = subprocess.run([perf, "report", "--stdio", "--sort", "dso,symbol", "-i", str(data)],
+                             capture_output=True, text=True, check=True).stdout
+        (out / f"report-n{n}-t{a.threads}-{a.layout}.txt").write_text(rep)
+        tables[n] = by_category(parse_report(rep))
+    base = cpu.get(1)
+    cats = list(dict.fromkeys(c for t in tables.values() for c in t))
+    print(f"CPU ms per pass, by kernel ({Path(a.model).name}, {a.layout}, "
+          f"{a.threads} thread(s)); share of the profile x CPU time of the pass")
+    print("| kernel | " + " | ".join(f"n={n}" for n in ns) + " |")
+    print("|---|" + "---|" * len(ns))
+    for c in cats:
+        print(f"| {c} | " + " | ".join(f"{tables[n].get(c, 0.0) / 100 * cpu[n] * 1000:.1f}"
+                                       for n in ns) + " |")
+    print("| **total** | " + " | ".join(f"{cpu[n] * 1000:.1f}" for n in ns) + " |")
+    if base:
+        print("| steps | " + " | ".join(f"{cpu[n] / base:.2f}" for n in ns) + " |")
+
+
+def cmd_agree(a) -> None:
+    # deferred: as _load
+    from edgespec.runtime.kernel import KernelConfig
+    from edgespec.calibration.measuring import context_options
+    prompts = a.prompt or [
+        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+        "The three laws of thermodynamics are",
+        "Q: Convert this CSV to JSON lines.\nname,age\nann,31\nbob,27\nA:",
+        "import os\n\n\ndef list_python_files(root):\n",
+    ]
+    outs = []
+    for path in (a.model, a.copy):
+        model = _load(path, True)
+        ctx = model.new_context(n_ctx=512, n_batch=512, n_threads=a.threads,
+                                **context_options(KernelConfig()))
+        gen = []
+        for p in prompts:
+            ctx.clear()
+            ids = list(model.tokenize(p))
+            row = ctx.decode(ids, 0, logits="last")[0]
+            seq = []
+            for i in range(a.tokens):
+                t = int(row.argmax())
+                seq.append(t)
+                row = ctx.decode([t], len(ids) + i, logits="last")[0]
+            gen.append(seq)
+        ctx.close()
+        model.close()
+        outs.append(gen)
+    total_same = total_prefix = 0
+    for p, x, y in zip(prompts, *outs):
+        same = sum(u == v for u, v in zip(x, y))
+        prefix = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x))
+        total_same += same
+        total_prefix += prefix
+        print(f"{p[:40]!r}: {same}/{len(x)} positions equal, first divergence at {prefix}")
+    n = a.tokens * len(prompts)
+    print(f"all: {total_same}/{n} positions equal ({total_same / n:.0%}), identical prefix "
+          f"{total_prefix}/{n} ({total_prefix / n:.0%})")
+
+
+#: enum ggml_type values of the weight types a Q4_K_M file holds -> llama-quantize's names
+GGML_TYPE_NAMES = {12: "q4_k", 14: "q6_k", 8: "q8_0", 2: "q4_0", 13: "q5_k", 10: "q2_k",
+                   11: "q3_k", 1: "f16", 0: "f32"}
+
+
+def relayout_types(tensors, src_type: int = 14, dst: str = "q8_0") -> list[str]:
+    """llama-quantize ``--tensor-type`` lines naming EVERY weight tensor exactly (anchored
+    regexes), each at its own type except ``src_type`` ones at ``dst``: with every tensor
+    named, the quantizer's mixture logic never runs, and a tensor whose type is unchanged is
+    copied byte for byte (llama-quant.cpp: ``quantize = cur_type != new_type``)."""
+    lines = []
+    for t in tensors:
+        if not t.name.endswith(".weight") or t.ggml_type in (0, 1) or len(t.shape) < 2:
+            continue  # norms and biases are not quantized
+        if t.ggml_type not in GGML_TYPE_NAMES:
+            raise SystemExit(f"{t.name}: ggml type {t.ggml_type} has no name here")
+        kind = dst if t.ggml_type == src_type else GGML_TYPE_NAMES[t.ggml_type]
+        lines.append("^" + re.escape(t.name) + "$=" + kind)
+    return lines
+
+
+def cmd_relayout(a) -> None:
+    # deferred: as _load
+    from edgespec.runtime.gguf_header import read_gguf_header
+    quantize = a.quantize or shutil.which("llama-quantize")
+    if not quantize or not os.path.exists(quantize):
+        raise SystemExit("llama-quantize not found: build it in the anchors' build tree "
+                         "(cmake --build BUILD --target llama-quantize) and pass --quantize")
+    info = read_gguf_header(a.model)
+    lines = relayout_types(info.tensors, dst=a.to)
+    changed = sum(1 for t in info.tensors if t.ggml_type == 14)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("\n".join(lines) + "\n")
+    cmd = [quantize, "--allow-requantize", "--tensor-type-file", f.name, a.model, a.out,
+           "Q4_K_M", str(a.threads)]
+    print(" ".join(cmd), f"# {changed} Q6_K tensors -> {a.to}", flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if not a.verbose else None)
+    after = read_gguf_header(a.out)
+    left = [t.name for t in after.tensors if t.ggml_type == 14]
+    if left:
+        raise SystemExit(f"{len(left)} tensors are still Q6_K in {a.out}: {left[:3]}")
+    print(f"wrote {a.out} ({after.file_size / 1e6:.0f} MB; source {info.file_size / 1e6:.0f} MB)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("drive", help="the measured loop (one process)")
+    d.add_argument("model")
+    d.add_argument("--n", type=int, action="append")
+    d.add_argument("--reps", type=int, default=8)
+    d.add_argument("--threads", type=int, default=1)
+    d.add_argument("--no-repack", action="store_true")
+    d.add_argument("--ubatch", type=int, default=512)
+    d.add_argument("--prefix", type=int, default=64)
+    d.add_argument("--ctl")
+    d.add_argument("--ack")
+    for name in ("curve", "record"):
+        p = sub.add_parser(name)
+        p.add_argument("model")
+        p.add_argument("--n", type=int, action="append")
+        p.add_argument("--reps", type=int, default=8)
+        p.add_argument("--prefix", type=int, default=64)
+    c = sub.choices["curve"]
+    c.add_argument("--copy", action="append", help="another GGUF (a re-laid copy) to measure")
+    c.add_argument("--layout", action="append", choices=LAYOUTS)
+    c.add_argument("--threads", type=int, action="append")
+    c.add_argument("--ubatch", type=int, action="append")
+    r = sub.choices["record"]
+    r.add_argument("--layout", choices=LAYOUTS, default="repack")
+    r.add_argument("--threads", type=int, default=1)
+    r.add_argument("--ubatch", type=int, default=512)
+    r.add_argument("--freq", type=int, default=2000)
+    r.add_argument("--out", default="/tmp/verify_curve")
+    g = sub.add_parser("agree")
+    g.add_argument("model")
+    g.add_argument("copy")
+    g.add_argument("--tokens", type=int, default=48)
+    g.add_argument("--threads", type=int, default=2)
+    g.add_argument("--prompt", action="append")
+    q = sub.add_parser("relayout", help="a copy whose Q6_K tensors are another type")
+    q.add_argument("model")
+    q.add_argument("out")
+    q.add_argument("--to", default="q8_0")
+    q.add_argument("--quantize", help="path of llama-quantize")
+    q.add_argument("--threads", type=int, default=2)
+    q.add_argument("--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    if a.cmd == "drive":
+        ns = sorted(set(a.n or DEFAULT_NS))
+        if min(ns) < 1:
+            raise SystemExit("pass sizes must be >= 1")
+        print(json.dumps(drive(a.model, ns, a.reps, a.threads, not a.no_repack, a.ubatch,
+                               a.prefix, a.ctl, a.ack)))
+    elif a.cmd == "curve":
+        a.threads = a.threads or [1]
+        a.ubatch = a.ubatch or [512]
+        cmd_curve(a)
+    elif a.cmd == "record":
+        cmd_record(a)
+    elif a.cmd == "relayout":
+        cmd_relayout(a)
+    else:
+        cmd_agree(a)
+
+
+if __name__ == "__main__":
+    main()
