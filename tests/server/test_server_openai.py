@@ -210,8 +210,8 @@ def test_metrics_count_what_was_served(client, server):
      "messages.0.content"),
     ({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, 404,
      "model_not_found", "model"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400,
-     "unsupported_parameter", "n"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 13}, 400,
+     "invalid_value", "n"),  # beyond --parallel 4 + --max-queue 8 (n = 2 is served)
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [
         {"type": "function", "function": {"name": "f"}}]}, 400, "tools_unsupported",
      "tools"),  # SmolLM2's template has no place for tools
@@ -241,8 +241,8 @@ def test_openai_client_raises_its_own_error_classes(client):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError) as e:
-        chat(client, "hi", n=2)
-    assert e.value.code == "unsupported_parameter" and e.value.param == "n"
+        chat(client, "hi", n=13)
+    assert e.value.code == "invalid_value" and e.value.param == "n"
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt="word " * 1500, max_tokens=4)
     assert e.value.code == "context_length_exceeded" and e.value.param == "prompt"
