@@ -382,6 +382,9 @@ def report_section(run: Mapping[str, Any]) -> list[str]:
                    "mean overall)", speedup_table(sub, "category", tasks), tasks)
     lines += _grid(f"Per task, decode speedup over `{PLAIN_LLAMA}`",
                    vs_llama_table(sub, tasks), tasks)
+    ids = list(dict.fromkeys(r["prompt_id"] for r in recs))
+    lines += _grid("Per prompt (median over its turns), decode speedup over our plain path",
+                   speedup_table(sub, "prompt_id", ids), ids)
     agent = [r for r in recs if r["category"] == "grounded-agent"]
     if agent:
         turns = sorted({int(r["turn"]) for r in agent})

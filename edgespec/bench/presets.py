@@ -13,7 +13,7 @@
               one is given, llama-cpp-python's lookup at 10 and 2 tokens. Hours.
     grounded  edit, extraction, summary and multi-turn agent work on Python stdlib sources
               (bench.grounded), 128 tokens; plain, auto, both oracles, llama-completion,
-              llama-lookup. 14 prompts, 22 turns.
+              llama-lookup. 14 prompts, 23 turns.
     grounded-quick  3 of those prompts (a planted bug, a JSON extraction, a 3-turn agent)
               for smoke runs; the same configurations.
 """

@@ -184,6 +184,7 @@ def test_the_report_gives_figures_per_task_and_per_agent_turn():
                       "bootstrap_resamples": 100, "confidence": 0.95, "seed": 0}}
     text = "\n".join(grounded.report_section(run))
     assert "| grounded-fix-bug | 2.00× | 0.50× |" in text  # auto, llama-completion over plain
+    assert "| g/agent | 4.00× | 0.50× |" in text  # per prompt: the median of 2x and 6x
     assert "Agent slice per turn" in text
     assert "| turn 1 | 2.00× | 0.50× |" in text and "| turn 2 | 6.00× | 0.50× |" in text
     assert "| turn 2 | 2.00× | 12.00× |" in text  # over llama-completion: plain, auto
