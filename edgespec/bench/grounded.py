@@ -43,9 +43,11 @@ SETS = ("all", "quick")  # Matrix.grounded: the whole slice, or the 3-prompt smo
 # A turn's answer is at most this many tokens in the presets; the size check adds it per turn.
 ANSWER_TOKENS = 128
 CONTEXT_TOKENS = 4096  # Qwen 1.5B's default context in the bench
-# Conservative: Qwen's tokenizer averages about 3.5-4 characters per token on Python code,
-# so dividing by 3 over-counts the tokens a prompt takes.
-CHARS_PER_TOKEN = 3.0
+# Below every prompt's own ratio under Qwen 2.5's tokenizer (measured: 2.38 characters per
+# token for colorsys, whose float constants tokenize digit by digit; 3.6-5.1 for the others;
+# the most any prompt needs with its answers is about 2,200 tokens), so the estimate
+# over-counts the tokens a prompt takes.
+CHARS_PER_TOKEN = 2.25
 
 
 @dataclass(frozen=True)
