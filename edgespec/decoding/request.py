@@ -404,12 +404,11 @@ class Loop:
                 if i < len(d) and ys[i] != d[i]:
                     break
             return verify.verify_greedy(d, ys)
-        keys = req.uniforms()
-        target = _TargetRows(rows, req.tokens, d, s)
-        if draft.probs is None:  # point mass or a coupled draft model: keyed by position
-            return verify.verify_coupled(d, target, [keys.at(n0 + i) for i in range(len(d) + 1)])
-        # a drafter that hands distributions: rejection sampling on the step's own stream
-        return verify.verify_sampling(d, draft.probs, target, keys.step(n0))
+        # point masses and coupled draft models read the uniforms keyed by position; a
+        # drafter that hands distributions gets rejection sampling on the step's own stream
+        return verify.verify_sampling(d, draft.probs, _TargetRows(rows, req.tokens, d, s),
+                                      req.generator if draft.probs is None
+                                      else req.uniforms().step(n0))
 
     # --- emission -----------------------------------------------------------------------
     def emit(self, req: Request, new: list[int], rows: FloatArray, *, n_acc: int, proposer: str | None,

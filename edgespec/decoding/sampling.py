@@ -37,7 +37,7 @@ seed gets a fresh random seed once, at its start. Consequences:
   equal that draw (verify.py);
 * a draft model is *coupled* to the target: it draws its token at ``n`` from its own
   distribution with the same ``u(seed, n)``, and the token is accepted iff it equals
-  the target's draw (``verify.verify_coupled``). That is lossless trivially (the
+  the target's draw (a point mass to ``verify.verify_sampling``). That is lossless trivially (the
   emitted token is always the target's own draw) and it accepts where the two
   inverse-CDF intervals of the token overlap: when q is close to p that is close to
   rejection sampling's ``sum min(p, q)``, below it otherwise (docs/parity.md has the

@@ -37,12 +37,13 @@ one uniform per emitted token like plain sampling; that is what is done here.
 A draft model that picks argmax tokens but reports its softmax as ``q`` would
 make the rule above wrong; such a drafter must pass ``draft_probs=None``.
 
-Coupled drafts (:func:`verify_coupled`; sampling.py's RNG policy): the token at
-position ``n`` is ``icdf(p_n, u_n)`` for a uniform keyed by the position, and a draft
-model drew its token there as ``icdf(q_n, u_n)`` with the *same* ``u_n``. Accepting
+Coupled drafts (sampling.py's RNG policy): the request hands verification a cursor
+over uniforms keyed by position, so the point-mass rule's draw at position ``n`` is
+``icdf(p_n, u_n)``, the plain path's own draw there. A draft model drew its token as
+``icdf(q_n, u_n)`` with the *same* ``u_n`` and is verified as a point mass: accepting
 iff the two agree emits ``icdf(p_n, u_n)`` at every position whatever the draft, so
-the output is plain sampling's output token for token; the draft decides only how
-many positions one pass settles.
+the output is plain sampling's token for token; the draft decides only how many
+positions one pass settles.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ from typing import NamedTuple, Protocol, Sequence, TypeVar
 import numpy as np
 
 from ..api.arrays import FloatArray
-from .sampling import Uniforms, sample, sample_at
+from .sampling import Uniforms, sample
 
 
 _Row = TypeVar("_Row", covariant=True)
@@ -92,28 +93,6 @@ def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> 
         raise ValueError(f"{t.shape[0]} target rows for {k} draft tokens: need {k + 1}, "
                          "or rows up to the first mismatch")
     return Verdict(n, int(t[n]))
-
-
-def verify_coupled(draft_tokens: Sequence[int], target_probs: Rows[FloatArray],
-                   uniforms: Sequence[float]) -> Verdict:
-    """Position-keyed verification: the target's token at draft position ``i`` is the
-    inverse-CDF draw of ``target_probs[i]`` at ``uniforms[i]``; the draft's token is
-    accepted iff it equals it, and the first disagreement (or row ``k``) is the next token.
-
-    ``uniforms`` has ``k + 1`` entries, ``u(seed, n0 + i)`` for the step's first position
-    ``n0``; rows past the first disagreement are never read. A point-mass draft and a
-    coupled draft model (its tokens drawn with the same uniforms) are verified alike.
-    Example: rows ``[[0, 1, 0], [.5, .5, 0]]``, draft ``[1]``, uniforms ``[.3, .7]``
-    -> ``Verdict(1, 1)``: token 1 accepted, then ``icdf([.5, .5, 0], .7) = 1``.
-    """
-    k = len(draft_tokens)
-    if len(uniforms) != k + 1:
-        raise ValueError(f"{len(uniforms)} uniforms for {k} draft tokens: need {k + 1}")
-    for i in range(k + 1):
-        y = sample_at(target_probs[i], float(uniforms[i]))
-        if i == k or y != int(draft_tokens[i]):
-            return Verdict(i, y)
-    raise AssertionError("unreachable: the loop returns at i == k")
 
 
 def verify_sampling(

@@ -49,8 +49,23 @@ def test_sample_at_is_the_inverse_cdf_and_sample_reads_one_uniform():
     assert sampling.sample(p, cur) == sample_at(p, KeyedUniforms(3).at(0)) and cur.position == 1
 
 
-# --- verify_coupled on literal arrays -------------------------------------------------------
+# --- point-mass verification on literal arrays and explicit uniforms -------------------------
 ROWS = [np.array([0.1, 0.6, 0.3]), np.array([0.5, 0.5, 0.0]), np.array([0.0, 0.2, 0.8])]
+
+
+class Given:
+    """Explicit uniforms, one per ``random()``, and how many were read."""
+
+    def __init__(self, us):
+        self.us, self.read = list(us), 0
+
+    def random(self):
+        self.read += 1
+        return self.us[self.read - 1]
+
+
+def coupled(draft, rows, us):
+    return verify.verify_sampling(draft, None, rows, Given(us))
 
 
 @pytest.mark.parametrize("draft, us, verdict", [
@@ -59,20 +74,22 @@ ROWS = [np.array([0.1, 0.6, 0.3]), np.array([0.5, 0.5, 0.0]), np.array([0.0, 0.2
     ([2, 0], [0.3, 0.2, 0.9], (0, 1)),   # the first: icdf([.1,.6,.3], .3) = 1
     ([], [0.05], (0, 0)),                # no draft: a plain step
 ])
-def test_verify_coupled_accepts_exactly_where_the_draft_equals_the_targets_draw(draft, us, verdict):
-    assert verify.verify_coupled(draft, ROWS, us) == verify.Verdict(*verdict)
+def test_a_point_mass_is_accepted_exactly_where_it_equals_the_targets_draw(draft, us, verdict):
+    u = Given(us)
+    assert verify.verify_sampling(draft, None, ROWS, u) == verify.Verdict(*verdict)
+    assert u.read == verdict[0] + 1  # one uniform per emitted token, the next position's next
 
 
-def test_verify_coupled_emits_the_plain_draws_whatever_the_draft():
-    # the emitted tokens are icdf(p_i, u_i) at every position, for every draft
+def test_the_emitted_tokens_are_the_plain_draws_whatever_the_draft():
+    # with u_i the uniform of position i, the tokens are icdf(p_i, u_i), for every draft
     us = [0.3, 0.7, 0.9]
     plain = [sample_at(r, u) for r, u in zip(ROWS, us)]
     for draft in ([0, 0], [1, 0], [1, 1], [1, 2], [2, 2]):
-        n, y = verify.verify_coupled(draft, ROWS, us)
+        n, y = coupled(draft, ROWS, us)
         assert [*draft[:n], y] == plain[:n + 1]
 
 
-def test_verify_coupled_reads_no_row_past_the_first_disagreement_and_checks_its_uniforms():
+def test_verification_reads_no_row_past_the_first_disagreement():
     class Lazy:
         read: list[int] = []
 
@@ -83,9 +100,7 @@ def test_verify_coupled_reads_no_row_past_the_first_disagreement_and_checks_its_
             self.read.append(i)
             return ROWS[i]
     lazy = Lazy()
-    assert verify.verify_coupled([2, 0], lazy, [0.3, 0.2, 0.9]) == (0, 1) and lazy.read == [0]
-    with pytest.raises(ValueError, match="need 3"):
-        verify.verify_coupled([1, 0], ROWS, [0.3, 0.2])
+    assert coupled([2, 0], lazy, [0.3, 0.2, 0.9]) == (0, 1) and lazy.read == [0]
 
 
 def test_a_coupled_draft_accepts_as_often_as_its_intervals_overlap():
