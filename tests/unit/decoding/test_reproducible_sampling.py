@@ -156,3 +156,11 @@ def test_no_seed_still_differs_from_run_to_run():
                          sampling=SamplingParams(temperature=1.0, logit_bias=NO_EOG))
     eng = fake_engine(FakeModel(), {})
     assert eng.generate("a", p).tokens != eng.generate("a", p).tokens
+
+
+def test_a_draft_equal_to_the_target_is_always_accepted_when_coupled():
+    # q == p and the same uniform at the same position: the draws agree every time (a draft
+    # reading another position's uniform would be accepted about as often as chance)
+    fin = _run(lambda m: {"draft": DraftModelProposer(FakeModel(), n_ctx=256)}, 5, k=3)
+    assert fin.tokens == _run(lambda m: {}, 5).tokens
+    assert fin.stats.drafted > 20 and fin.stats.accepted == fin.stats.drafted
