@@ -94,3 +94,21 @@ def test_llama_cpp_anchors_not_built_say_how_to_build_them(tmp_path):
     assert res.exit_code == 1
     assert "llama-completion, llama-lookup not found" in res.output and "make anchors" in res.output
     assert not (tmp_path / "o").exists()
+
+
+def test_the_eta_prices_each_configuration_at_its_own_pace():
+    # issue 39: one global rate drifted from 5:38 to 7:54 as fast and slow configurations
+    # took turns; each configuration's remaining requests are priced at its own mean
+    from edgespec.cli.bench import _Progress
+
+    p = _Progress(total=2 * 3 + 2, label="bench", configs=2, warmup=1)  # 3 units, 2 configs
+    assert p.eta() is None
+    p(1, 8, None)  # warm-ups carry no time
+    p(2, 8, None)
+    p(3, 8, {"config": "none", "category": "qa", "decode_tokens_per_second": 1.0,
+             "wall_seconds": 10.0})
+    assert p.eta() == 2 * 10.0 + 3 * 10.0  # the unmeasured one at the others' mean
+    p(4, 8, {"config": "ngram", "category": "qa", "decode_tokens_per_second": 1.0,
+             "wall_seconds": 2.0})
+    assert p.eta() == 2 * 10.0 + 2 * 2.0
+    p.close()
