@@ -1,0 +1,129 @@
+"""Same request, same text, on real models (issue #43 item 8): a greedy request and a seeded
+one give one text when sent alone, sent again, and sent while two processes burn the CPU,
+through the CLI and through ``edgespec.apps.Llama`` (streamed and not), with the default
+adaptive controller outside ``--exact``; with a draft model too; and under continuous
+batching in exact mode. Short generations: the point is equality, not length."""
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+from click.testing import CliRunner
+
+from edgespec.api.events import Finished
+from edgespec.api.params import GenerationParams, SamplingParams
+from edgespec.cli import cli
+from edgespec.serving import DONE, Scheduler
+
+PROMPT = "Write a short poem about the sea, then repeat its first line."
+SEEDED = SamplingParams(temperature=0.8, seed=7)
+
+
+@contextlib.contextmanager
+def cpu_load(seconds: int = 240):
+    """Two processes spinning (both cores of this machine) while the block runs; each ends
+    by itself after ``seconds`` if the block outlives that, and is ended when it leaves."""
+    spin = f"import time\nt = time.time() + {seconds}\nwhile time.time() < t: pass\n"
+    procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def three_times(run):
+    """run() alone, again, and under CPU load."""
+    first, again = run(), run()
+    with cpu_load():
+        loaded = run()
+    return [first, again, loaded]
+
+
+# --- the CLI ------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", ["smollm2-135m", "qwen-0.5b"])
+@pytest.mark.parametrize("sampling", [[], ["--temperature", "0.8", "--seed", "7"]],
+                         ids=["greedy", "seeded"])
+def test_the_cli_gives_one_text_alone_again_and_under_load(model_path, model, sampling):
+    runner = CliRunner()
+    args = ["generate", "--target", str(model_path(model)), "--threads", "2", "--ctx", "1024",
+            "--proposer", "ngram+suffix", "--max-tokens", "24", "--json", *sampling, PROMPT]
+
+    def run():
+        r = runner.invoke(cli, args)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output.strip().splitlines()[-1])["tokens"]
+    texts = three_times(run)
+    assert texts[0] and texts[1] == texts[0] and texts[2] == texts[0]
+
+
+# --- edgespec.apps.Llama, streamed and not --------------------------------------------------
+@pytest.fixture(scope="module")
+def llm(model_path):
+    from edgespec.apps import Llama
+    with Llama(model_path=str(model_path("smollm2-135m")), n_ctx=1024, n_threads=2,
+               verbose=False, proposer="ngram+suffix") as llm:
+        yield llm
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=0.8, seed=7)],
+                         ids=["greedy", "seeded"])
+def test_llama_gives_one_text_streamed_and_not_alone_again_and_under_load(llm, kw):
+    def whole():
+        return llm.create_completion(PROMPT, max_tokens=24, **kw)["choices"][0]["text"]
+
+    def streamed():
+        return "".join(c["choices"][0]["text"]
+                       for c in llm.create_completion(PROMPT, max_tokens=24, stream=True, **kw))
+    texts = three_times(whole) + three_times(streamed)
+    assert texts[0] and texts == [texts[0]] * 6
+
+
+# --- a draft model: coupled to the target's uniforms ------------------------------------------
+def test_a_seeded_draft_model_request_is_the_plain_paths_text_alone_again_and_under_load(
+        engine_factory):
+    eng = engine_factory("qwen-1.5b", "qwen-0.5b", proposer="draft", adaptive=True, exact=False,
+                         n_ctx=512)
+    params = GenerationParams(max_tokens=12, sampling=SEEDED)
+    fins = three_times(lambda: eng.generate(PROMPT, params))
+    plain = eng.generate(PROMPT, params, proposer="none")
+    assert [f.tokens for f in fins] == [plain.tokens] * 3
+    assert sum(f.stats.drafted for f in fins) > 0  # the draft model did draft
+
+
+# --- exact mode under continuous batching ----------------------------------------------------
+def run_batched(eng, prompts, params) -> list[Finished]:
+    sch = Scheduler(eng)
+    fins: dict[int, Finished] = {}
+    done = [threading.Event() for _ in prompts]
+    errors: list[BaseException] = []
+    for i, p in enumerate(prompts):
+        def cb(ev, i=i):
+            if ev is DONE:
+                done[i].set()
+            elif isinstance(ev, BaseException):
+                errors.append(ev)
+                done[i].set()
+            elif isinstance(ev, Finished):
+                fins[i] = ev
+        sch.submit(p, params, on_event=cb, reuse=False)
+    for d in done:
+        assert d.wait(600)
+    sch.close()
+    assert not errors, errors
+    return [fins[i] for i in range(len(prompts))]
+
+
+def test_exact_mode_keeps_seeded_texts_under_concurrency(engine_factory):
+    eng = engine_factory("smollm2-135m", proposer="ngram+suffix", adaptive=True, exact=True,
+                         parallel=2, n_ctx=1024)
+    prompts = [PROMPT, "List three prime numbers and repeat the list twice."]
+    params = GenerationParams(max_tokens=24, sampling=SEEDED)
+    alone = [eng.generate(p, params, reuse=False) for p in prompts]
+    together = run_batched(eng, prompts, params)
+    assert [f.tokens for f in together] == [f.tokens for f in alone]
