@@ -47,6 +47,7 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     (r"gemv_(?P<t>q\d_K|q\d_\d)_\d+x\d+", "{T} repacked gemv (1 row)"),
     (r"vec_dot_(?P<t>q\d_K|q\d_\d)_q8", "{T} vec_dot (not repacked)"),
     (r"tinyBLAS|llamafile_sgemm", "llamafile tinyBLAS (Q8_0/Q4_0 gemm)"),
+    (r"tiled_|mul_mat_tiled", "tiled K-quant matmul (not repacked, n >= 8)"),
     (r"flash_attn|soft_max|vec_dot_f16|vec_mad_f16|vec_dot_f32|rope|expf|dequantize_row_q8_0"
      r"|fwht", "attention"),
     (r"quantize_row|quantize_mat|from_float|fp32_to_fp16|fp16_to_fp32", "quantize activations"),
@@ -92,17 +93,60 @@ def parse_report(text: str) -> list[Sample]:
 def categorize(symbol: str, kernel_space: bool = False, dso: str = "") -> str:
     if kernel_space or dso.startswith("[kernel"):
         return KERNEL
+    if symbol.startswith("0x") and "(after" not in symbol and "ggml-cpu" in dso:
+        # static functions of ggml-cpu (no exported symbol) that name_unresolved did not place
+        return "ggml-cpu, unnamed (static)"
     for pattern, name in CATEGORIES:
         m = re.search(pattern, symbol)
         if m:
             t = m.groupdict().get("t")
             return name.replace("{T}", t.upper() if t else "")
     if symbol.startswith("0x") and "ggml-cpu" in dso:
-        # static functions of ggml-cpu (no exported symbol): its inlined kernels
         return "ggml-cpu, unnamed (static)"
     if "python" in dso or dso.startswith("libpython"):
         return "Python"
     return OTHER
+
+
+def exported_symbols(path: str) -> list[tuple[int, str]]:
+    """(address, name) of a shared library's exported functions, sorted (``nm -D``)."""
+    res = subprocess.run(["nm", "-D", "--defined-only", "-C", path], capture_output=True,
+                         text=True)
+    out = []
+    for line in res.stdout.splitlines():
+        parts = line.split(maxsplit=2)
+        if len(parts) == 3 and parts[1] in "TtWw":
+            out.append((int(parts[0], 16), parts[2]))
+    return sorted(out)
+
+
+def name_unresolved(samples: list[Sample], symbols: dict[str, list[tuple[int, str]]]
+                    ) -> list[Sample]:
+    """Give a bare address (a static function: ggml-cpu exports only part of its code) the
+    name of the exported function laid out just before it, as ``0x... (after NAME)``; static
+    code sits beside the other functions of its source file, so that names the file."""
+    out = []
+    for s in samples:
+        table = symbols.get(s.dso)
+        if table and s.symbol.startswith("0x"):
+            addr = int(s.symbol, 16)
+            before = [name for a, name in table if a <= addr]
+            if before:
+                s = Sample(f"{s.symbol} (after {before[-1]})", s.percent, s.kernel_space, s.dso)
+        out.append(s)
+    return out
+
+
+def _library_symbols() -> dict[str, list[tuple[int, str]]]:
+    """Exported symbols of the llama.cpp libraries the engine loads, by file name."""
+    # find_spec only locates the package: nothing of llama.cpp is loaded into this process
+    import importlib.util
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    lib = Path(list(spec.submodule_search_locations)[0]) / "lib"
+    return {p.name: exported_symbols(str(p)) for p in sorted(lib.glob("libggml*.so*"))
+            if not p.is_symlink() or p.name.endswith(".so.0")}
 
 
 def by_category(samples: list[Sample]) -> dict[str, float]:
@@ -162,20 +206,26 @@ def drive(model_path: str, ns: list[int], reps: int, threads: int, repack: bool,
         ctx.decode(toks[start:min(prefix, start + ubatch)], start, logits="none")
     cpu: dict[int, list[float]] = {n: [] for n in ns}
     wall: dict[int, list[float]] = {n: [] for n in ns}
-    for n in ns:  # warm-up: first-touch of buffers, the thread pool
-        ctx.decode(toks[prefix:prefix + n], prefix, logits="all" if n <= ubatch else "last")
+
+    def one_pass(n: int) -> None:
+        # a pass longer than n_ubatch runs as llama.cpp runs it: one graph per micro-batch,
+        # each with logits for all its rows (verification needs every row; a row without
+        # logits skips the output projection, a large share of the cost)
+        for start in range(0, n, ubatch):
+            ctx.decode(toks[prefix + start:prefix + min(n, start + ubatch)], prefix + start,
+                       logits="all")
         ctx.trim(0, prefix)
+
+    for n in ns:  # warm-up: first-touch of buffers, the thread pool
+        one_pass(n)
     perf = _PerfControl(ctl, ack)
     perf.enable()
     for _ in range(reps):
         for n in ns:
             c0, w0 = time.process_time(), time.perf_counter()
-            # a pass longer than the micro-batch is split by the context; only its last
-            # chunk can carry logits, which is what a smaller n_ubatch would cost anyway
-            ctx.decode(toks[prefix:prefix + n], prefix, logits="all" if n <= ubatch else "last")
+            one_pass(n)
             cpu[n].append(time.process_time() - c0)
             wall[n].append(time.perf_counter() - w0)
-            ctx.trim(0, prefix)
     perf.disable()
     ctx.close()
     model.close()
@@ -192,8 +242,20 @@ def _drive_cmd(a, ns: list[int], repack: bool, threads: int, ubatch: int, model:
     return cmd + ([] if repack else ["--no-repack"])
 
 
-def _run_drive(cmd: list[str], env: dict | None = None) -> dict:
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+def parse_env(pairs: list[str] | None) -> dict[str, str]:
+    """``KEY=VALUE`` switches for the driver's environment (e.g. GGML_CPU_TILED_MM=0)."""
+    out = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--env wants KEY=VALUE, got {pair!r}")
+        out[key] = value
+    return out
+
+
+def _run_drive(cmd: list[str], env: dict[str, str] | None = None) -> dict:
+    res = subprocess.run(cmd, capture_output=True, text=True,
+                         env={**os.environ, **env} if env else None)
     if res.returncode != 0:
         raise SystemExit(f"driver failed ({res.returncode}): {res.stderr[-2000:]}")
     for line in reversed(res.stdout.splitlines()):
@@ -214,17 +276,19 @@ def curve_rows(result: dict) -> list[tuple[int, float, float]]:
 def cmd_curve(a) -> None:
     ns = sorted(set(a.n or DEFAULT_NS) | {1})
     models = [a.model] + list(a.copy or [])
-    print("| model | layout | threads | n_ubatch | " + " | ".join(f"n={n}" for n in ns)
+    env = parse_env(a.env)
+    label = " ".join(f"{k}={v}" for k, v in env.items()) or "-"
+    print("| model | layout | threads | n_ubatch | env | " + " | ".join(f"n={n}" for n in ns)
           + " | 1-token ms (CPU) |")
-    print("|---|---|---|---|" + "---|" * len(ns) + "---|")
+    print("|---|---|---|---|---|" + "---|" * len(ns) + "---|")
     for model in models:
         for layout in a.layout or ["repack"]:
             for threads in a.threads:
                 for ubatch in a.ubatch:
                     r = _run_drive(_drive_cmd(a, ns, layout == "repack", threads, ubatch, model,
-                                              a.reps))
+                                              a.reps), env)
                     rows = curve_rows(r)
-                    print(f"| {Path(model).name} | {layout} | {threads} | {ubatch} | "
+                    print(f"| {Path(model).name} | {layout} | {threads} | {ubatch} | {label} | "
                           + " | ".join(f"{s:.2f}" for _, _, s in rows)
                           + f" | {rows[0][1]:.1f} |", flush=True)
 
@@ -238,8 +302,11 @@ def cmd_record(a) -> None:
     ns = a.n or list(DEFAULT_NS)
     tables: dict[int, dict[str, float]] = {}
     cpu: dict[int, float] = {}
+    symbols = _library_symbols()
     for n in ns:
-        data = out / f"perf-n{n}-t{a.threads}-{a.layout}.data"
+        tag = f"{Path(a.model).stem}-n{n}-t{a.threads}-{a.layout}-u{a.ubatch}" + "".join(
+            f"-{k}{v}" for k, v in parse_env(a.env).items())
+        data = out / f"perf-{tag}.data"
         with tempfile.TemporaryDirectory() as tmp:
             ctl, ack = os.path.join(tmp, "ctl"), os.path.join(tmp, "ack")
             os.mkfifo(ctl)
@@ -249,12 +316,12 @@ def cmd_record(a) -> None:
             cmd += _drive_cmd(a, [n], a.layout == "repack", a.threads, a.ubatch, a.model,
                               a.reps)
             cmd += ["--ctl", ctl, "--ack", ack]
-            r = _run_drive(cmd)
+            r = _run_drive(cmd, parse_env(a.env))
         cpu[n] = r["cpu"][n]
         rep = subprocess.run([perf, "report", "--stdio", "--sort", "dso,symbol", "-i", str(data)],
                              capture_output=True, text=True, check=True).stdout
-        (out / f"report-n{n}-t{a.threads}-{a.layout}.txt").write_text(rep)
-        tables[n] = by_category(parse_report(rep))
+        (out / f"report-{tag}.txt").write_text(rep)
+        tables[n] = by_category(name_unresolved(parse_report(rep), symbols))
     base = cpu.get(1)
     cats = list(dict.fromkeys(c for t in tables.values() for c in t))
     print(f"CPU ms per pass, by kernel ({Path(a.model).name}, {a.layout}, "
@@ -373,6 +440,7 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--n", type=int, action="append")
         p.add_argument("--reps", type=int, default=8)
         p.add_argument("--prefix", type=int, default=64)
+        p.add_argument("--env", action="append", help="KEY=VALUE for the driver, repeatable")
     c = sub.choices["curve"]
     c.add_argument("--copy", action="append", help="another GGUF (a re-laid copy) to measure")
     c.add_argument("--layout", action="append", choices=LAYOUTS)

@@ -113,3 +113,21 @@ def test_relayout_names_every_weight_and_moves_only_q6_k():
     assert not re.search(lines[3].split("=")[0], "blk.11.ffn_down.weight")
     with pytest.raises(SystemExit, match="no name"):
         vc.relayout_types([_T("x.weight", (32, 32), 99)])
+
+
+def test_bare_addresses_take_the_name_of_the_function_before_them():
+    table = {"libggml-cpu.so.0": [(0x75010, "tiled_repack_src1(tiled_tile_src1*, int, int, bool)"),
+                                  (0x78f30, "tiled_run_microtile<32, true, 0, false>")]}
+    rows = vc.name_unresolved(vc.parse_report(
+        "  26.97%  libggml-cpu.so.0  [.] 0x0000000000076962\n"
+        "   0.04%  libggml-cpu.so.0  [.] 0x00000000000a28a8\n"
+        "   0.01%  libggml-cpu.so.0  [.] 0x0000000000001000\n"
+        "   5.00%  libc.so.6  [.] 0x0000000000076962\n"), table)
+    assert [r.symbol for r in rows] == [
+        "0x0000000000076962 (after tiled_repack_src1(tiled_tile_src1*, int, int, bool))",
+        "0x00000000000a28a8 (after tiled_run_microtile<32, true, 0, false>)",
+        "0x0000000000001000",  # nothing exported before it
+        "0x0000000000076962"]  # another library: no table, left bare
+    assert vc.categorize(rows[0].symbol, dso=rows[0].dso) == \
+        "tiled K-quant matmul (not repacked, n >= 8)"
+    assert vc.categorize(rows[2].symbol, dso=rows[2].dso) == "ggml-cpu, unnamed (static)"
