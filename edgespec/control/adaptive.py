@@ -40,9 +40,12 @@ Two safety nets on top of the estimates:
 *Reproducible* requests (``deterministic=True``: greedy or seeded, outside ``--exact``,
 :func:`~edgespec.control.settings.reproducible`) decide on the request and the setup
 only: the cached calibration curve as it is (no scaling by measured pass times), a
-costly proposer priced at half a plain step per token (not its measured time), the
-acceptance priors (not the engine's memory of other requests), and no guard verdict
-(other requests' rates). What the request itself accepts still steers it. Its passes
+costly proposer's price as the request found it (not re-measured during the request),
+the acceptance priors (not the engine's memory of other requests), and no guard verdict
+(other requests' rates). What the request itself accepts still steers it. The one input
+left that a clock set is that starting price of a draft model (its running estimate
+across requests): pricing it by a guess instead made greedy draft-model requests draft
+less where the draft is cheap, which the default must not pay for. Its passes
 are then the same whenever it is sent alone, so batch-dependent logits cannot make its
 text differ at a near-tie; it still reports its timings to the guard for the others.
 
@@ -154,11 +157,9 @@ class AdaptiveController:
                  memory: ControlMemory | None = None, *, deterministic: bool = False) -> None:
         self.settings = s = (settings or ControlSettings()).validate()
         self.deterministic = deterministic
-        if deterministic:  # wall-clock and other requests' evidence would shape the passes
-            token_seconds = None
-            seeded = None  # the priors, not the engine's memory
-        else:
-            seeded = memory
+        # wall-clock and other requests' evidence would shape a reproducible request's
+        # passes: the priors, not the engine's memory
+        seeded = None if deterministic else memory
         self.cal = calibration or Calibration.prior_cpu()
         self.guard = guard if s.guard else None
         self.slice = slice_
