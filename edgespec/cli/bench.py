@@ -239,6 +239,10 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
         from ..bench.runner import collect_prompts, total_requests  # deferred: `edgespec` starts without what other commands need
 
         prompts = collect_prompts(m)
+        if m.grounded:  # the stdlib texts this Python lacks or changed, said by name here too
+            from ..bench.grounded import build  # deferred: `edgespec` starts without what other commands need
+            for skipped in build(m.grounded).skipped:
+                click.echo(f"edgespec: {skipped.line()}", err=True)
         click.echo(f"target {m.target}, draft {m.draft or '-'}; configurations: {', '.join(m.labels)}")
         click.echo(f"{len(prompts)} prompts ({sum(len(p.turns) for p in prompts)} turns"
                    f"{f' x {m.repeats} rounds' if m.repeats > 1 else ''}), "

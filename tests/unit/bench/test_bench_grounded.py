@@ -190,3 +190,19 @@ def test_the_report_gives_figures_per_task_and_per_agent_turn():
     assert "| turn 2 | 2.00× | 12.00× |" in text  # over llama-completion: plain, auto
     assert "Planted bug in `fix-bug/statistics.median`" in text
     assert grounded.report_section({"identity": {}, "records": [{"source": "x"}]}) == []
+
+
+def test_the_command_line_says_a_skipped_source_by_name(monkeypatch):
+    from click.testing import CliRunner  # the CLI only here: the rest tests the module
+
+    from edgespec.cli import cli
+
+    def median(data):
+        return sorted(data)[len(data) // 2]
+
+    monkeypatch.setattr(statistics, "median", median)
+    res = CliRunner().invoke(cli, ["bench", "--preset", "grounded-quick", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert ("edgespec: grounded: skipped statistics.median (changed: sha256" in res.output
+            and "left out: fix-bug/statistics.median" in res.output)
+    assert "2 prompts (4 turns)" in res.output
