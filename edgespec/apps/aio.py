@@ -84,7 +84,7 @@ class AsyncEngine:
         def start(guard):
             # validated on the worker: tokenizing a long prompt never blocks the loop
             call = make_call(self.engine, prompt, **kwargs)
-            events = guard(self.engine.stream(call.prompt, call.params))
+            events = call.events(self.engine, wrap=guard)
             return call.chunks(events) if call.stream else _once(call.whole, events)
 
         job = self._start(start)

@@ -1,12 +1,15 @@
 """``create_completion`` / ``create_chat_completion`` with llama-cpp-python's arguments and
-shapes, over :meth:`edgespec.engine.Engine.stream` (speculation on, as the engine runs it).
+shapes, over the protocol core (:func:`edgespec.protocol.core.run`, speculation on, as the
+engine runs it): the same request mapping and refusals as ``edgespec serve``'s dialects.
 
     out = create_chat_completion(engine, [{"role": "user", "content": "Hi"}], max_tokens=32)
     out["choices"][0]["message"]["content"]
 
-Each call is a :class:`Call`: the arguments mapped onto :class:`GenerationParams` (every
-refusal raised before anything runs), then rendered from the engine's events, whole or as
-chunks. The defaults are llama-cpp-python's own (chat: temperature 0.2, top-k 40, top-p 0.95,
+Each call is a :class:`Call`: the arguments mapped onto a
+:class:`~edgespec.protocol.CoreRequest` through :mod:`edgespec.protocol.limits` and planned
+(:func:`edgespec.protocol.plan`: template, tools, vocabulary; every refusal raised before
+anything runs, as edgespec's own error types), then rendered from the core's events
+(TextDelta per token, ToolCallDelta, ChoiceDone), whole or as chunks. The defaults are llama-cpp-python's own (chat: temperature 0.2, top-k 40, top-p 0.95,
 min-p 0.05, no token limit; completion: temperature 0.8 and 16 tokens), so an app that
 relies on them samples the same way.
 
@@ -29,21 +32,30 @@ Reasoning stays in the content, as llama-cpp-python leaves it.
 """
 from __future__ import annotations
 
-import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
-from ..errors import Cancelled, InvalidInputError, UnsupportedError
-from ..api.events import Event, Finished, Step, TokenLogprob
+from ..errors import Cancelled, ContextOverflowError, EdgespecError, InvalidInputError, \
+    UnsupportedError
+from ..api.events import Event, TokenLogprob
 from ..api.params import GenerationParams, SamplingParams
+from ..protocol import limits
+from ..protocol.core import execute
+from ..protocol.errors import ProtocolError
+from ..protocol.events import FINISH, ChoiceDone, CoreEvent, ReasoningDelta, TextDelta, \
+    ToolCallDelta
+from ..protocol.plan import Plan, plan
+from ..protocol.request import CoreRequest
 from . import shapes
-from ..agents import prepare_turn
 
 if TYPE_CHECKING:
     from ..engine.engine import Engine
 
 #: llama.cpp's LLAMA_DEFAULT_SEED: "pick a random seed", as is -1
 RANDOM_SEEDS = (-1, 0xFFFFFFFF)
+#: the core's own finish words; a turn's (tool_calls) pass through as they are
+_NEUTRAL_FINISH = frozenset(FINISH.values())
 
 
 @dataclass(frozen=True)
@@ -72,8 +84,7 @@ def create_completion(engine: "Engine", prompt: str, suffix: str | None = None,
     """``Llama.create_completion``: the whole ``text_completion`` dict, or with
     ``stream=True`` an iterator of its chunks."""
     call = completion_call(**_args(locals()))
-    return call.render(engine.stream(call.prompt, call.params,
-                                     logits_processor=call.logits_processor))
+    return call.render(call.events(engine))
 
 
 def create_chat_completion(engine: "Engine", messages: Sequence[Mapping],
@@ -93,8 +104,7 @@ def create_chat_completion(engine: "Engine", messages: Sequence[Mapping],
     """``Llama.create_chat_completion``: the whole ``chat.completion`` dict, or with
     ``stream=True`` an iterator of ``chat.completion.chunk`` dicts."""
     call = chat_call(**_args(locals()))
-    return call.render(engine.stream(call.prompt, call.params,
-                                     logits_processor=call.logits_processor))
+    return call.render(call.events(engine))
 
 
 def _args(scope: dict) -> dict:
@@ -105,75 +115,90 @@ def _args(scope: dict) -> dict:
 
 @dataclass
 class Call:
-    """One request: what the engine runs and how its events become llama-cpp-python dicts."""
+    """One request: the core request, planned, and how its events become llama-cpp-python
+    dicts."""
 
     head: shapes.Head
-    prompt: str | list[dict] | tuple[int, ...]
-    params: GenerationParams
+    request: CoreRequest
+    plan: Plan  # what the engine runs (prompt, params) and the chat turn reading it back
     stream: bool
     piece: Callable[[int], bytes] = field(repr=False)
-    echo: str = ""  # a non-streamed completion's text starts with its prompt
     offset: int = 0  # characters before the generated text (completions' text_offset)
-    turn: object = None  # a chat's edgespec.agents.Turn: tool calls read out of the text
-    #: llama-cpp-python's logits_processor: the request runs on the plain path (no drafts)
-    logits_processor: Callable | None = None
 
-    def render(self, events: Iterator[Event]):
+    @property
+    def prompt(self) -> str | list[dict] | tuple[int, ...]:
+        return self.plan.prompt
+
+    @property
+    def params(self) -> GenerationParams:
+        return self.plan.params
+
+    @property
+    def turn(self) -> Any:
+        """A chat's edgespec.agents.Turn (tool calls read out of the text); None otherwise."""
+        return self.plan.turn
+
+    @property
+    def logits_processor(self) -> Callable | None:
+        return self.request.logits_processor
+
+    def events(self, engine: "Engine", wrap: Callable[[Iterator[Event]], Iterator[Event]]
+               | None = None) -> Iterator[CoreEvent]:
+        """The core's events for this call on ``engine`` (``wrap``: see protocol.core.execute);
+        its errors raised as edgespec's own."""
+        gen = execute(engine, self.request, self.plan, wrap=wrap)
+        try:
+            with _refusals():
+                yield from gen
+        finally:
+            gen.close()  # the engine is free as soon as the consumer stops reading
+
+    def render(self, events: Iterator[CoreEvent]):
         return self.chunks(events) if self.stream else self.whole(events)
 
-    def whole(self, events: Iterator[Event]) -> dict:
-        fin = _finished(events)
-        lps = shapes.completion_logprobs(fin.logprobs, self.piece, self.offset)
-        use = shapes.usage(fin.stats.prompt_tokens, len(fin.tokens))
-        finish = shapes.finish_reason(fin.stop_reason)
+    def whole(self, events: Iterator[CoreEvent]) -> dict:
+        done = _done(events)
+        lps = shapes.completion_logprobs(done.logprobs, self.piece, self.offset)
+        use = shapes.usage(done.prompt_tokens, done.completion_tokens)
+        finish = _finish(done)
         if self.head.kind == "chat":
-            message = None
-            if self.turn is not None:
-                out = self.turn.output()
-                out.feed(fin.text)
-                finish = out.finish(fin.stop_reason).finish_reason or finish
-                message = out.message()
-                if self.turn.choice.mode == "named" and out.tool_calls:
-                    # llama-cpp-python also fills the legacy field when a function is named
-                    message["function_call"] = dict(message["tool_calls"][0]["function"])
-            return shapes.chat_completion(self.head, fin.text, finish, use, lps, message)
-        return shapes.completion(self.head, self.echo + fin.text, finish, use, lps)
+            message = _message(done)
+            if self.turn is not None and self.turn.choice.mode == "named" and done.tool_calls:
+                # llama-cpp-python also fills the legacy field when a function is named
+                message["function_call"] = dict(message["tool_calls"][0]["function"])
+            return shapes.chat_completion(self.head, done.text, finish, use, lps, message)
+        return shapes.completion(self.head, done.text, finish, use, lps)
 
-    def chunks(self, events: Iterator[Event]) -> Iterator[dict]:
+    def chunks(self, events: Iterator[CoreEvent]) -> Iterator[dict]:
         """One chunk per piece of visible text (a token's, as llama-cpp-python streams them;
         a held-back stop-string prefix or a split UTF-8 character joins the next piece),
-        then the finishing chunk."""
+        a tool call's id and name then its arguments, then the finishing chunk."""
         chat = self.head.kind == "chat"
-        out = self.turn.output() if self.turn is not None else None
+        want = self.params.logprobs is not None
         at = self.offset
         pending: list[TokenLogprob] = []  # logprobs of tokens whose text has not shown yet
         try:
             if chat:
                 yield shapes.chat_chunk(self.head, {"role": "assistant"})
             for ev in events:
-                if isinstance(ev, Finished):
-                    finish = shapes.finish_reason(ev.stop_reason)
-                    if out is not None:  # what the call parser still held
-                        final = out.finish(ev.stop_reason)
-                        for delta in final.deltas:
-                            yield shapes.chat_chunk(self.head, delta)
-                        finish = final.finish_reason or finish
+                if isinstance(ev, ChoiceDone):
+                    finish = _finish(ev)
                     yield (shapes.chat_chunk(self.head, {}, finish=finish) if chat else
                            shapes.completion_chunk(self.head, "", finish=finish))
                     return
-                if not isinstance(ev, Step):
-                    continue
-                for text, lps in _pieces(ev, pending):
-                    lp = (shapes.completion_logprobs(lps, self.piece, at)
-                          if self.params.logprobs is not None else None)
-                    at += len(text)
-                    if not chat:
-                        yield shapes.completion_chunk(self.head, text, lp)
-                        continue
-                    # a call's markup is held until the call closes, then sent as tool_calls
-                    for i, delta in enumerate(out.feed(text) if out is not None
-                                              else [{"content": text}]):
-                        yield shapes.chat_chunk(self.head, delta, lp if i == 0 else None)
+                if isinstance(ev, TextDelta):
+                    for text, lps in _pieces(ev, pending):
+                        lp = shapes.completion_logprobs(lps, self.piece, at) if want else None
+                        at += len(text)
+                        yield (shapes.chat_chunk(self.head, {"content": text}, lp) if chat
+                               else shapes.completion_chunk(self.head, text, lp))
+                elif isinstance(ev, ToolCallDelta):
+                    # the tokens of a call's markup: their logprobs go with the call
+                    lp = shapes.completion_logprobs(pending, self.piece, at) if want else None
+                    pending.clear()
+                    yield shapes.chat_chunk(self.head, {"tool_calls": [_call_delta(ev)]}, lp)
+                elif isinstance(ev, ReasoningDelta):
+                    yield shapes.chat_chunk(self.head, {"reasoning_content": ev.text})
             raise Cancelled("the request ended before the engine finished it")
         finally:
             close = getattr(events, "close", None)
@@ -181,32 +206,86 @@ class Call:
                 close()  # the engine is free as soon as the consumer stops reading
 
 
-def _pieces(step: Step, pending: list[TokenLogprob]) -> Iterator[tuple[str, list[TokenLogprob]]]:
-    """(text, logprobs of its tokens) per non-empty piece of ``step``; a step without
-    per-token pieces (the tail released at the end) is one piece."""
-    lps = list(step.logprobs)
-    if not step.pieces:
-        pending.extend(lps)
-        if step.text:
-            yield step.text, pending[:]
-            pending.clear()
+def _pieces(ev: TextDelta, pending: list[TokenLogprob]
+            ) -> Iterator[tuple[str, list[TokenLogprob]]]:
+    """(text, logprobs of its tokens) per non-empty piece of ``ev``: one per token where the
+    delta is the tokens' own text (llama-cpp-python's one chunk per token), else the whole
+    delta (text a chat turn's parser released, a tail released at the end)."""
+    if ev.tokens and "".join(t.text for t in ev.tokens) == ev.text:
+        for i, tok in enumerate(ev.tokens):
+            if i < len(ev.logprobs):
+                pending.append(ev.logprobs[i])
+            if tok.text:
+                yield tok.text, pending[:]
+                pending.clear()
         return
-    for i, piece in enumerate(step.pieces):
-        if i < len(lps):
-            pending.append(lps[i])
-        if piece:
-            yield piece, pending[:]
-            pending.clear()
+    pending.extend(ev.logprobs)
+    if ev.text:
+        yield ev.text, pending[:]
+        pending.clear()
 
 
-def _finished(events: Iterator[Event]) -> Finished:
-    fin = None
+def _done(events: Iterator[CoreEvent]) -> ChoiceDone:
+    done = None
     for ev in events:
-        if isinstance(ev, Finished):
-            fin = ev
-    if fin is None:
+        if isinstance(ev, ChoiceDone):
+            done = ev
+    if done is None:
         raise Cancelled("the request ended before the engine finished it")
-    return fin
+    return done
+
+
+def _finish(done: ChoiceDone) -> str:
+    # llama-cpp-python knows "stop" and "length" (a cancelled request reads as stopped)
+    return shapes.finish_reason(done.stop_reason) if done.finish in _NEUTRAL_FINISH \
+        else done.finish
+
+
+def _message(done: ChoiceDone) -> dict:
+    """The assistant message (OpenAI's shape; content None when only calls)."""
+    msg: dict = {"role": "assistant",
+                 "content": done.text if done.text or not done.tool_calls else None}
+    if done.reasoning:
+        msg["reasoning_content"] = done.reasoning
+    if done.tool_calls:
+        msg["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in done.tool_calls]
+    return msg
+
+
+def _call_delta(ev: ToolCallDelta) -> dict:
+    if ev.id is not None:  # OpenAI's stream order: the call's id and name first
+        return {"index": ev.call, "id": ev.id, "type": "function",
+                "function": {"name": ev.name, "arguments": ev.arguments}}
+    return {"index": ev.call, "function": {"arguments": ev.arguments}}
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """The core's ProtocolError as edgespec's own error types, which apps catch (the error
+    the core mapped, where there was one)."""
+    try:
+        yield
+    except ProtocolError as e:
+        raise _native(e) from None
+
+
+def _native(e: ProtocolError) -> EdgespecError:
+    if isinstance(e.__context__, EdgespecError):
+        return e.__context__
+    if e.kind == "unsupported":
+        return UnsupportedError(e.message)
+    if e.kind == "context_overflow":
+        return ContextOverflowError(e.message)
+    return InvalidInputError(e.message)
+
+
+def _planned(engine: "Engine", head: shapes.Head, req: Callable[[], CoreRequest]
+             ) -> tuple[CoreRequest, Plan]:
+    with _refusals():
+        request = req()
+        return request, plan(engine, request, head.model, "none")
 
 
 # --- arguments -> Call ---------------------------------------------------------------------
@@ -217,7 +296,6 @@ def completion_call(engine: "Engine", prompt, suffix=None, max_tokens=16, temper
                     mirostat_eta=0.1, model=None, stopping_criteria=None, logits_processor=None,
                     grammar=None, logit_bias=None, *, defaults: Defaults = Defaults()) -> Call:
     """Validate ``create_completion``'s arguments into a :class:`Call` (nothing runs)."""
-    text = prompt
     if not isinstance(prompt, str):
         if not (isinstance(prompt, (list, tuple)) and prompt and all(
                 isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
@@ -225,16 +303,11 @@ def completion_call(engine: "Engine", prompt, suffix=None, max_tokens=16, temper
                                     f"(got {type(prompt).__name__})")
         # token ids are read as given (no BOS added), as llama-cpp-python reads them
         prompt = tuple(int(t) for t in prompt)
-        bad = [t for t in prompt if not 0 <= t < engine.target.n_vocab]
-        if bad:
-            raise InvalidInputError(f"prompt: token id {bad[0]} is outside the vocabulary "
-                                    f"(0..{engine.target.n_vocab - 1})")
-        text = engine.target.detokenize(list(prompt)).decode("utf-8", errors="ignore")
     if suffix is not None:
         raise UnsupportedError("suffix: fill-in-the-middle is not supported; leave suffix out "
                                "and put the text after the gap in the prompt")
     _refuse_callbacks(stopping_criteria=stopping_criteria)
-    logits_processor = _processor(logits_processor)
+    processor = _processor(logits_processor)
     if echo and logprobs is not None:
         raise UnsupportedError("echo with logprobs: edgespec does not compute the prompt "
                                "tokens' logprobs; drop echo or logprobs")
@@ -242,20 +315,26 @@ def completion_call(engine: "Engine", prompt, suffix=None, max_tokens=16, temper
                                  or logprobs < 0):
         raise InvalidInputError(f"logprobs is the number of alternatives to report, an int >= 0 "
                                 f"(got {logprobs!r})")
-    params = GenerationParams(
-        max_tokens=_max_tokens(engine, max_tokens), stop=_stop(stop), chat=False,
-        logprobs=logprobs,
-        sampling=_sampling(engine, defaults, temperature=temperature, top_p=top_p, top_k=top_k,
-                           min_p=min_p, typical_p=typical_p, repeat_penalty=repeat_penalty,
-                           presence_penalty=presence_penalty,
-                           frequency_penalty=frequency_penalty, mirostat_mode=mirostat_mode,
-                           seed=seed, logit_bias=logit_bias),
-        grammar=_grammar(grammar))
     head = shapes.Head("completion", _model(engine, model, defaults))
+    with _refusals():
+        params = GenerationParams(
+            max_tokens=_max_tokens(engine, max_tokens), stop=limits.stops(stop), chat=False,
+            logprobs=logprobs,
+            sampling=_sampling(engine, defaults, temperature=temperature, top_p=top_p,
+                               top_k=top_k, min_p=min_p, typical_p=typical_p,
+                               repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+                               frequency_penalty=frequency_penalty,
+                               mirostat_mode=mirostat_mode, seed=seed, logit_bias=logit_bias),
+            grammar=_grammar(grammar))
     # llama-cpp-python echoes the prompt only in a whole response; its stream ignores echo
-    return Call(head, prompt, params, bool(stream), engine.target.token_piece,
-                echo=text if echo and not stream else "", offset=len(text),
-                logits_processor=logits_processor)
+    request, planned = _planned(engine, head, lambda: CoreRequest(
+        model=head.model, params=params, prompt=prompt, echo=bool(echo) and not stream,
+        origins=True, reasoning_format="none", logits_processor=processor,
+        param_prompt="prompt"))
+    text = prompt if isinstance(prompt, str) else \
+        engine.target.detokenize(list(prompt)).decode("utf-8", errors="ignore")
+    return Call(head, request, planned, bool(stream), engine.target.token_piece,
+                offset=len(text))
 
 
 def chat_call(engine: "Engine", messages, functions=None, function_call=None, tools=None,
@@ -266,14 +345,12 @@ def chat_call(engine: "Engine", messages, functions=None, function_call=None, to
               logits_processor=None, grammar=None, logit_bias=None, logprobs=None,
               top_logprobs=None, *, defaults: Defaults = Defaults()) -> Call:
     """Validate ``create_chat_completion``'s arguments into a :class:`Call` (nothing runs)."""
-    logits_processor = _processor(logits_processor)
+    processor = _processor(logits_processor)
     structured = _response_format(response_format)
     if structured and grammar is not None:
         raise InvalidInputError("give grammar or response_format, not both")
     tools, tool_choice = _legacy_functions(tools, tool_choice, functions, function_call)
-    head = shapes.Head("chat", _model(engine, model, defaults))
-    turn = _turn(engine, head.model, _messages(messages), tools, tool_choice)
-    if turn.grammar is not None and (structured or grammar is not None):
+    if tools and tool_choice not in (None, "auto", "none") and (structured or grammar is not None):
         raise InvalidInputError("tool_choice forces a call, whose grammar cannot be combined "
                                 "with response_format or grammar; send one of them")
     n_top = None
@@ -281,19 +358,24 @@ def chat_call(engine: "Engine", messages, functions=None, function_call=None, to
         n_top = 0 if top_logprobs is None else top_logprobs
         if isinstance(n_top, bool) or not isinstance(n_top, int) or n_top < 0:
             raise InvalidInputError(f"top_logprobs must be an int >= 0 (got {top_logprobs!r})")
-    stops = _stop(stop)
-    params = GenerationParams(
-        max_tokens=_max_tokens(engine, max_tokens),
-        stop=stops + tuple(s for s in turn.stop if s not in stops), chat=True, logprobs=n_top,
-        sampling=_sampling(engine, defaults, temperature=temperature, top_p=top_p, top_k=top_k,
-                           min_p=min_p, typical_p=typical_p, repeat_penalty=repeat_penalty,
-                           presence_penalty=presence_penalty,
-                           frequency_penalty=frequency_penalty, mirostat_mode=mirostat_mode,
-                           seed=seed, logit_bias=logit_bias),
-        grammar=turn.grammar if turn.grammar is not None else _grammar(grammar),
-        template_vars=turn.template_vars or None, **structured)
-    return Call(head, turn.messages, params, bool(stream), engine.target.token_piece,
-                turn=turn, logits_processor=logits_processor)
+    head = shapes.Head("chat", _model(engine, model, defaults))
+    msgs = _messages(messages)
+    with _refusals():
+        params = GenerationParams(
+            max_tokens=_max_tokens(engine, max_tokens), stop=limits.stops(stop), chat=True,
+            logprobs=n_top,
+            sampling=_sampling(engine, defaults, temperature=temperature, top_p=top_p,
+                               top_k=top_k, min_p=min_p, typical_p=typical_p,
+                               repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+                               frequency_penalty=frequency_penalty,
+                               mirostat_mode=mirostat_mode, seed=seed, logit_bias=logit_bias),
+            grammar=_grammar(grammar), **structured)
+    # reasoning stays in the content (reasoning_format "none"), as llama-cpp-python leaves it
+    request, planned = _planned(engine, head, lambda: CoreRequest(
+        model=head.model, params=params, messages=tuple(msgs),
+        tools=tuple(tools) if tools is not None else None, tool_choice=tool_choice,
+        origins=True, reasoning_format="none", logits_processor=processor))
+    return Call(head, request, planned, bool(stream), engine.target.token_piece)
 
 
 def _model(engine: "Engine", model: str | None, defaults: Defaults) -> str:
@@ -303,25 +385,13 @@ def _model(engine: "Engine", model: str | None, defaults: Defaults) -> str:
 
 
 def _max_tokens(engine: "Engine", max_tokens) -> int:
-    # llama-cpp-python: None or <= 0 generates until the context is full; the engine ends
-    # such a request with stop reason "context", reported as finish_reason "length"
-    if max_tokens is None:
-        return engine.ctx.n_ctx
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-        raise InvalidInputError(f"max_tokens must be an int or None (got {max_tokens!r})")
-    return max_tokens if max_tokens > 0 else engine.ctx.n_ctx
-
-
-def _stop(stop) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    stops = (stop,) if isinstance(stop, str) else tuple(stop)
-    if not all(isinstance(s, str) for s in stops):
-        raise InvalidInputError("stop must be a string or a list of strings")
-    if not all(stops):
-        # llama-cpp-python would stop at once (b"" is in every text); that is never meant
-        raise InvalidInputError("stop strings must be non-empty")
-    return stops
+    # llama-cpp-python: None or <= 0 generates until the context is full (and more than
+    # the context is that too); the engine ends such a request with stop reason "context",
+    # reported as finish_reason "length"
+    n_ctx = engine.ctx.n_ctx
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+        max_tokens = min(max_tokens, n_ctx) if max_tokens > 0 else None
+    return limits.max_tokens(max_tokens, n_ctx)
 
 
 def _sampling(engine: "Engine", defaults: Defaults, *, temperature, top_p, top_k, min_p,
@@ -339,36 +409,23 @@ def _sampling(engine: "Engine", defaults: Defaults, *, temperature, top_p, top_k
         seed = defaults.seed
     elif seed in RANDOM_SEEDS:
         seed = None
-    return SamplingParams(
-        temperature=temperature, top_p=float(top_p), top_k=max(0, int(top_k)),
-        min_p=float(min_p), repeat_penalty=float(repeat_penalty),
-        repeat_last_n=defaults.repeat_last_n, presence_penalty=float(presence_penalty),
-        frequency_penalty=float(frequency_penalty), logit_bias=_logit_bias(engine, logit_bias),
-        seed=seed)
+    return limits.sampling(
+        temperature=temperature, default_temperature=temperature, top_p=float(top_p),
+        top_k=max(0, int(top_k)), min_p=float(min_p), repeat_penalty=float(repeat_penalty),
+        presence_penalty=float(presence_penalty), frequency_penalty=float(frequency_penalty),
+        # llama-cpp-python's biases are unbounded; -inf bans a token
+        bias=limits.logit_bias(_bias_keys(logit_bias), engine.target.n_vocab, bound=None),
+        seed=seed, repeat_last_n=defaults.repeat_last_n)
 
 
-def _logit_bias(engine: "Engine", bias) -> tuple[tuple[int, float], ...]:
+def _bias_keys(bias) -> dict | None:
+    """llama-cpp-python's ``{token_id: bias}`` keyed as JSON keys them (digit strings)."""
     if not bias:
-        return ()
+        return None
     if not isinstance(bias, Mapping):
         raise InvalidInputError("logit_bias must map token ids to biases ({token_id: bias})")
-    n_vocab = engine.target.n_vocab
-    pairs = {}
-    for key, value in bias.items():
-        tok = int(key) if isinstance(key, int) or (isinstance(key, str) and key.isdigit()) else -1
-        if isinstance(key, bool) or not 0 <= tok < n_vocab:
-            raise InvalidInputError(f"logit_bias key {key!r} is not a token id of this model "
-                                    f"(0..{n_vocab - 1})")
-        try:
-            v = float(value)
-        except (TypeError, ValueError):
-            v = math.nan
-        # -inf bans a token; +inf or NaN would leave no distribution to sample from
-        if math.isnan(v) or v == math.inf:
-            raise InvalidInputError(f"logit_bias for token {key} must be a finite number or "
-                                    f"-inf (got {value!r})")
-        pairs[tok] = v
-    return tuple(sorted(pairs.items()))
+    return {str(k) if isinstance(k, int) and not isinstance(k, bool) else k: v
+            for k, v in bias.items()}
 
 
 def _grammar(grammar) -> str | None:
@@ -485,14 +542,6 @@ def _legacy_functions(tools, tool_choice, functions, function_call):
     if not tools and tool_choice in ("auto", "none"):
         tool_choice = None
     return tools, tool_choice
-
-
-def _turn(engine: "Engine", model: str, messages: list[dict], tools, tool_choice):
-    """The chat turn (edgespec.agents): tool declarations for the template, a forced call's
-    grammar, the call parser; reasoning is left in the content (reasoning_format "none"),
-    as llama-cpp-python leaves it."""
-    return prepare_turn(engine.target.chat_template(), model, messages, tools=tools,
-                        tool_choice=tool_choice, reasoning_format="none")
 
 
 __all__ = ["Call", "Defaults", "chat_call", "completion_call", "create_chat_completion",

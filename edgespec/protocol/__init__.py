@@ -8,7 +8,7 @@ yields; limits and field checks (:mod:`.limits`), errors (:mod:`.errors`), llama
 here once. A floor below edgespec.server and edgespec.apps: it imports api, agents,
 serving, chat and errors, never a web framework.
 """
-from .core import SLICE_HEADER, Core, Running, run
+from .core import SLICE_HEADER, Core, Running, execute, run
 from .errors import ProtocolError, bad_request, from_edgespec, not_found, unsupported
 from .events import (ChoiceDone, CoreEvent, ReasoningDelta, TextDelta, TokenPiece, ToolCall,
                      ToolCallDelta)
@@ -19,5 +19,5 @@ from .timings import timings
 
 __all__ = ["ChoiceDone", "Core", "CoreEvent", "CoreRequest", "Fim", "Plan", "ProtocolError",
            "ReasoningDelta", "Running", "SLICE_HEADER", "TextDelta", "TokenPiece", "ToolCall",
-           "ToolCallDelta", "apply_template", "bad_request", "fim_prompt", "fim_tokens",
+           "ToolCallDelta", "apply_template", "bad_request", "execute", "fim_prompt", "fim_tokens",
            "from_edgespec", "not_found", "plan", "run", "timings", "unsupported"]

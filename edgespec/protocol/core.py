@@ -26,9 +26,9 @@ import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
-from ..api.events import Finished, Step
+from ..api.events import Event, Finished, Step
 from ..errors import ContextOverflowError, EdgespecError
 from ..serving import DONE, ModelDoesNotFitError, ModelNotServedError
 from .errors import ProtocolError, context_overflow, from_edgespec, from_failure, not_found
@@ -356,21 +356,41 @@ def run(engine: Any, req: CoreRequest, *, model_name: str | None = None,
         p = plan(engine, req, name, reasoning_format)
     except EdgespecError as e:
         raise from_edgespec(e, req.param_prompt) from None
+    yield from execute(engine, req, p)
+
+
+def execute(engine: Any, req: CoreRequest, p: Plan, *,
+            wrap: Callable[[Iterator[Event]], Iterator[Event]] | None = None
+            ) -> Iterator[CoreEvent]:
+    """:func:`run` once ``req`` is planned (edgespec.apps plans first, so that a bad request
+    raises before a stream is handed out). ``wrap`` sees the engine's own events on their
+    way in (edgespec.apps.aio watches them to cancel the request it runs). Closing this
+    generator closes the engine's stream at once, which frees the engine."""
     seed = p.params.sampling.seed
+    options: dict[str, Any] = {"proposer": req.proposer}
+    if req.logits_processor is not None:
+        options["logits_processor"] = req.logits_processor
     for i in range(req.n):
         params = p.params if seed is None or i == 0 else replace(
             p.params, sampling=replace(p.params.sampling, seed=(seed + i) % 2 ** 64))
         reader = ChoiceReader(i, p.turn.output() if p.turn else None, origins=req.origins,
                               prefix=p.prefix)
         yield from reader.start()
+        stream = engine.stream(p.prompt, params, **options)
+        events = wrap(stream) if wrap is not None else stream
         try:
-            for ev in engine.stream(p.prompt, params, proposer=req.proposer):
+            for ev in events:
                 if isinstance(ev, Step):
                     yield from reader.step(ev)
                 elif isinstance(ev, Finished):
                     yield from reader.finish(ev)
         except EdgespecError as e:
             raise from_edgespec(e, req.param_prompt) from None
+        finally:
+            for it in (events, stream):
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
 
 
-__all__ = ["Core", "Running", "SLICE_HEADER", "run"]
+__all__ = ["Core", "Running", "SLICE_HEADER", "execute", "run"]

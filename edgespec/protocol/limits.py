@@ -7,6 +7,7 @@ instead. Dialects pass their own field names where they differ (Anthropic's
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 from ..api.params import SamplingParams
@@ -46,11 +47,13 @@ def stops(stop: str | list[str] | tuple[str, ...] | None, param: str = "stop"
     return found
 
 
-def logit_bias(mapping: Mapping[str, float] | None, n_vocab: int, param: str = "logit_bias"
-               ) -> tuple[tuple[int, float], ...]:
+def logit_bias(mapping: Mapping[str, float] | None, n_vocab: int, param: str = "logit_bias",
+               bound: float | None = 100.0) -> tuple[tuple[int, float], ...]:
     """Token id -> bias, strictly: keys of ASCII digits only (``"+5"``, ``"٣"`` and
     ``"007"``-sized junk are refused, not read as numbers), ids inside the vocabulary,
-    biases in [-100, 100]."""
+    biases in [-bound, bound]. ``bound`` None (llama-cpp-python's unbounded bias): any
+    finite number, or -inf, which bans the token; +inf or NaN would leave no distribution
+    to sample from."""
     if not mapping:
         return ()
     pairs = []
@@ -59,10 +62,14 @@ def logit_bias(mapping: Mapping[str, float] | None, n_vocab: int, param: str = "
                 or not key.isascii() or not key.isdigit() or int(key) >= n_vocab:
             raise bad_request(f"logit_bias key {str(key)[:40]!r} is not a token id of this "
                               f"model (0..{n_vocab - 1})", param=param)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not -100.0 <= value <= 100.0:
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if bound is None:
+            if not number or math.isnan(value) or value == math.inf:
+                raise bad_request(f"logit_bias for token {key} must be a finite number or "
+                                  f"-inf (got {value!r})", param=param)
+        elif not number or not -bound <= value <= bound:
             raise bad_request(f"logit_bias for token {key} is {value!r}; biases are numbers "
-                              "in [-100, 100]", param=param)
+                              f"in [-{bound:g}, {bound:g}]", param=param)
         pairs.append((int(key), float(value)))
     return tuple(sorted(pairs))
 

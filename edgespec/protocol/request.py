@@ -8,8 +8,8 @@ tokens) says what the model reads.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from ..api.params import GenerationParams
 from .errors import bad_request
@@ -45,6 +45,11 @@ class CoreRequest:
     origins: bool = False  # per-token origins on every TextDelta (the web page's extension)
     proposer: str | None = None  # a loaded proposer for this request (None: the engine's)
     param_prompt: str = "messages"  # the dialect's name for the prompt field (errors name it)
+    #: llama-cpp-python's logits_processor, (input_ids, logits) -> logits: such a request
+    #: runs on the plain path (no drafts). Honoured by :func:`~.core.run` (edgespec.apps);
+    #: no server dialect sets it
+    logits_processor: Callable[[Any, Any], Any] | None = field(default=None, compare=False,
+                                                               repr=False)
 
     def __post_init__(self) -> None:
         given = [f for f in ("messages", "prompt", "fim") if getattr(self, f) is not None]

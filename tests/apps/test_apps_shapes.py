@@ -85,7 +85,7 @@ def test_closing_a_stream_frees_the_engine(engine):
 @pytest.mark.parametrize("kwargs, error, named", [
     (dict(prompt=[1, True]), InvalidInputError, "non-empty list of token ids"),
     (dict(prompt=[]), InvalidInputError, "non-empty list of token ids"),
-    (dict(prompt=[10 ** 9]), InvalidInputError, "outside the vocabulary"),
+    (dict(prompt=[10 ** 9]), InvalidInputError, "outside this model's vocabulary"),
     (dict(stop=[""]), InvalidInputError, "stop strings must be non-empty"),
     (dict(logit_bias={"x": 1.0}), InvalidInputError, "logit_bias key 'x'"),
     (dict(logit_bias={3: float("nan")}), InvalidInputError, "finite number or -inf"),

@@ -252,7 +252,7 @@ def test_refused_completion_arguments(llm, kwargs, named):
 def test_refused_chat_arguments(llm):
     with pytest.raises(InvalidInputError, match="response_format type 'yaml'"):
         llm.create_chat_completion(CHAT, response_format={"type": "yaml"})
-    with pytest.raises(InvalidInputError, match="logit_bias key 99999999"):
+    with pytest.raises(InvalidInputError, match="logit_bias key '99999999'"):
         llm.create_chat_completion(CHAT, logit_bias={99999999: 5.0})
     with pytest.raises(UnsupportedError, match=r"messages\[0\]\.content\[1\] is a 'image_url'"):
         llm.create_chat_completion([{"role": "user", "content": [
