@@ -9,9 +9,10 @@ Each call is a :class:`Call`: the arguments mapped onto a
 :class:`~edgespec.protocol.CoreRequest` through :mod:`edgespec.protocol.limits` and planned
 (:func:`edgespec.protocol.plan`: template, tools, vocabulary; every refusal raised before
 anything runs, as edgespec's own error types), then rendered from the core's events
-(TextDelta per token, ToolCallDelta, ChoiceDone), whole or as chunks. The defaults are llama-cpp-python's own (chat: temperature 0.2, top-k 40, top-p 0.95,
-min-p 0.05, no token limit; completion: temperature 0.8 and 16 tokens), so an app that
-relies on them samples the same way.
+(TextDelta per token, ToolCallDelta, ChoiceDone), whole or as chunks. The defaults are
+llama-cpp-python's own (chat: temperature 0.2, top-k 40, top-p 0.95, min-p 0.05, no token
+limit; completion: temperature 0.8 and 16 tokens), so an app that relies on them samples
+the same way; so is its unbounded ``logit_bias`` (any finite number, ``-inf`` bans).
 
 What llama-cpp-python 0.3.36 accepts and edgespec cannot honour is refused with an
 :class:`~edgespec.errors.UnsupportedError` naming the argument: ``suffix``,
