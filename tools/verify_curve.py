@@ -51,7 +51,7 @@ CATEGORIES: tuple[tuple[str, str], ...] = (
     (r"flash_attn|soft_max|vec_dot_f16|vec_mad_f16|vec_dot_f32|rope|expf|dequantize_row_q8_0"
      r"|fwht", "attention"),
     (r"quantize_row|quantize_mat|from_float|fp32_to_fp16|fp16_to_fp32", "quantize activations"),
-    (r"gomp_|GOMP_|omp_|ggml_barrier|sched_yield|futex|spin|chunk_add", "sync / spin"),
+    (r"\bgomp_|GOMP_|\bomp_|ggml_barrier|sched_yield|futex|\bspin|chunk_add", "sync / spin"),
     (r"memcpy|memmove|memset|get_rows", "copies (logits, rows)"),
     (r"rms_norm|vec_add|vec_mul|silu|swiglu|ggml_compute_forward_(add|mul|cpy|scale)\b",
      "elementwise"),
@@ -93,9 +93,13 @@ def parse_report(text: str) -> list[Sample]:
 def categorize(symbol: str, kernel_space: bool = False, dso: str = "") -> str:
     if kernel_space or dso.startswith("[kernel"):
         return KERNEL
-    if symbol.startswith("0x") and "(after" not in symbol and "ggml-cpu" in dso:
-        # static functions of ggml-cpu (no exported symbol) that name_unresolved did not place
-        return "ggml-cpu, unnamed (static)"
+    if symbol.startswith("0x") and " (" in symbol:
+        # placed by name_unresolved: the next exported function first, then the previous
+        for where in symbol.split(" (", 1)[1].rstrip(")").split("; "):
+            found = categorize(where.split(" ", 1)[1], False, "")
+            if found != OTHER:
+                return found
+        symbol = symbol.split(" (", 1)[0]
     for pattern, name in CATEGORIES:
         m = re.search(pattern, symbol)
         if m:
@@ -123,16 +127,21 @@ def exported_symbols(path: str) -> list[tuple[int, str]]:
 def name_unresolved(samples: list[Sample], symbols: dict[str, list[tuple[int, str]]]
                     ) -> list[Sample]:
     """Give a bare address (a static function: ggml-cpu exports only part of its code) the
-    name of the exported function laid out just before it, as ``0x... (after NAME)``; static
-    code sits beside the other functions of its source file, so that names the file."""
+    names of the exported functions around it, ``0x... (before NEXT; after PREV)``. Static
+    code is laid out with the rest of its source file, usually ahead of the file's exported
+    functions, so NEXT is the better guess at what it is, and categorize() tries it first
+    (checked by disassembly for the large ones: docs/benchmarks.md)."""
     out = []
     for s in samples:
         table = symbols.get(s.dso)
         if table and s.symbol.startswith("0x"):
             addr = int(s.symbol, 16)
-            before = [name for a, name in table if a <= addr]
-            if before:
-                s = Sample(f"{s.symbol} (after {before[-1]})", s.percent, s.kernel_space, s.dso)
+            prev = [name for a, name in table if a <= addr]
+            nxt = [name for a, name in table if a > addr]
+            if prev or nxt:
+                where = "; ".join(([f"before {nxt[0]}"] if nxt else [])
+                                  + ([f"after {prev[-1]}"] if prev else []))
+                s = Sample(f"{s.symbol} ({where})", s.percent, s.kernel_space, s.dso)
         out.append(s)
     return out
 
@@ -336,6 +345,24 @@ def cmd_record(a) -> None:
         print("| steps | " + " | ".join(f"{cpu[n] / base:.2f}" for n in ns) + " |")
 
 
+def _greedy(model, ctx, ids: list[int], count: int) -> list[int]:
+    ctx.clear()
+    row = ctx.decode(ids, 0, logits="last")[0]
+    seq = []
+    for i in range(count):
+        seq.append(int(row.argmax()))
+        row = ctx.decode([seq[-1]], len(ids) + i, logits="last")[0]
+    return seq
+
+
+def _forced(ctx, ids: list[int], seq: list[int]) -> list[int]:
+    """The model's greedy choice at each position of ``seq``, fed the reference tokens (one
+    pass, every row): per-position agreement, without one early divergence deciding the rest."""
+    ctx.clear()
+    rows = ctx.decode(ids + seq[:-1], 0, logits="all")
+    return [int(r.argmax()) for r in rows[len(ids) - 1:]]
+
+
 def cmd_agree(a) -> None:
     # deferred: as _load
     from edgespec.runtime.kernel import KernelConfig
@@ -346,35 +373,35 @@ def cmd_agree(a) -> None:
         "Q: Convert this CSV to JSON lines.\nname,age\nann,31\nbob,27\nA:",
         "import os\n\n\ndef list_python_files(root):\n",
     ]
-    outs = []
+    greedy: dict[str, list[list[int]]] = {}
+    forced: dict[str, list[list[int]]] = {}
+    ref: list[list[int]] = []
     for path in (a.model, a.copy):
         model = _load(path, True)
         ctx = model.new_context(n_ctx=512, n_batch=512, n_threads=a.threads,
                                 **context_options(KernelConfig()))
-        gen = []
-        for p in prompts:
-            ctx.clear()
-            ids = list(model.tokenize(p))
-            row = ctx.decode(ids, 0, logits="last")[0]
-            seq = []
-            for i in range(a.tokens):
-                t = int(row.argmax())
-                seq.append(t)
-                row = ctx.decode([t], len(ids) + i, logits="last")[0]
-            gen.append(seq)
+        ids_all = [list(model.tokenize(p)) for p in prompts]
+        greedy[path] = [_greedy(model, ctx, ids, a.tokens) for ids in ids_all]
+        ref = ref or greedy[path]  # the original's greedy text is the reference for both
+        forced[path] = [_forced(ctx, ids, seq) for ids, seq in zip(ids_all, ref)]
         ctx.close()
         model.close()
-        outs.append(gen)
-    total_same = total_prefix = 0
-    for p, x, y in zip(prompts, *outs):
-        same = sum(u == v for u, v in zip(x, y))
-        prefix = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x))
-        total_same += same
-        total_prefix += prefix
-        print(f"{p[:40]!r}: {same}/{len(x)} positions equal, first divergence at {prefix}")
     n = a.tokens * len(prompts)
-    print(f"all: {total_same}/{n} positions equal ({total_same / n:.0%}), identical prefix "
-          f"{total_prefix}/{n} ({total_prefix / n:.0%})")
+
+    def prefix(x: list[int], y: list[int]) -> int:
+        return next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), len(x))
+
+    for i, p in enumerate(prompts):
+        print(f"{p[:36]!r}: copy's greedy text equal for {prefix(ref[i], greedy[a.copy][i])}"
+              f"/{a.tokens} tokens; teacher-forced agreement: original (one pass) "
+              f"{sum(u == v for u, v in zip(ref[i], forced[a.model][i]))}, copy "
+              f"{sum(u == v for u, v in zip(ref[i], forced[a.copy][i]))} of {a.tokens}")
+    same = sum(prefix(x, y) for x, y in zip(ref, greedy[a.copy]))
+    f0 = sum(u == v for x, y in zip(ref, forced[a.model]) for u, v in zip(x, y))
+    f1 = sum(u == v for x, y in zip(ref, forced[a.copy]) for u, v in zip(x, y))
+    print(f"all: identical greedy prefix {same}/{n} ({same / n:.0%}); teacher-forced top-1 "
+          f"agreement with the original's greedy tokens: original in one pass {f0}/{n} "
+          f"({f0 / n:.0%}), copy {f1}/{n} ({f1 / n:.0%})")
 
 
 #: enum ggml_type values of the weight types a Q4_K_M file holds -> llama-quantize's names

@@ -115,19 +115,26 @@ def test_relayout_names_every_weight_and_moves_only_q6_k():
         vc.relayout_types([_T("x.weight", (32, 32), 99)])
 
 
-def test_bare_addresses_take_the_name_of_the_function_before_them():
-    table = {"libggml-cpu.so.0": [(0x75010, "tiled_repack_src1(tiled_tile_src1*, int, int, bool)"),
-                                  (0x78f30, "tiled_run_microtile<32, true, 0, false>")]}
+def test_bare_addresses_are_named_by_the_exported_functions_around_them():
+    table = {"libggml-cpu.so.0": [(0x53820, "ggml_cpu_extra_work_size"),
+                                  (0x746c0, "ggml_tiled_wdata_size"),
+                                  (0xe4310, "std::__introsort_loop<_Iter_comp_iter<cmp_argsort>>"),
+                                  (0xfa7d0, "llamafile_sgemm")]}
     rows = vc.name_unresolved(vc.parse_report(
-        "  26.97%  libggml-cpu.so.0  [.] 0x0000000000076962\n"
-        "   0.04%  libggml-cpu.so.0  [.] 0x00000000000a28a8\n"
+        "  13.91%  libggml-cpu.so.0  [.] 0x0000000000055ffb\n"
+        "   3.14%  libggml-cpu.so.0  [.] 0x00000000000e5a65\n"
         "   0.01%  libggml-cpu.so.0  [.] 0x0000000000001000\n"
+        "   0.01%  libggml-cpu.so.0  [.] 0x00000000000fb000\n"
         "   5.00%  libc.so.6  [.] 0x0000000000076962\n"), table)
     assert [r.symbol for r in rows] == [
-        "0x0000000000076962 (after tiled_repack_src1(tiled_tile_src1*, int, int, bool))",
-        "0x00000000000a28a8 (after tiled_run_microtile<32, true, 0, false>)",
-        "0x0000000000001000",  # nothing exported before it
+        "0x0000000000055ffb (before ggml_tiled_wdata_size; after ggml_cpu_extra_work_size)",
+        "0x00000000000e5a65 (before llamafile_sgemm; "
+        "after std::__introsort_loop<_Iter_comp_iter<cmp_argsort>>)",
+        "0x0000000000001000 (before ggml_cpu_extra_work_size)",
+        "0x00000000000fb000 (after llamafile_sgemm)",
         "0x0000000000076962"]  # another library: no table, left bare
-    assert vc.categorize(rows[0].symbol, dso=rows[0].dso) == \
-        "tiled K-quant matmul (not repacked, n >= 8)"
-    assert vc.categorize(rows[2].symbol, dso=rows[2].dso) == "ggml-cpu, unnamed (static)"
+    cats = [vc.categorize(r.symbol, r.kernel_space, r.dso) for r in rows]
+    assert cats == ["tiled K-quant matmul (not repacked, n >= 8)",
+                    "llamafile tinyBLAS (Q8_0/Q4_0 gemm)",  # not "sync": comp_iter is no omp_
+                    "ggml-cpu, unnamed (static)", "llamafile tinyBLAS (Q8_0/Q4_0 gemm)",
+                    vc.OTHER]
