@@ -14,6 +14,7 @@ import threading
 import pytest
 from click.testing import CliRunner
 
+from edgespec import paths
 from edgespec.api.events import Finished
 from edgespec.api.params import GenerationParams, SamplingParams
 from edgespec.cli import cli
@@ -49,12 +50,17 @@ def three_times(run):
 @pytest.mark.parametrize("model", ["smollm2-135m", "qwen-0.5b"])
 @pytest.mark.parametrize("sampling", [[], ["--temperature", "0.8", "--seed", "7"]],
                          ids=["greedy", "seeded"])
-def test_the_cli_gives_one_text_alone_again_and_under_load(model_path, model, sampling):
+def test_the_cli_gives_one_text_alone_again_and_under_load(model_path, model, sampling,
+                                                          tmp_path, monkeypatch):
     runner = CliRunner()
     args = ["generate", "--target", str(model_path(model)), "--threads", "2", "--ctx", "1024",
             "--proposer", "ngram+suffix", "--max-tokens", "24", "--json", *sampling, PROMPT]
+    runs = iter(range(3))
 
     def run():
+        # the same setup each time: the n-gram statistics an earlier run saved change the
+        # drafts, hence the pass shapes (docs/parity.md lists it among what stays)
+        monkeypatch.setattr(paths, "ngram_dir", lambda i=next(runs): tmp_path / f"ngram{i}")
         r = runner.invoke(cli, args)
         assert r.exit_code == 0, r.output
         return json.loads(r.output.strip().splitlines()[-1])["tokens"]
@@ -87,8 +93,10 @@ def test_llama_gives_one_text_streamed_and_not_alone_again_and_under_load(llm, k
 # --- a draft model: coupled to the target's uniforms ------------------------------------------
 def test_a_seeded_draft_model_request_is_the_plain_paths_text_alone_again_and_under_load(
         engine_factory):
-    eng = engine_factory("qwen-1.5b", "qwen-0.5b", proposer="draft", adaptive=True, exact=False,
-                         n_ctx=512)
+    # a fixed draft length: on this CPU the adaptive controller finds the 0.5B draft does
+    # not pay and never drafts, which would leave the coupling untested
+    eng = engine_factory("qwen-1.5b", "qwen-0.5b", proposer="draft", adaptive=False,
+                         exact=False, n_ctx=512)
     params = GenerationParams(max_tokens=12, sampling=SEEDED)
     fins = three_times(lambda: eng.generate(PROMPT, params))
     plain = eng.generate(PROMPT, params, proposer="none")
