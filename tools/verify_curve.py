@@ -13,6 +13,8 @@ waiting thread spins, which the per-kernel table shows as its own line (sync).
     python tools/verify_curve.py record MODEL --threads 1 --n 1 --n 4 --n 16 --out /tmp/vc
     # a copy whose Q6_K tensors are Q8_0 (llama-quantize from the anchors' build tree)
     python tools/verify_curve.py relayout MODEL /tmp/qwen-1.5b-q6q8.gguf --quantize QBIN
+    # the original and the copy interleaved in one process (same load for both)
+    python tools/verify_curve.py pair MODEL /tmp/qwen-1.5b-q6q8.gguf --threads 1
     # greedy agreement of a re-laid copy with the original
     python tools/verify_curve.py agree MODEL COPY --tokens 48
 
@@ -241,6 +243,51 @@ def drive(model_path: str, ns: list[int], reps: int, threads: int, repack: bool,
     return {"cpu": {n: statistics.median(v) for n, v in cpu.items()},
             "wall": {n: statistics.median(v) for n, v in wall.items()},
             "threads": threads, "repack": repack, "ubatch": ubatch, "model": model_path}
+
+
+def pair(models: list[str], ns: list[int], reps: int, threads: int, ubatch: int,
+         prefix: int) -> dict:
+    """Several GGUF files in one process, passes round-robin over (file, n): the files'
+    curves and their 1-token passes compared under the same load, which separate processes
+    on a shared machine cannot do (their ratios moved by ~15% between processes here)."""
+    from edgespec.calibration.measuring import context_options  # deferred: as _load
+    from edgespec.runtime.kernel import KernelConfig
+    kmax = max(ns)
+    loaded = []
+    for path in models:
+        model = _load(path, True)
+        ctx = model.new_context(n_ctx=prefix + kmax + 8, n_batch=max(ubatch, prefix),
+                                n_threads=threads, **context_options(KernelConfig()))
+        toks = _tokens(model, prefix + kmax)
+        ctx.decode(toks[:prefix], 0, logits="none")
+        loaded.append((path, model, ctx, toks))
+    cpu: dict[tuple[str, int], list[float]] = {(m, n): [] for m in models for n in ns}
+    for rep in range(reps + 1):  # the first round warms up and is not kept
+        for path, _model, ctx, toks in loaded:
+            for n in ns:
+                c0 = time.process_time()
+                ctx.decode(toks[prefix:prefix + n], prefix, logits="all")
+                if rep:
+                    cpu[(path, n)].append(time.process_time() - c0)
+                ctx.trim(0, prefix)
+    for _path, model, ctx, _toks in loaded:
+        ctx.close()
+        model.close()
+    return {m: {n: statistics.median(cpu[(m, n)]) for n in ns} for m in models}
+
+
+def cmd_pair(a) -> None:
+    ns = sorted(set(a.n or DEFAULT_NS) | {1})
+    if len({a.model, *a.copy}) != 1 + len(a.copy):
+        raise SystemExit("pair wants different files")
+    res = pair([a.model] + a.copy, ns, a.reps, a.threads, 512, a.prefix)
+    base = res[a.model][1]
+    print(f"CPU steps per pass, files interleaved in one process ({a.threads} thread(s))")
+    print("| file | 1-token CPU ms (x the first file's) | " + " | ".join(f"n={n}" for n in ns) + " |")
+    print("|---|---|" + "---|" * len(ns))
+    for m, cur in res.items():
+        print(f"| {Path(m).name} | {cur[1] * 1000:.1f} ({cur[1] / base:.2f}x) | "
+              + " | ".join(f"{cur[n] / cur[1]:.2f}" for n in ns) + " |")
 
 
 def _drive_cmd(a, ns: list[int], repack: bool, threads: int, ubatch: int, model: str,
@@ -479,6 +526,13 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--ubatch", type=int, default=512)
     r.add_argument("--freq", type=int, default=2000)
     r.add_argument("--out", default="/tmp/verify_curve")
+    pr = sub.add_parser("pair", help="several files' curves interleaved in one process")
+    pr.add_argument("model")
+    pr.add_argument("copy", nargs="+")
+    pr.add_argument("--n", type=int, action="append")
+    pr.add_argument("--reps", type=int, default=6)
+    pr.add_argument("--prefix", type=int, default=64)
+    pr.add_argument("--threads", type=int, default=1)
     g = sub.add_parser("agree")
     g.add_argument("model")
     g.add_argument("copy")
@@ -505,6 +559,8 @@ def main(argv: list[str] | None = None) -> None:
         cmd_curve(a)
     elif a.cmd == "record":
         cmd_record(a)
+    elif a.cmd == "pair":
+        cmd_pair(a)
     elif a.cmd == "relayout":
         cmd_relayout(a)
     else:

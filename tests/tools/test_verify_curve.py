@@ -138,3 +138,11 @@ def test_bare_addresses_are_named_by_the_exported_functions_around_them():
                     "llamafile tinyBLAS (Q8_0/Q4_0 gemm)",  # not "sync": comp_iter is no omp_
                     "ggml-cpu, unnamed (static)", "llamafile tinyBLAS (Q8_0/Q4_0 gemm)",
                     vc.OTHER]
+
+
+def test_bad_arguments_say_what_is_wrong_before_any_model_loads():
+    with pytest.raises(SystemExit, match="different files"):
+        vc.main(["pair", "a.gguf", "a.gguf"])
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        vc.parse_env(["GGML_CPU_TILED_MM"])
+    assert vc.parse_env(["GGML_CPU_TILED_MM=0", "A=b=c"]) == {"GGML_CPU_TILED_MM": "0", "A": "b=c"}
