@@ -124,10 +124,10 @@ def _run(engine, text, params, intr, target, show_stats, as_json, logprobs) -> N
 
 
 def idle_reason(engine, stats) -> str | None:
-    """Why a proposer the user asked for drafted little (edgespec.control.breakeven), priced
+    """Why a proposer the user asked for drafted little (edgespec.calibration.breakeven), priced
     on the engine's calibrated curve and the proposer's measured cost; None where it drafted
     its share, for the plain path, or when the engine has no curve."""
-    from ..control.breakeven import needed_acceptance, why_idle  # deferred: as below
+    from ..calibration.breakeven import needed_acceptance, why_idle  # deferred: as below
     label = stats.proposer
     if label in ("", "none") or stats.generated_tokens <= 0 or \
             stats.drafted * 10 >= stats.generated_tokens:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..api.labels import PLAIN
+from ..calibration.breakeven import needed_acceptance
 from ..engine.config import EngineConfig
 from ..runtime.kernel import KernelConfig
 from ..runtime.device import Device
@@ -144,7 +145,26 @@ class Plan:
                   self.memory.table(with_device=bool(self.budget_device)),
                   "", "why:"]
         lines += [f"  - {r}" for r in self.reasons]
+        lines += [f"  - {r}" for r in self.when_drafts_pay()]
         return "\n".join(lines)
+
+    def when_drafts_pay(self) -> list[str]:
+        """The acceptance a draft needs on this curve (calibration.breakeven), for the
+        free proposers and, where one is priced, a draft model: what would make a proposer
+        the plan leaves idle pay."""
+        free = needed_acceptance(self.speed.cost, 0.0)
+        out = [f"a free proposer (ngram, suffix) pays from {free.acceptance:.0%} of drafted "
+               f"tokens accepted ({free.k}-token drafts, a pass costing {free.pass_steps:.2f} "
+               "steps)" if free.acceptance is not None else
+               "no draft pays on this curve, even a free one always accepted"]
+        if self.speed.draft_ratio:
+            model = needed_acceptance(self.speed.cost, self.speed.draft_ratio)
+            out.append(f"a draft model at {self.speed.draft_ratio:.2f} of a target step per "
+                       "token pays " + (f"from {model.acceptance:.0%} accepted ({model.k}-token "
+                                        "drafts)" if model.acceptance is not None else
+                                        "at no acceptance: its tokens cost more than the "
+                                        "verify pass saves"))
+        return out
 
     def to_dict(self) -> dict:
         k = self.kernel

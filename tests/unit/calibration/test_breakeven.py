@@ -2,7 +2,7 @@
 import pytest
 
 from edgespec.api.stats import RequestStats
-from edgespec.control.breakeven import BreakEven, emitted, needed_acceptance, why_idle
+from edgespec.calibration.breakeven import BreakEven, emitted, needed_acceptance, why_idle
 
 # this machine's curve (edgespec plan): 2/4/8/16-token passes cost 1.89/3.41/5.22/6.08 steps
 CURVE = {1: 1.0, 2: 1.89, 4: 3.41, 8: 5.22, 16: 6.08, 17: 6.3}
