@@ -544,6 +544,10 @@ class EdgespecApp(App[None]):
             table.remove_row(next(iter(table.rows)))
         table.move_cursor(row=table.row_count - 1)
         self._main.query_one("#answer-box").border_subtitle = summary_line(s)
+        note = getattr(self.source, "idle_note", None)  # scripted sources have no engine
+        why = note(s) if note is not None else None
+        if why:
+            self.notify(why, title="speculation", timeout=12)
         if ev.stop_reason == "context":
             self.notify(f"the context window filled after {s.generated_tokens} tokens; start "
                         "with a larger --n-ctx or a shorter prompt", title="context full",

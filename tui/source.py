@@ -294,6 +294,14 @@ class EngineSource:
                 forwarded = True
             yield ev
 
+    def idle_note(self, stats) -> str | None:
+        """Why the proposer the user picked stayed (mostly) off, in one plain line, priced on
+        the loaded engine's curve (edgespec.engine.notes, the line `generate --stats` prints)."""
+        from edgespec.engine.notes import idle_reason  # deferred: the TUI starts before the engine
+
+        engine = self._engine
+        return idle_reason(engine, stats) if engine is not None else None
+
     def cancel(self) -> None:
         self._cancel.set()
         engine = self._engine

@@ -115,36 +115,13 @@ def _run(engine, text, params, intr, target, show_stats, as_json, logprobs) -> N
         click.echo()
     if show_stats:
         click.echo(fin.stats.summary(), err=True)
+        from ..engine.notes import idle_reason  # deferred: `edgespec` starts without the engine
         why = idle_reason(engine, fin.stats)
         if why:
             click.echo(why, err=True)
     if fin.stop_reason == "cancelled":
         raise Cancelled("cancelled")
     _warn_unfinished(params, fin)
-
-
-def idle_reason(engine, stats) -> str | None:
-    """Why a proposer the user asked for drafted little (edgespec.calibration.breakeven), priced
-    on the engine's calibrated curve and the proposer's measured cost; None where it drafted
-    its share, for the plain path, or when the engine has no curve."""
-    from ..calibration.breakeven import needed_acceptance, why_idle  # deferred: as below
-    label = stats.proposer
-    if label in ("", "none") or stats.generated_tokens <= 0 or \
-            stats.drafted * 10 >= stats.generated_tokens:
-        return None
-    # an adaptive engine priced its drafts on the curve (loaded at build); a fixed one has
-    # none, and measuring one now for a stats line would cost more than the request
-    cal = engine.calibration() if engine.config.control.adaptive else None
-    if cal is None or not cal.step_seconds:
-        return None
-    if stats.drafted:
-        per_token = stats.draft_seconds / stats.drafted
-    else:  # what the controller priced it at: a draft model's running estimate, 0 if free
-        per_token = max((getattr(engine.proposers.get(n), "seconds_per_token", 0.0) or 0.0)
-                        for n in label.split("+"))
-    be = needed_acceptance(cal.cost, per_token / cal.step_seconds)
-    return why_idle(label, stats.drafted, stats.generated_tokens, stats.accepted, be,
-                    measured=cal.source != "prior")
 
 
 def _warn_unfinished(params: GenerationParams, fin) -> None:

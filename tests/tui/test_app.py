@@ -301,3 +301,24 @@ async def test_a_draft_given_by_path_stays_listed_across_target_changes(fixed_me
         app.query_one("#target", Select).value = "other"
         await pilot.pause()
         assert proposer.value == ("draft", "/m/mine.gguf")
+
+
+@sync
+async def test_a_proposer_that_stayed_off_is_explained_in_one_line(fixed_memory):
+    """The source's idle note (the engine's break-even line; edgespec.engine.notes) shows as
+    a notification once the request ends; a source with nothing to say shows none."""
+    class Noting(ScriptedSource):
+        def idle_note(self, stats):
+            return f"speculation stayed off ({stats.generated_tokens} tokens)"
+
+    app = create_app(Noting(HELLO), memory_probe=fixed_memory)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press(*"hi")
+        await run_request(pilot, app)
+        assert any(n.title == "speculation" and "speculation stayed off (5 tokens)" in n.message
+                   for n in app._notifications)
+    app = create_app(ScriptedSource(HELLO), memory_probe=fixed_memory)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press(*"hi")
+        await run_request(pilot, app)
+        assert not any(n.title == "speculation" for n in app._notifications)
