@@ -3,9 +3,10 @@ through each protocol `edgespec serve` speaks, against the plain path, on one mo
 
     .venv/bin/python tools/dialect_bench.py --target qwen-1.5b --rounds 2 --out /tmp/dialects
 
-Two servers run side by side on loopback, the default (lossless speculation) and
-`--proposer none` (the plain path), loaded once; each request goes to both, alternating which
-goes first between rounds, and only one request runs at a time (run it on a quiet machine).
+Two servers on loopback, the default (lossless speculation) and `--proposer none` (the plain
+path), one at a time (an idle llama.cpp server beside a busy one still takes cycles on a
+small CPU); each round sends every request to each, alternating which server goes first
+between rounds, one request at a time (run it on a quiet machine).
 Reported per (dialect, task): output tokens, the plain and default decode rates (output tokens
 over the request's wall time, prompt included, as a client sees it), their ratio, and the
 drafted/accepted tokens the server's /metrics counted for that request. Greedy, so both
@@ -173,19 +174,20 @@ def main(argv: list[str] | None = None) -> int:
         keep = set(args.dialects.split(","))
         chosen = [c for c in chosen if c.dialect in keep]
     runs: dict[tuple[str, str], dict[str, list[Sample]]] = {}
-    with ServeProcess(common + ["--proposer", "none"], startup_seconds=900) as plain, \
-            ServeProcess(common, startup_seconds=900) as spec:
-        servers = {"plain": plain, "default": spec}
-        for r in range(args.rounds):
-            order = ["plain", "default"] if r % 2 == 0 else ["default", "plain"]
-            for c in list(chosen):
-                for name in order:
+    flags = {"plain": ["--proposer", "none"], "default": []}
+    for r in range(args.rounds):
+        # one server at a time: on a small CPU an idle llama.cpp server beside a busy one
+        # still takes cycles, so the two are never up together; the order alternates
+        for name in (["plain", "default"] if r % 2 == 0 else ["default", "plain"]):
+            with ServeProcess(common + flags[name], startup_seconds=900) as server:
+                for c in list(chosen):
                     try:
-                        s = run_one(servers[name], c)
+                        s = run_one(server, c)
                     except Refused as e:  # FIM on a model without FIM tokens, say
                         print(f"{c.dialect}: refused, left out: {e}", flush=True)
                         chosen.remove(c)
-                        break
+                        runs.pop((c.dialect, c.task), None)
+                        continue
                     runs.setdefault((c.dialect, c.task), {}).setdefault(name, []).append(s)
                     print(f"round {r + 1} {c.dialect:20s} {name:8s} {s.tokens:4d} tok "
                           f"{s.tokens / s.seconds:6.1f} tok/s drafted {s.drafted:.0f} "
