@@ -55,7 +55,7 @@ def test_the_cli_gives_one_text_alone_again_and_under_load(model_path, model, sa
     runner = CliRunner()
     args = ["generate", "--target", str(model_path(model)), "--threads", "2", "--ctx", "1024",
             "--proposer", "ngram+suffix", "--max-tokens", "24", "--json", *sampling, PROMPT]
-    runs = iter(range(3))
+    runs = iter(range(4))
 
     def run():
         # the same setup each time: the n-gram statistics an earlier run saved change the
@@ -64,6 +64,10 @@ def test_the_cli_gives_one_text_alone_again_and_under_load(model_path, model, sa
         r = runner.invoke(cli, args)
         assert r.exit_code == 0, r.output
         return json.loads(r.output.strip().splitlines()[-1])["tokens"]
+    # the same setup means a measured one: a first run may measure this machine (or, on a
+    # busy machine, price with the prior until a later quiet run measures it), which changes
+    # the curve the controller decides on (docs/parity.md, "Same request, same text")
+    run()
     texts = three_times(run)
     assert texts[0] and texts[1] == texts[0] and texts[2] == texts[0]
 
