@@ -396,13 +396,14 @@ class Engine:
                 built = dict(settings=replace(control, proposer=names[0]) if not control.adaptive
                              else control, proposers={n: n in req.costly for n in names},
                              calibration=cal, slice=traffic,
-                             token_seconds={n: s for n, s in token_seconds.items() if s} or None)
+                             token_seconds={n: s for n, s in token_seconds.items() if s} or None,
+                             # a greedy or seeded request's passes follow neither the clock
+                             # nor others (the replay builds its controller the same way)
+                             deterministic=reproducible(params.sampling.greedy,
+                                                        params.sampling.seed, prep.exact))
                 req.controller = make_controller(
                     built["settings"], built["proposers"], cal, self.guard, traffic,
-                    built["token_seconds"],
-                    # a greedy or seeded request's passes follow neither the clock nor others
-                    deterministic=reproducible(params.sampling.greedy, params.sampling.seed,
-                                               prep.exact))
+                    built["token_seconds"], deterministic=built["deterministic"])
                 if self.controller_hook is not None:
                     req.controller = self.controller_hook(req, req.controller, built)
                 req.max_draft = (control.max_draft if control.adaptive

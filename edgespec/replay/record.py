@@ -145,7 +145,8 @@ class Recorder:
         cur.rec["controller"] = {
             "settings": asdict(built["settings"]), "proposers": dict(built["proposers"]),
             "calibration": built["calibration"].to_json() if built["calibration"] is not None else None,
-            "slice": built["slice"], "token_seconds": built["token_seconds"]}
+            "slice": built["slice"], "token_seconds": built["token_seconds"],
+            "deterministic": bool(built.get("deterministic", False))}
         cur.controller = RecordingController(controller)
         return cur.controller
 

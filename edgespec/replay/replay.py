@@ -203,7 +203,9 @@ def build_controller(r: Mapping, guard: GoodputGuard | None):
     cal = Calibration.from_json(ctl["calibration"]) if ctl.get("calibration") else None
     settings = ControlSettings(**ctl["settings"])
     return make_controller(settings, dict(ctl["proposers"]), cal, guard, ctl.get("slice", "default"),
-                           ctl.get("token_seconds"))
+                           ctl.get("token_seconds"),
+                           # a greedy or seeded request decided on its curve, not the clock
+                           deterministic=bool(ctl.get("deterministic", False)))
 
 
 def replay_request(r: Mapping, controller, model: CostModel, over: Overheads) -> ReplayedRequest:
