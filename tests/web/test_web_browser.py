@@ -14,6 +14,10 @@ import time
 import pytest
 
 pytest.importorskip("selenium", reason="selenium is not installed (pip install 'edgespec[test]')")
+from selenium.common.exceptions import (  # noqa: E402
+    NoSuchElementException,
+    StaleElementReferenceException,
+)
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -33,7 +37,10 @@ def css(d, selector):
 
 
 def wait(d, seconds: float = 60.0):
-    return WebDriverWait(d, seconds, poll_frequency=0.05)
+    # the 2-second status refresh may replace an element between a lookup and a read
+    return WebDriverWait(d, seconds, poll_frequency=0.05,
+                         ignored_exceptions=(NoSuchElementException,
+                                             StaleElementReferenceException))
 
 
 def open_page(d, server, *, temperature: float = 0, max_tokens: int = 48) -> None:
@@ -42,8 +49,7 @@ def open_page(d, server, *, temperature: float = 0, max_tokens: int = 48) -> Non
     d.get(server.base_url + "/web/favicon.svg")
     d.execute_script("localStorage.clear()")
     d.get(server.base_url + "/")
-    wait(d, 20).until(lambda d: css(d, "[data-role=connection]").get_attribute("data-state")
-                      == "up")
+    wait(d, 20).until(lambda d: connection(d) == "up")
     css(d, "[data-role=settings-toggle]").click()
     for role, value in (("temperature", temperature), ("max-tokens", max_tokens)):
         field = css(d, f"[data-role={role}]")
@@ -76,6 +82,19 @@ def origins(answer) -> list[str]:
             for e in answer.find_elements(By.CSS_SELECTOR, "[data-role=answer] [data-origin]")]
 
 
+def attributes(d, selector: str, name: str) -> list[str]:
+    """Read in one script call: the page re-renders parts (the legend, the connection dot) on
+    its own timers, so an element found in one WebDriver call can be gone by the next."""
+    return d.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(e => e.getAttribute(arguments[1]))",
+        selector, name)
+
+
+def connection(d) -> str | None:
+    states = attributes(d, "[data-role=connection]", "data-state")
+    return states[0] if states else None
+
+
 def test_an_answer_streams_with_its_drafted_tokens_marked(web_server, driver):
     d = driver
     d.get_log("performance")  # only this test's requests are checked below
@@ -106,8 +125,7 @@ def test_an_answer_streams_with_its_drafted_tokens_marked(web_server, driver):
     assert set(drafted) <= {"ngram", "suffix"}
     stats = css(answer, "[data-role=stats]").text
     assert "acceptance" in stats and "%" in stats and "tok/s" in stats, stats
-    legend = {e.get_attribute("data-origin")
-              for e in d.find_elements(By.CSS_SELECTOR, "[data-role=legend] [data-origin]")}
+    legend = set(attributes(d, "[data-role=legend] [data-origin]", "data-origin"))
     assert {"target", *drafted} <= legend
 
     # hovering a drafted token tells its pass
@@ -409,6 +427,5 @@ def test_a_server_that_goes_away_is_reported_and_the_answer_kept(web_server, dri
     send(d, "Are you there?")
     answer = wait_done(d, 20)
     assert "Cannot reach the server" in css(answer, "[data-role=error]").text
-    wait(d, 10).until(lambda d: css(d, "[data-role=connection]").get_attribute("data-state")
-                      == "down")
+    wait(d, 10).until(lambda d: connection(d) == "down")
     assert len(d.find_elements(By.CSS_SELECTOR, "[data-message-role=user]")) == 2

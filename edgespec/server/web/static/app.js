@@ -606,6 +606,10 @@
     const info = modelInfo(selectedModel());
     for (const p of (info && info.proposers) || []) if (p !== "none") seen.add(p);
     for (const m of current().messages) for (const t of m.tokens || []) seen.add(t.o);
+    // rebuilt only when the set changes: the 2-second refresh calls this too
+    const key = [...seen].join(",");
+    if (ui.legend.dataset.origins === key) return;
+    ui.legend.dataset.origins = key;
     ui.legend.replaceChildren(el("span", {class: "muted", text: "token origin:"}));
     for (const o of seen) {
       ui.legend.append(el("span", {class: "legend-item"},
