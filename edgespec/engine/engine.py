@@ -244,18 +244,6 @@ class Engine:
         return self.stream(list(messages), replace(params or GenerationParams(), chat=True),
                            proposer=proposer, control=control, exact=exact, reuse=reuse)
 
-    def create_chat_completion(self, messages: Sequence[dict], **kwargs):
-        """``llama_cpp.Llama.create_chat_completion``: its arguments, its ``chat.completion``
-        dict (or with ``stream=True`` its chunks), over :meth:`stream` (edgespec.apps)."""
-        from ..apps.completions import create_chat_completion  # deferred: apps builds on the engine; these are its llama-cpp-python names
-        return create_chat_completion(self, messages, **kwargs)
-
-    def create_completion(self, prompt: str, **kwargs):
-        """``llama_cpp.Llama.create_completion``: its arguments, its ``text_completion``
-        dict (or with ``stream=True`` its chunks), over :meth:`stream` (edgespec.apps)."""
-        from ..apps.completions import create_completion  # deferred: apps builds on the engine; these are its llama-cpp-python names
-        return create_completion(self, prompt, **kwargs)
-
     def stream(self, prompt: str | Sequence[dict], params: GenerationParams | None = None,
                proposer: str | None = None, control=None,
                exact: bool | None = None, reuse: bool | None = None,

@@ -90,7 +90,8 @@ def test_events_stream_and_the_loop_stays_responsive(aengine, engine):
 
 
 def test_chat_chunks_and_whole_response(aengine, engine):
-    want = engine.create_chat_completion(CHAT, temperature=0, max_tokens=8)
+    from edgespec.apps.completions import create_chat_completion
+    want = create_chat_completion(engine, CHAT, temperature=0, max_tokens=8)
 
     async def main():
         whole = await aengine.create_chat_completion(CHAT, temperature=0, max_tokens=8)

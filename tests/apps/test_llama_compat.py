@@ -312,10 +312,13 @@ def test_performance_keywords_are_accepted(path):
             "completion_tokens"] == 2
 
 
-def test_engine_methods_are_the_same_api(llm):
-    out = llm.engine.create_chat_completion(CHAT, temperature=0, max_tokens=2)
+def test_completions_over_an_engine_are_the_same_api(llm):
+    # edgespec.apps.completions takes a bare Engine (the engine itself knows no front end)
+    from edgespec.apps import completions
+    out = completions.create_chat_completion(llm.engine, CHAT, temperature=0, max_tokens=2)
     assert out["model"] == llm.engine.target_name
     assert out["choices"][0]["message"]["content"] == llm.create_chat_completion(
         CHAT, temperature=0, max_tokens=2)["choices"][0]["message"]["content"]
     with pytest.raises(EdgespecError):
-        llm.engine.create_completion(["not", "text"])
+        completions.create_completion(llm.engine, ["not", "text"])
+    assert not hasattr(llm.engine, "create_chat_completion")
