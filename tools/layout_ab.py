@@ -19,7 +19,7 @@ from edgespec.bench.prompts import load_humanevalfix, load_spec_bench
 from edgespec.runtime.kernel import KernelConfig
 from edgespec.engine.engine import Engine
 from edgespec.api.params import GenerationParams
-from edgespec.analysis.simulate import geomean
+from edgespec.api.stats import geometric_mean as geomean
 
 ARMS = (("repacked", "none"), ("repacked", "auto"), ("plain", "none"), ("plain", "auto"))
 

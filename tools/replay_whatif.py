@@ -23,7 +23,8 @@ import sys
 
 from edgespec.calibration.curve import Calibration
 from edgespec.control import ControlSettings, GoodputGuard, make_controller
-from edgespec.replay.replay import PLAIN_LABEL, fit, geomean, load_traces, models, replay_request
+from edgespec.api.stats import geometric_mean
+from edgespec.replay.replay import PLAIN_LABEL, fit, load_traces, models, replay_request
 
 
 def _variant(text: str) -> dict:
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             base = plain.get(r["unit"])
             if base is not None and base.rate and x.rate:
                 ratios.append((r.get("category") or r.get("prompt_id"), x.rate / base.rate))
-        print(f"{text:40s} geomean {geomean(v for _, v in ratios):.3f}  worst "
+        print(f"{text:40s} geomean {geometric_mean(v for _, v in ratios):.3f}  worst "
               f"{min(v for _, v in ratios):.3f}  | " + " ".join(f"{c}:{v:.2f}" for c, v in ratios))
     return 0
 

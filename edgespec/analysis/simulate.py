@@ -27,7 +27,6 @@ and batch-dependent logits (real runs may verify a near-tie differently).
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from ..control import (AdaptiveController, ControlMemory, ControlRecord, Control
                        truncate)
 from ..proposers.base import EMPTY_DRAFT, Draft
 from ..api.params import SamplingParams
+from ..api.stats import geometric_mean
 from ..proposers import free_proposer
 import argparse
 
@@ -311,11 +311,6 @@ def copy_bound(trace: Trace, cal: Calibration, min_tail: int = 1, max_draft: int
     return out_len * cal.seconds(1) / seconds if seconds else 1.0
 
 
-def geomean(values: Iterable[float]) -> float:
-    v = [x for x in values if x > 0]
-    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else math.nan
-
-
 def _by_category(traces: Sequence[Trace]) -> dict[str, list[str]]:
     """Category (or, without one, the trace's own name) -> its traces' names, in order."""
     cats: dict[str, list[str]] = {}
@@ -330,8 +325,8 @@ def format_table(table: Mapping[str, Mapping[str, float]], traces: Sequence[Trac
     head = ["config"] + list(cats) + ["min", "geomean"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cname, row in table.items():
-        per_cat = [geomean(row[n] for n in names) for names in cats.values()]
-        cells = [f"{x:.2f}" for x in per_cat] + [f"{min(row.values()):.2f}", f"{geomean(row.values()):.2f}"]
+        per_cat = [geometric_mean(row[n] for n in names) for names in cats.values()]
+        cells = [f"{x:.2f}" for x in per_cat] + [f"{min(row.values()):.2f}", f"{geometric_mean(row.values()):.2f}"]
         lines.append("| " + " | ".join([cname] + cells) + " |")
     return "\n".join(lines)
 
@@ -351,7 +346,7 @@ def format_summary(table: Mapping[str, Mapping[str, float]], traces: Sequence[Tr
         med = {c: statistics.median(row[n] for n in names) for c, names in cats.items()}
         main_cats = [c for c in med if c not in apart] or list(med)
         worst = min(med, key=med.get)
-        cells = [f"{geomean(row.values()):.2f}",
+        cells = [f"{geometric_mean(row.values()):.2f}",
                  f"{sum(med[c] for c in main_cats) / len(main_cats):.2f}",
                  f"{med[worst]:.2f} ({worst})"] + [f"{med[c]:.2f}" for c in shown]
         lines.append("| " + " | ".join([cname] + cells) + " |")

@@ -8,10 +8,11 @@ the target's own token: bonus after a full accept, correction otherwise).
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 if TYPE_CHECKING:
     from .labels import ControlKind, MaybeStopReason
@@ -271,6 +272,23 @@ class RequestStats:
                 "tree_path_length": self.tree_path_length,
                 "branch_utilisation": self.branch_utilisation,
                 "verify_drafted_per_pass": drafted, "verify_accepted_per_pass": kept}
+
+
+def geometric_mean(values: Iterable[float]) -> float:
+    """exp(mean(log x)): the one average of speedups and rates (bench, replay, analysis).
+
+    NaN for no values, so an empty table cell reads as missing rather than as a
+    slowdown. A value that is not positive and finite raises ValueError: a zero or NaN
+    rate is a measurement that failed, and dropping it silently would make the mean
+    look better than the run was. Callers leave such units out first and say so.
+    """
+    logs = []
+    for x in values:
+        v = float(x)
+        if not (v > 0 and math.isfinite(v)):
+            raise ValueError(f"geometric mean needs positive finite values, got {v!r}")
+        logs.append(math.log(v))
+    return math.exp(math.fsum(logs) / len(logs)) if logs else math.nan
 
 
 def _pct(sorted_values: list[float], q: float) -> float:

@@ -15,6 +15,8 @@ from typing import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
+from ..api.stats import geometric_mean  # the one geometric mean; bootstrap_ci vectorises it
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile (numpy's default method); NaN for no values."""
@@ -25,16 +27,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     lo = int(math.floor(pos))
     hi = min(lo + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def geometric_mean(values: Sequence[float]) -> float:
-    """exp(mean(log x)) of positive values; NaN for none. Non-positive values are a caller bug."""
-    if not len(values):
-        return math.nan
-    a = np.asarray(values, dtype=np.float64)
-    if np.any(a <= 0):
-        raise ValueError("geometric mean needs positive values")
-    return float(np.exp(np.mean(np.log(a))))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Each recorded engine request is replayed in the run's order through a controller
 exactly as the engine built it (:func:`edgespec.control.make_controller` with the recorded
 settings, proposers, calibration and traffic slice, and one goodput guard per engine, fed
 by every request before it, warm-ups included). The loop mirrors
-:class:`edgespec.decoding.request.Loop`: at each step the draft limit from max_tokens and the
+:class:`edgespec.loop.request.Loop`: at each step the draft limit from max_tokens and the
 context's room, the free proposers' candidates, ``decide``, the candidate cut to ``k``, greedy
 acceptance against the request's own recorded output, ``observe`` with the tokens the
 step appended, emission until the end-of-generation token or max_tokens.
@@ -24,13 +24,14 @@ further tokens are taken as rejected.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from ..api.stats import geometric_mean
 from ..calibration.curve import Calibration
 from ..control import ControlSettings, GoodputGuard, Outcome, StepView, make_controller, truncate
+from ..control.limit import draft_limit
 from ..errors import InvalidInputError
 from ..proposers.base import EMPTY_DRAFT, Draft
 from .cost import CostModel, DepthCurve, Overheads, fit_overheads, fit_scale
@@ -228,7 +229,7 @@ def replay_request(r: Mapping, controller, model: CostModel, over: Overheads) ->
         room = n_ctx - depth - 1
         if room < 0 or gen >= len(ref) or remaining <= 0:
             break
-        limit = max(0, min(max_draft, remaining - 1, room))
+        limit = draft_limit(max_draft, remaining, room)
         rec = rec_passes[i] if faithful and i < len(rec_passes) else None
         draft, used, consulted = EMPTY_DRAFT, None, False
         if controller is not None:
@@ -382,11 +383,6 @@ class Comparison:
     diverged: list[tuple[str, str | None, int]]  # (config, prompt, pass)
 
 
-def geomean(xs: Iterable[float]) -> float:
-    v = [x for x in xs if x and x > 0 and math.isfinite(x)]
-    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else math.nan
-
-
 def compare(traces: Traces) -> tuple[Comparison, dict[str, Overheads]]:
     """Replay the run under every cost model of :func:`models`; the per-prompt rows are the
     main model's (:data:`MAIN`)."""
@@ -415,7 +411,7 @@ def compare(traces: Traces) -> tuple[Comparison, dict[str, Overheads]]:
                     "prompt": x.prompt_id, "category": x.category, "measured": ms, "predicted": ps,
                     "error": ps / ms - 1.0, "passes": x.recorded_passes,
                     "replayed_passes": len(x.passes), "reproduced": x.reproduced}
-        variants[name] = {c: (geomean(m for m, _ in v), geomean(p for _, p in v))
+        variants[name] = {c: (geometric_mean(m for m, _ in v), geometric_mean(p for _, p in v))
                           for c, v in per_cfg.items()}
         if name == MAIN:
             replayed = len(results)

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from .cost import Overheads
-from .replay import MAIN, PLAIN_LABEL, VARIANTS, Comparison, Traces, geomean
+from ..api.stats import geometric_mean
+from .replay import MAIN, PLAIN_LABEL, VARIANTS, Comparison, Traces
 from .record import controller_code
 from dataclasses import asdict
 
@@ -107,12 +108,12 @@ def _per_prompt(comp: Comparison, run_dir: Path | None) -> list[str]:
                      "yes" if row["reproduced"] else "no"]
             cells += [f"{a[unit]:.3f}" if unit in a else "-" for a in anchors.values()]
             lines.append(_row(cells))
-        ms = geomean(r["measured"] for r in units.values())
-        ps = geomean(r["predicted"] for r in units.values())
+        ms = geometric_mean(r["measured"] for r in units.values())
+        ps = geometric_mean(r["predicted"] for r in units.values())
         errs = [abs(r["error"]) for r in units.values()]
         cells = ["**geomean**", f"{ms:.3f}", f"{ps:.3f}", _pct(ps / ms - 1.0),
                  f"mean abs error {sum(errs) / len(errs) * 100:.1f}%" if errs else "-", ""]
-        cells += [f"{geomean(a.values()):.3f}" for a in anchors.values()]
+        cells += [f"{geometric_mean(a.values()):.3f}" for a in anchors.values()]
         lines.append(_row(cells))
     return lines
 

@@ -85,7 +85,7 @@ def test_adaptive_control_on_recorded_generations():
 
     traces = load_traces(Path(__file__).parents[2] / "data" / "spec_bench_traces_qwen15b.jsonl")
     cal = Calibration.prior_cpu()
-    from edgespec.analysis.simulate import geomean
+    from edgespec.api.stats import geometric_mean as geomean
 
     # the n-gram proposer matching from a single token on (orders 1-8): fixed lengths draft
     # on every weak match and lose, the controller drafts only where it pays
