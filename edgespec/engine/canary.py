@@ -6,7 +6,7 @@ from ..api.events import Control, Event, Finished, RequestStarted
 from ..api.labels import canary_kind
 from ..control import GoodputGuard
 from ..control.guard import Route
-from ..decoding.request import Request
+from ..loop.state import Request
 
 
 def canary_events(guard: GoodputGuard, ev: Event, req: Request, route: Route,

@@ -55,7 +55,7 @@ class EngineConfig:
     exact: bool = False
     n_ctx: int | None = None  # per sequence: with parallel > 1 the context holds parallel * n_ctx
     parallel: int = 1  # sequences that decode together in one pass (edgespec serve --parallel)
-    # scratch KV sequences for draft trees (edgespec.decoding.treepass): a tree's branches are
+    # scratch KV sequences for draft trees (edgespec.loop.treepass): a tree's branches are
     # verified in one pass where the cost curve says a tree pays; 0 = linear drafts only
     tree_width: int = 0
     threads: int | None = None

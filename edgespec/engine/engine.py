@@ -1,5 +1,5 @@
 """The engine: built once from an :class:`~edgespec.engine.config.EngineConfig`, serves requests
-as typed event streams (the loop itself is :mod:`edgespec.decoding.request`).
+as typed event streams (the loop itself is :mod:`edgespec.loop.request`).
 
     engine = Engine.from_config(EngineConfig(target="qwen-1.5b"))   # or Engine.load(...)
     for ev in engine.stream("prompt", GenerationParams(max_tokens=64)):
@@ -26,7 +26,8 @@ from ..api.stats import RequestStats, StatsSink
 from ..control import ControlSettings, GoodputGuard, make_controller, reproducible
 from ..decoding import sampling
 from ..decoding.kvcache import PrefixCache, StateCache
-from ..decoding.request import Loop, Request
+from ..loop.request import Loop
+from ..loop.state import Request
 from ..decoding.textstream import TextAssembler
 from ..errors import ContextOverflowError, InvalidInputError
 from ..grammar.state import GrammarState
@@ -126,7 +127,7 @@ class Engine:
         self._loop = Loop(target, ctx, target_name=self.target_name, draft_name=self.draft_name,
                           sinks=self.sinks, cancelled=self._cancel, kv=self.kv_cache)
         # the context's sequences set aside as draft trees' scratch branches (past the
-        # request slots; edgespec.decoding.treepass)
+        # request slots; edgespec.loop.treepass)
         self._loop.tree_seqs = tuple(tree_seqs)
 
     # --- what a scheduler drives -------------------------------------------------------

@@ -247,7 +247,7 @@ class GrammarState:
             self._g = None
 
 
-# --- the grammar's side of verification (edgespec.decoding.request calls these) ---------------------
+# --- the grammar's side of verification (edgespec.loop.request calls these) ---------------------
 #: the label of steps whose draft is the grammar's forced literal
 FORCED = "grammar"
 

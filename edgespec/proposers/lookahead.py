@@ -26,7 +26,7 @@ not this proposer's. What is implemented:
 * **The verification branch**: :meth:`LookaheadSession.propose_tree` offers the pool's
   candidates (as many as the tree pass allows children, of the ``G`` kept) as one draft
   tree; the loop's tree pass verifies them in one pass where the device's measured curve
-  says the extra rows pay (``edgespec.decoding.treepass``). Elsewhere only the best one is
+  says the extra rows pay (``edgespec.loop.treepass``). Elsewhere only the best one is
   verified, linearly.
 
 What is not: the paper's ``N - 1`` levels run as extra rows of their own, beside the

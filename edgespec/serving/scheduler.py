@@ -22,9 +22,9 @@ the refusals) is edgespec.serving.tickets.
                                        (seq_cp) into the other choices' sequences; see
                                        "Several choices" below
 
-A step. Each active request plans its part of the pass in turn (edgespec.decoding.request.Loop.plan):
+A step. Each active request plans its part of the pass in turn (edgespec.loop.request.Loop.plan):
 its controller sees the rows the requests before it already put in the pass and the tokens
-they expect from it (edgespec.decoding.request.Load), so on a compute-bound device drafts shrink and
+they expect from it (edgespec.loop.state.Load), so on a compute-bound device drafts shrink and
 stop as the batch grows, and come back as it empties; a request whose controller declines
 a draft because of the load gets a ``load_yield`` Control event (``load_resume`` when it
 drafts again). New requests join at step boundaries; their prompt loads in chunks of at
@@ -66,13 +66,13 @@ from ..api.events import Control, Event
 from ..control.guard import Route
 from ..decoding.kvcache import Prefill, PrefillStart, PrefixCache, common_prefix
 from ..api.params import GenerationParams
-from ..decoding.request import Load as StepLoad
-from ..decoding.request import Request
-from ..decoding.treepass import decode as decode_tree
+from ..loop.state import Load as StepLoad
+from ..loop.state import Request
+from ..loop.treepass import decode as decode_tree
 from .tickets import DONE, Choices, QueueLoad, QueueFullError, ShuttingDownError, Ticket
 
 if TYPE_CHECKING:
-    from ..decoding.request import Pass
+    from ..loop.state import Pass
     from ..engine.engine import Engine
 
 #: prompt positions a loading request adds to a pass that others decode in: small enough

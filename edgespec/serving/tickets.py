@@ -33,7 +33,7 @@ class ShuttingDownError(EdgespecError):
 @dataclass(frozen=True)
 class QueueLoad:
     """How full the queue and the sequences are: what /health, /metrics and a 429 report
-    (not a step's shared rows, which are edgespec.decoding.request.Load)."""
+    (not a step's shared rows, which are edgespec.loop.state.Load)."""
 
     queued: int
     running: int

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import edgespec.decoding.request as request_mod
+import edgespec.loop.request as request_mod
 from edgespec.control import ControlSettings, GoodputGuard
 from edgespec.control.guard import CanarySettings, Route, goodput, ratio_bound
 from edgespec.errors import InvalidInputError

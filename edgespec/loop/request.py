@@ -13,127 +13,37 @@
 With k = 0 this is exactly the plain path, so ``--proposer none`` and the
 speculative modes share every line except the proposal.
 
-Everything a request owns lives in :class:`Request`, so that several can later
+Everything a request owns lives in :class:`~edgespec.loop.state.Request`, so that several
 share one llama.cpp context as separate sequences.
 """
 from __future__ import annotations
 
 import time
 import threading
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtime_checkable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from ..grammar import state as grammar
-from . import sampling, treepass, verify
-from ..grammar.state import FORCED, GrammarState
+from ..grammar.state import FORCED
 from ..api.events import Control, Event, Finished, PrefillDone, RequestStarted, Step, TokenLogprob
 from ..api.arrays import FloatArray
-from ..api.labels import MaybeStopReason
-from ..api.params import GenerationParams, SamplingParams
-from ..proposers import EMPTY_DRAFT, Draft, Proposer, ProposerSession
-from ..proposers.base import ReusesPrefix
-from ..api.stats import RequestStats, StatsSink
+from ..api.params import SamplingParams
+from ..api.stats import StatsSink
 from ..control import Controller, Outcome, StepView
-from .kvcache import Prefill, PrefixCache
-from .tree import DraftTree
-from .textstream import TextAssembler
+from ..control.limit import draft_limit
+from ..decoding import sampling, verify
+from ..decoding.kvcache import Prefill, PrefixCache
+from ..proposers import EMPTY_DRAFT, Draft
+from ..proposers.base import ReusesPrefix
+from . import treepass
+from .state import Load, Pass, Request
 
 if TYPE_CHECKING:
     from ..proposers.bridged import BridgeTimes
     from ..runtime.context import Context
     from ..runtime.model import Model
-
-
-@dataclass
-class Request:
-    """Everything one request owns."""
-
-    id: int
-    params: GenerationParams
-    proposer_label: str  # what the request asked for ("none", "suffix", "ngram+suffix", ...)
-    tokens: list[int]  # prompt + generated, as the target has them (pending included)
-    n_prompt: int
-    proposers: dict[str, Proposer] = field(default_factory=dict)  # what to open, by name
-    sessions: dict[str, ProposerSession] = field(default_factory=dict)
-    costly: frozenset[str] = frozenset()  # sessions that draft only when chosen (draft models)
-    controller: Controller | None = None
-    max_draft: int = 0  # candidates are proposed at this length
-    seq_id: int = 0
-    n_past: int = 0  # positions of `tokens` already in the target's KV cache
-    reuse: bool = False  # start from the longest prefix of `tokens` the KV cache already holds
-    in_flight: bool = False  # a pass has written positions past n_past that are not trimmed yet
-    exact: bool = False  # reuse only positions a prefill wrote (see edgespec.decoding.kvcache)
-    rng: np.random.Generator | None = None  # unused by the loop: draws are keyed (keys)
-    #: the request's position-keyed uniforms (sampling's RNG policy), made at its start
-    keys: sampling.KeyedUniforms | None = None
-    grammar: GrammarState | None = None  # the grammar state of a constrained request
-    stats: RequestStats = field(default_factory=RequestStats)
-    text: TextAssembler = field(default_factory=TextAssembler)
-    generated: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    t0: float = 0.0
-    stop_reason: MaybeStopReason = ""
-    kv: PrefixCache | None = None  # the request's sequence's cache (None: the loop's)
-    cancel: threading.Event | None = None  # set to end this request at its next step
-    #: llama-cpp-python's logits_processor: (input ids so far, logits row) -> logits, run
-    #: before each plain-path choice. A request with one never drafts (Engine.prepare
-    #: makes it plain): speculative verification cannot replay an arbitrary callback
-    logits_processor: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
-
-    def uniforms(self) -> sampling.KeyedUniforms:
-        """The request's keyed uniforms: its seed's, or a fresh seed's, fixed once."""
-        if self.keys is None:
-            self.keys = sampling.KeyedUniforms(self.params.sampling.seed)
-        return self.keys
-
-    @property
-    def generator(self) -> sampling.Cursor:
-        """Uniforms for code that draws one per emitted token, in order, from the next
-        position on (plain steps, point-mass verification, draft trees): each is the
-        position's keyed uniform, so the drafting around it never changes a draw."""
-        return self.uniforms().cursor(len(self.generated))
-
-    def close(self) -> None:
-        completed = self.stop_reason not in ("", "cancelled")
-        for s in self.sessions.values():
-            s.close(completed)
-        self.sessions.clear()
-        if self.grammar is not None:
-            self.grammar.close()
-
-
-@dataclass(frozen=True)
-class Load:
-    """The rest of a step that several sequences share, as one request plans its part."""
-
-    rows: int  # rows the other sequences already put in this pass
-    tokens: float  # tokens they are expected to emit from it
-    max_rows: int  # the most rows this request may add (the step's budget)
-
-
-@dataclass
-class Pass:
-    """One request's part of a target pass: the pending token and the chosen draft."""
-
-    req: Request
-    draft: Draft
-    used: str | None  # the proposer that drafted (FORCED for a grammar literal), or None
-    draft_seconds: float
-    events: list[Control]  # what the controller decided on the way, for the stream
-    batch_rows: int = 0  # rows of the whole pass, when other sequences shared it
-    expected: float = 1.0  # tokens the controller expects the pass to emit for this request
-    declined: bool = False  # a proposer had a draft and the controller took a plain step
-    tree: DraftTree | None = None  # a draft tree verified instead of draft (treepass)
-
-    @property
-    def tokens(self) -> list[int]:
-        return [self.req.tokens[-1], *self.draft.tokens]
-
-    @property
-    def logits(self) -> str:
-        return "all" if self.draft.tokens else "last"
 
 
 class Loop:
@@ -162,7 +72,7 @@ class Loop:
         self.sinks = sinks
         self.cancelled = cancelled  # a threading.Event set by Engine.cancel()
         #: the context's sequences set aside for draft-tree branches (the engine sets them;
-        #: none: trees are off; edgespec.decoding.treepass)
+        #: none: trees are off; edgespec.loop.treepass)
         self.tree_seqs: tuple[int, ...] = ()
 
     def started(self, req: Request) -> RequestStarted:
@@ -253,7 +163,7 @@ class Loop:
         if room < 0:
             req.stop_reason = "context"
             return None
-        limit = max(0, min(req.max_draft, remaining - 1, room))
+        limit = draft_limit(req.max_draft, remaining, room)
         if load is not None:
             limit = min(limit, max(0, load.max_rows - 1))
         ps = Pass(req, EMPTY_DRAFT, None, 0.0, [])

@@ -1,5 +1,5 @@
 """A draft tree in the request loop: built where the controller chose to draft, verified
-in one pass, committed to the request's KV sequence (edgespec.decoding.request calls these three).
+in one pass, committed to the request's KV sequence (edgespec.loop.request calls these three).
 
     plan(loop, ps, limit)           the chosen proposer's tree, sized on the cost curve;
                                     sets ps.tree only where it beats the linear draft
@@ -17,19 +17,20 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from . import sampling, verify
 from ..api.arrays import FloatArray
 from ..api.events import Step
 from ..api.params import SamplingParams
 from ..control import Outcome
 from ..control.tree import size_tree
+from ..decoding import sampling, verify
+from ..decoding.kvcache import common_prefix
+from ..decoding.tree import DraftTree, commit, prepare, release
 from ..proposers.base import ProposerSession
-from .kvcache import common_prefix
-from .tree import DraftTree, commit, prepare, release
+from .state import Pass, Request
 
 if TYPE_CHECKING:
     from ..calibration.curve import Calibration
-    from .request import Loop, Pass, Request
+    from ..runtime.context import Context
 
 __all__ = ["plan", "decode", "complete", "MAX_CHILDREN"]
 
@@ -44,6 +45,21 @@ class TreeSession(ProposerSession, Protocol):
     def propose_tree(self, k: int, max_children: int = 4) -> DraftTree: ...
 
 
+class TreeHost(Protocol):
+    """What a tree pass needs of the loop (edgespec.loop.request.Loop): the target's
+    context, the sequences set aside for branches, and the loop's emit, so the arrow runs
+    from the loop to its tree pass only."""
+
+    @property
+    def ctx(self) -> Context: ...
+
+    @property
+    def tree_seqs(self) -> tuple[int, ...]: ...
+
+    def emit(self, req: Request, new: list[int], rows: FloatArray, *, n_acc: int,
+             proposer: str | None, drafted: int, draft_s: float, verify_s: float) -> Step: ...
+
+
 @runtime_checkable
 class _Calibrated(Protocol):
     """A controller with the target's cost curve (the adaptive one), which sizes trees."""
@@ -51,12 +67,12 @@ class _Calibrated(Protocol):
     cal: Calibration
 
 
-def _seqs(loop: Loop, req: Request) -> tuple[int, ...]:
+def _seqs(loop: TreeHost, req: Request) -> tuple[int, ...]:
     spare = tuple(s for s in loop.tree_seqs if s != req.seq_id)
     return (req.seq_id, *spare) if spare else ()
 
 
-def plan(loop: Loop, ps: Pass, limit: int) -> None:
+def plan(loop: TreeHost, ps: Pass, limit: int) -> None:
     """Sets ``ps.tree`` when a tree of the chosen proposer beats its linear draft."""
     req, draft = ps.req, ps.draft
     seqs = _seqs(loop, req)
@@ -90,7 +106,7 @@ def _tree(ps: Pass) -> DraftTree:
     return ps.tree
 
 
-def decode(loop: Loop, ps: Pass) -> FloatArray:
+def decode(loop: TreeHost, ps: Pass) -> FloatArray:
     """One pass over the pending token and every node; rows in the tree's node order."""
     req, tree = ps.req, _tree(ps)
     seqs = _seqs(loop, req)[:tree.width]
@@ -130,7 +146,7 @@ class _DistributionRows(_Rows):
         return sampling.distribution(self.rows[i], self._history(i), self.params)
 
 
-def complete(loop: Loop, ps: Pass, rows: FloatArray, verify_seconds: float) -> Step:
+def complete(loop: TreeHost, ps: Pass, rows: FloatArray, verify_seconds: float) -> Step:
     """Verify a tree pass, keep the accepted path's KV, and emit it: the tree counterpart
     of ``Loop.complete``."""
     req, tree, used = ps.req, _tree(ps), ps.used
