@@ -30,7 +30,8 @@ def self_draft_command(target, layer_sets, max_tokens, threads, agreement_only, 
     from ..engine.engine import Engine  # deferred: it loads llama.cpp
     from ..calibration.cpu import BUSY_LIMIT, CpuWatch  # deferred: `edgespec` starts without what other commands need
     from ..proposers.layers import LayerSet  # deferred: `edgespec` starts without what other commands need
-    from ..proposers.selfchoice import candidates, measure, record, record_path  # deferred: `edgespec` starts without what other commands need
+    from ..engine.measure_self import candidates, measure, record  # deferred: `edgespec` starts without what other commands need
+    from ..proposers.selfchoice import record_path  # deferred: `edgespec` starts without what other commands need
 
     engine = Engine.load(target, proposer="none", adaptive=True, threads=threads)
     try:

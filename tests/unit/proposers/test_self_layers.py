@@ -97,7 +97,8 @@ def test_auto_never_weighs_self_speculation_but_it_can_be_asked_for():
 
 
 def test_a_recorded_choice_is_used_only_when_it_beat_plain(tmp_path, monkeypatch):
-    from edgespec.proposers.selfchoice import Trial, candidates, chosen_layers, record
+    from edgespec.engine.measure_self import candidates, record
+    from edgespec.proposers.selfchoice import Trial, chosen_layers
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     sha = "ef" * 32
     assert chosen_layers(sha, 28) is None
