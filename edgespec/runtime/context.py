@@ -4,7 +4,7 @@ apply the same ones)."""
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -12,8 +12,20 @@ from ..errors import ContextOverflowError, EdgespecError
 from .backend import ll as _ll, recent_log
 import weakref
 
-if TYPE_CHECKING:
-    from .model import Model
+
+class ModelShape(Protocol):
+    """What a context reads of the model it was made from. edgespec.runtime.model.Model
+    makes contexts and passes itself; this is all a context (and the heads built on one:
+    mtp.py, eagle3.py) asks of it, so the arrow runs from the model to the context only."""
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def n_embd(self) -> int: ...
+
+    @property
+    def n_layer(self) -> int: ...
 
 
 def check_decode(n: int, pos0: int, n_ctx: int, n_batch: int, logits: str) -> None:
@@ -70,7 +82,7 @@ def check_tree(tokens, positions, seq_ids_per_token, logits_mask, n_ctx: int, n_
 class Context:
     """One llama.cpp context: a KV cache with sequences, and batched decoding."""
 
-    def __init__(self, model: Model, handle, n_ctx: int, n_batch: int, n_threads: int,
+    def __init__(self, model: ModelShape, handle, n_ctx: int, n_batch: int, n_threads: int,
                  unified: bool = False) -> None:
         self.model = model
         self._c = handle
