@@ -68,7 +68,7 @@ def finite(min: float | None = None, max: float | None = None, *, min_open: bool
 
 def proposer_option(fn):
     """--proposer, validated against the proposer registry (several may be joined by '+')."""
-    from ..engine.config import EngineConfig  # deferred: `edgespec` starts without what other commands need
+    from ..config import EngineConfig  # deferred: `edgespec` starts without what other commands need
     from ..proposers import names  # deferred: `edgespec` starts without what other commands need
 
     def check(ctx, param, value):
@@ -88,7 +88,7 @@ def proposer_option(fn):
 def engine_options(fn):
     """The flags that build an EngineConfig, shared by generate and plan. Their defaults are
     EngineConfig's own, the ones Engine.load and the TUI open on too."""
-    from ..engine.config import EngineConfig  # deferred: `edgespec` starts without what other commands need
+    from ..config import EngineConfig  # deferred: `edgespec` starts without what other commands need
     for opt in reversed([
         click.option("--target", "-m", "--model", "target", default="qwen-1.5b", show_default=True,
                      help="Registry name or .gguf path (-m/--model as in llama.cpp)."),
@@ -200,7 +200,7 @@ def _chat_template(ctx: click.Context, _param, value):
 
 
 def engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget):
-    from ..engine.config import EngineConfig  # deferred: `edgespec` starts without what other commands need
+    from ..config import EngineConfig  # deferred: `edgespec` starts without what other commands need
     ctx = click.get_current_context(silent=True)
     meta = ctx.meta if ctx is not None else {}
     _check_draft_used(draft, proposer)

@@ -1,16 +1,17 @@
-"""The engine: what it is built from and the Engine itself.
+"""The engine: what loads a configuration and serves requests.
 
-    config.py   EngineConfig: what an engine is built from (validated once)
     engine.py   Engine.from_config (an ExitStack builder), stream() / generate() / cancel()
+
+EngineConfig lives below the planner (edgespec.config) and is re-exported here.
 """
-from .config import EngineConfig
+from ..config import EngineConfig
 
 __all__ = ["Engine", "EngineConfig", "Result"]
 
 
 def __getattr__(name):
-    # Deliberately lazy: edgespec.engine.config is read by the CLI, the planner and the TUI,
-    # which must not load llama.cpp (edgespec.engine.engine imports the backend) to do so.
+    # Deliberately lazy: `import edgespec.engine` (the CLI, the TUI) must not load llama.cpp
+    # (edgespec.engine.engine imports the backend) before an engine is built.
     if name in ("Engine", "Result"):
         from . import engine
         return getattr(engine, name)

@@ -28,7 +28,7 @@ from ..runtime.context import Context
 from ..runtime.kernel import KernelConfig
 from ..runtime.model import Model
 from ..runtime.rpc import probe_all
-from .config import EngineConfig, split_proposers
+from ..config import EngineConfig, split_proposers
 
 DEFAULT_CTX = 4096
 

@@ -1,4 +1,4 @@
-"""The engine: built once from an :class:`~edgespec.engine.config.EngineConfig`, serves requests
+"""The engine: built once from an :class:`~edgespec.config.EngineConfig`, serves requests
 as typed event streams (the loop itself is :mod:`edgespec.loop.request`).
 
     engine = Engine.from_config(EngineConfig(target="qwen-1.5b"))   # or Engine.load(...)
@@ -39,7 +39,7 @@ from ..runtime.model import Model
 from . import build, exactness
 from .build import DEFAULT_CTX, trusted_calibration
 from .canary import canary_events
-from .config import EngineConfig, split_proposers
+from ..config import EngineConfig, split_proposers
 from .prompt import prompt_tokens
 
 

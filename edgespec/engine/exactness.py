@@ -8,7 +8,7 @@ from ..calibration import cache as calibration_cache
 from ..control import ControlSettings
 from ..errors import UnsupportedError
 from ..runtime.kernel import KernelConfig
-from .config import EngineConfig
+from ..config import EngineConfig
 
 
 def max_drafts(target, config: EngineConfig, n_threads: int) -> int:

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from ..runtime import device as devmod
 from ..api.labels import AUTO
-from ..engine.config import EngineConfig
+from ..config import EngineConfig
 from ..runtime.kernel import KernelConfig
 from ..runtime.device import Device
 from ..runtime.gguf_facts import read_facts

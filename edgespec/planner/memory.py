@@ -1,6 +1,6 @@
 """The memory model: what a loaded engine holds, per component, in host RAM and on a GPU.
 
-It describes the kernel configuration that runs (:class:`edgespec.engine.config.KernelConfig`):
+It describes the kernel configuration that runs (:class:`edgespec.runtime.kernel.KernelConfig`):
 
     runtime       the Python process with llama.cpp loaded (measured: 48 MiB), plus
                   the engine and its native proposers (measured: ~12 MiB)

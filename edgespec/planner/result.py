@@ -7,7 +7,7 @@ from typing import Mapping
 
 from ..api.labels import PLAIN
 from ..calibration.breakeven import needed_acceptance
-from ..engine.config import EngineConfig
+from ..config import EngineConfig
 from ..runtime.kernel import KernelConfig
 from ..runtime.device import Device
 from .acceptance import Acceptance

@@ -14,7 +14,7 @@ from typing import Callable, Mapping, Sequence
 
 from ..runtime import device as devmod
 from ..api.labels import AUTO, PLAIN
-from ..engine.config import EngineConfig
+from ..config import EngineConfig
 from ..runtime.kernel import KernelConfig
 from ..runtime.device import Device, fmt_size
 from ..errors import EdgespecError, InvalidInputError

@@ -75,7 +75,7 @@ def test_plan_shows_the_kv_type_and_kernel_the_engine_runs(smol):
     """Defect: `edgespec plan` planned an F16 KV cache while `generate` ran Q8_0. The default
     mode runs the fastest kernel measured here (the engine measures it once), exact mode the
     batch-invariant Q8_0 + flash attention; the plan shows each as the engine runs it."""
-    from edgespec.engine.config import EngineConfig
+    from edgespec.config import EngineConfig
     from edgespec.engine.engine import Engine
 
     with Engine.from_config(EngineConfig(target=smol, proposer="ngram")) as eng:

@@ -5,7 +5,7 @@ from typing import Mapping, Sequence
 
 from edgespec.calibration.curve import Calibration
 from edgespec.api.labels import PLAIN
-from edgespec.engine.config import EngineConfig
+from edgespec.config import EngineConfig
 from edgespec.control import ControlSettings
 from edgespec.engine.engine import Engine
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from edgespec import planner
-from edgespec.engine.config import EngineConfig
+from edgespec.config import EngineConfig
 from edgespec.runtime.kernel import KernelConfig
 from edgespec.runtime.device import fmt_size, probe
 
@@ -69,7 +69,7 @@ def test_engine_load_matches_its_plan(model_path):
     code = (
         "import json, sys\n"
         "from edgespec import planner\n"
-        "from edgespec.engine.config import EngineConfig\n"
+        "from edgespec.config import EngineConfig\n"
         "from edgespec.engine import Engine\n"
         "cfg = EngineConfig(target=sys.argv[1], proposer='auto', n_ctx=4096, threads=2,\n"
         "                   adaptive=False, budget='64GiB')\n"

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from edgespec.runtime import rpc
 from edgespec.cli import cli
-from edgespec.engine.config import EngineConfig
+from edgespec.config import EngineConfig
 from edgespec.runtime.kernel import KernelConfig
 from edgespec.engine.engine import Engine
 from edgespec.api.params import GenerationParams

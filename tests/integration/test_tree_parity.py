@@ -14,7 +14,7 @@ import pytest
 
 from edgespec import GenerationParams
 from edgespec.calibration.curve import Calibration
-from edgespec.engine.config import EngineConfig
+from edgespec.config import EngineConfig
 from edgespec.engine.engine import Engine
 from edgespec.runtime.kernel import KernelConfig
 

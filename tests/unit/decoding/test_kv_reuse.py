@@ -296,7 +296,7 @@ def test_only_a_conversation_is_copied_to_ram_when_a_one_off_request_takes_the_s
 
 
 def test_the_state_cache_budget_is_engine_configuration():
-    from edgespec.engine.config import EngineConfig
+    from edgespec.config import EngineConfig
     from edgespec.errors import InvalidInputError
     with pytest.raises(InvalidInputError, match="KV state cache's RAM must be >= 0"):
         EngineConfig(target="t", kv_cache_ram=-1).validate()

@@ -7,7 +7,7 @@ import pytest
 
 from edgespec.runtime import model as runtime_model
 from edgespec import registry
-from edgespec.engine.config import EngineConfig
+from edgespec.config import EngineConfig
 from edgespec.engine.engine import Engine
 from edgespec.errors import IncompatibleDraftError, ModelError, UnsupportedError
 from fakes import FakeModel

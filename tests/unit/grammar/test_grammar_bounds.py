@@ -220,7 +220,7 @@ def test_cli_numbers_bounded(args, message):
 
 def test_api_numbers_bounded():
     from edgespec.api.params import SamplingParams
-    from edgespec.engine.config import EngineConfig
+    from edgespec.config import EngineConfig
     with pytest.raises(InvalidInputError, match="finite"):
         SamplingParams(presence_penalty=float("inf")).validate()
     with pytest.raises(InvalidInputError, match="CPU cores"):

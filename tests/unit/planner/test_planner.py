@@ -10,7 +10,7 @@ import pytest
 from edgespec.runtime import device as devmod
 from edgespec import planner
 from edgespec.calibration.curve import Calibration
-from edgespec.engine.config import EngineConfig
+from edgespec.config import EngineConfig
 from edgespec.runtime.kernel import KernelConfig
 from edgespec.runtime.device import parse_size
 from edgespec.errors import InvalidInputError

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from edgespec import planner
-from edgespec.engine.config import EngineConfig
+from edgespec.config import EngineConfig
 
 from fakes.planner import QWEN_15, cpu
 

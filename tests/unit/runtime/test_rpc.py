@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from edgespec.runtime import rpc
-from edgespec.engine.config import EngineConfig
+from edgespec.config import EngineConfig
 from edgespec.runtime.kernel import KernelConfig
 from edgespec.errors import InvalidInputError
 from edgespec.planner.remote import PlacementError, assign, place, reserve
