@@ -1,4 +1,4 @@
-"""`edgespec tui`: the Textual app over the engine's event stream (package `tui`)."""
+"""`edgespec tui`: the Textual app over the engine's event stream (package `edgespec.tui`)."""
 from __future__ import annotations
 
 import click
@@ -31,10 +31,10 @@ def tui_command(target, proposer, draft, draft_len, n_ctx, threads, exact, promp
     """
     require("tui", "tui")
     # Imported here so other commands never pay for Textual.
-    from tui import create_app  # deferred: `edgespec` starts without what other commands need
-    from tui.demo import DEMO_PROMPT, demo_events  # deferred: `edgespec` starts without what other commands need
-    from tui.source import (Choices, EngineSource, ScriptedSource, Settings, default_proposer,  # deferred: `edgespec` starts without what other commands need
-                            proposer_names)
+    from ..tui import create_app  # deferred: `edgespec` starts without what other commands need
+    from ..tui.demo import DEMO_PROMPT, demo_events  # deferred: `edgespec` starts without what other commands need
+    from ..tui.source import (Choices, EngineSource, ScriptedSource, Settings, default_proposer,  # deferred: `edgespec` starts without what other commands need
+                              proposer_names)
     from ..proposers import needs_model  # deferred: `edgespec` starts without what other commands need
 
     if demo:

@@ -5,9 +5,9 @@ from textual.widgets import DataTable, Input, Select
 
 from edgespec.errors import ContextOverflowError, IncompatibleDraftError
 from edgespec.api.events import PrefillDone, RequestStarted
-from tui import Choices, ScriptedSource, Settings, create_app
-from tui.help import HelpScreen
-from tui.widgets import AnswerView, PromptArea
+from edgespec.tui import Choices, ScriptedSource, Settings, create_app
+from edgespec.tui.help import HelpScreen
+from edgespec.tui.widgets import AnswerView, PromptArea
 
 from tui_helpers import run_request, script, start_request, sync, wait_done, wait_for
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-import tui
+from edgespec import tui
 from edgespec.cli import cli
-from tui.demo import DEMO_PROMPT
-from tui.source import EngineSource, ScriptedSource
+from edgespec.tui.demo import DEMO_PROMPT
+from edgespec.tui.source import EngineSource, ScriptedSource
 
 
 def _capture(monkeypatch) -> list:

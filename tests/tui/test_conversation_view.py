@@ -8,9 +8,9 @@ import time
 from textual.widgets import Checkbox, DataTable
 
 from edgespec.api.events import Finished
-from tui import ScriptedSource, create_app
-from tui.conversation import Transcript
-from tui.widgets import AnswerView, PromptArea
+from edgespec.tui import ScriptedSource, create_app
+from edgespec.tui.conversation import Transcript
+from edgespec.tui.widgets import AnswerView, PromptArea
 
 from tui_helpers import MIB, run_request, script, sync, wait_for
 

@@ -1,6 +1,6 @@
 """The TUI opens on the engine's defaults, the ones every other adapter starts from.
 
-One source: the field defaults of ``EngineConfig`` (edgespec.engine.config) for the engine,
+One source: the field defaults of ``EngineConfig`` (edgespec.config) for the engine,
 ``GenerationParams`` for a request. Each test compares an adapter with a *built* config, so
 it fails when an adapter keeps a default of its own that differs (the TUI once opened on
 ngram while ``edgespec generate``, ``Engine.load`` and ``edgespec serve`` ran auto).
@@ -13,13 +13,13 @@ import pytest
 from click.testing import CliRunner
 from textual.widgets import Checkbox, Select
 
-import tui
+from edgespec import tui
 from edgespec.api.params import GenerationParams
 from edgespec.cli import cli
-from edgespec.engine.config import EngineConfig
-from tui import ScriptedSource, Settings, create_app
-from tui.source import EngineSource
-from tui.widgets import Tick
+from edgespec.config import EngineConfig
+from edgespec.tui import ScriptedSource, Settings, create_app
+from edgespec.tui.source import EngineSource
+from edgespec.tui.widgets import Tick
 from tui_helpers import run_request, script, sync
 
 ENGINE = EngineConfig(target="t")  # an instance: what an engine built with no choices runs

@@ -6,11 +6,11 @@ from collections import Counter
 import pytest
 
 from edgespec.api.events import Control, Finished, PrefillDone, RequestStarted, Step
-from tui.app import parse_stop
-from tui.metrics import RATE_STEPS, VERIFY_SLOPE, LiveMetrics, fold_stats
-from tui.render import (LABEL, Palette, bar, histogram_text, live_text, positions_text,
+from edgespec.tui.app import parse_stop
+from edgespec.tui.metrics import RATE_STEPS, VERIFY_SLOPE, LiveMetrics, fold_stats
+from edgespec.tui.render import (LABEL, Palette, bar, histogram_text, live_text, positions_text,
                         spark_text, split_cells)
-from tui.widgets import History, step_pieces
+from edgespec.tui.widgets import History, step_pieces
 from tui_helpers import script
 
 D, T = "draft", "target"
@@ -248,7 +248,7 @@ def test_history_recall_keeps_what_was_being_typed():
 
 def test_tree_figures_show_only_where_trees_ran():
     from edgespec.api.stats import RequestStats
-    from tui.render import summary_line
+    from edgespec.tui.render import summary_line
     s = RequestStats(generated_tokens=20, total_seconds=1.0, stop_reason="length")
     assert "trees" not in summary_line(s)
     s.observe_tree(nodes=6, branches=2, accepted=3, off_first=True)

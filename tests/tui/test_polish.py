@@ -5,11 +5,11 @@ from __future__ import annotations
 from textual.widgets import DataTable, Input, Select
 
 from edgespec.api.events import Control
-from tui import ScriptedSource, create_app
-from tui.demo import demo_events
-from tui.help import KEYS
-from tui.render import CONTROL_WORDS, control_words
-from tui.widgets import PromptArea
+from edgespec.tui import ScriptedSource, create_app
+from edgespec.tui.demo import demo_events
+from edgespec.tui.help import KEYS
+from edgespec.tui.render import CONTROL_WORDS, control_words
+from edgespec.tui.widgets import PromptArea
 from tui_helpers import run_request, sync
 
 

@@ -6,8 +6,8 @@ import pytest
 from textual.widgets import Checkbox
 
 from edgespec.api.events import Finished
-from tui import EngineSource, Settings, create_app
-from tui.widgets import PromptArea
+from edgespec.tui import EngineSource, Settings, create_app
+from edgespec.tui.widgets import PromptArea
 from tui_helpers import run_request, sync, wait_for
 
 pytestmark = pytest.mark.slow

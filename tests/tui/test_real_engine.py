@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from edgespec.api.events import Finished, RequestStarted, Step
-from tui import EngineSource, Settings, create_app
-from tui.widgets import DRAFT, AnswerView
+from edgespec.tui import EngineSource, Settings, create_app
+from edgespec.tui.widgets import DRAFT, AnswerView
 from tui_helpers import run_request, start_request, sync, wait_done, wait_for
 
 pytestmark = pytest.mark.slow

@@ -5,9 +5,9 @@ at the report before committing the new SVGs.
 """
 from __future__ import annotations
 
-from tui import ScriptedSource, create_app
-from tui.demo import DEMO_PROMPT, demo_events
-from tui.widgets import PromptArea
+from edgespec.tui import ScriptedSource, create_app
+from edgespec.tui.demo import DEMO_PROMPT, demo_events
+from edgespec.tui.widgets import PromptArea
 from tui_helpers import MIB, run_request, wait_for
 
 

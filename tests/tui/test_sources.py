@@ -10,7 +10,7 @@ from edgespec.errors import InvalidInputError
 from edgespec.api.events import Finished, Step
 from edgespec.proposers import REGISTRY, names, needs_model
 from edgespec.registry import load_registry
-from tui.source import (Choices, EngineSource, ScriptedSource, Settings, proposer_names,
+from edgespec.tui.source import (Choices, EngineSource, ScriptedSource, Settings, proposer_names,
                         registry_choices)
 from tui_helpers import script
 

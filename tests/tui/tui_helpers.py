@@ -5,7 +5,7 @@ import asyncio
 import time
 
 from edgespec.api.events import Finished, PrefillDone, RequestStarted, Step
-from tui.metrics import fold_stats
+from edgespec.tui.metrics import fold_stats
 
 MIB = 2**20
 

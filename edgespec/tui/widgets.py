@@ -7,7 +7,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Checkbox, Static, TextArea
 
-from edgespec.api.events import Step
+from ..api.events import Step
 
 DRAFT = "draft"
 TARGET = "target"
@@ -45,7 +45,7 @@ class AnswerView(Static):
     def __init__(self, **kw) -> None:
         super().__init__("", **kw)
         self.runs: list[tuple[str, str]] = []
-        #: shown above the answer, muted: the conversation so far (tui.conversation)
+        #: shown above the answer, muted: the conversation so far (edgespec.tui.conversation)
         self.context: Text = Text()
         self._dirty = False
 

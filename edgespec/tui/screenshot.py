@@ -1,7 +1,7 @@
 """Run one request headless and save the screen as SVG: the README screenshot.
 
-    python -m tui.screenshot docs/tui.svg --target qwen-1.5b --proposer ngram --prompt "..."
-    python -m tui.screenshot docs/tui.svg --demo          # the scripted request, no model
+    python -m edgespec.tui.screenshot docs/tui.svg --target qwen-1.5b --proposer ngram --prompt "..."
+    python -m edgespec.tui.screenshot docs/tui.svg --demo          # the scripted request, no model
 
 The SVG is what Textual exports; ``--png`` also writes a PNG next to it with
 rsvg-convert (Debian: librsvg2-bin).
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from edgespec.proposers import names
+from ..proposers import names
 
 from .app import create_app
 from .demo import DEMO_PROMPT, demo_events
@@ -58,7 +58,7 @@ def svg_to_png(svg: Path, png: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m tui.screenshot", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m edgespec.tui.screenshot", description=__doc__.split("\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--target", default="qwen-1.5b")
     ap.add_argument("--proposer", default=default_proposer(),

@@ -8,7 +8,7 @@ from typing import Sequence
 from rich.style import Style
 from rich.text import Text
 
-from edgespec.api.stats import RequestStats
+from ..api.stats import RequestStats
 
 from .metrics import LiveMetrics
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 import re
 
-from edgespec.api.events import Control, Event, Finished, PrefillDone, RequestStarted, Step
-from edgespec.proposers import needs_model
+from ..api.events import Control, Event, Finished, PrefillDone, RequestStarted, Step
+from ..proposers import needs_model
 
 from .metrics import fold_stats
 from .source import AUTO_PROPOSER, NO_PROPOSER, Prompt, Settings, default_proposer

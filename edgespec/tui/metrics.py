@@ -9,8 +9,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
-from edgespec.api.events import Control, Event, Finished, PrefillDone, RequestStarted, Step
-from edgespec.api.stats import RequestStats
+from ..api.events import Control, Event, Finished, PrefillDone, RequestStarted, Step
+from ..api.stats import RequestStats
 
 #: verify passes in the sliding acceptance window
 WINDOW = 32

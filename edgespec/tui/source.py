@@ -12,12 +12,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping, Protocol, Sequence, Union
 
-from edgespec.api.labels import AUTO, PLAIN
-from edgespec.errors import InvalidInputError
-from edgespec.api.events import Event, Finished, PrefillDone, RequestStarted, Step
-from edgespec.api.params import GenerationParams, SamplingParams
-from edgespec.engine.config import EngineConfig
-from edgespec.proposers import REGISTRY, names, needs_model
+from ..api.labels import AUTO, PLAIN
+from ..errors import InvalidInputError
+from ..api.events import Event, Finished, PrefillDone, RequestStarted, Step
+from ..api.params import GenerationParams, SamplingParams
+from ..config import EngineConfig
+from ..proposers import REGISTRY, names, needs_model
 
 from .metrics import fold_stats
 
@@ -297,7 +297,7 @@ class EngineSource:
     def idle_note(self, stats) -> str | None:
         """Why the proposer the user picked stayed (mostly) off, in one plain line, priced on
         the loaded engine's curve (edgespec.engine.notes, the line `generate --stats` prints)."""
-        from edgespec.engine.notes import idle_reason  # deferred: the TUI starts before the engine
+        from ..engine.notes import idle_reason  # deferred: the TUI starts before the engine
 
         engine = self._engine
         return idle_reason(engine, stats) if engine is not None else None
@@ -346,7 +346,7 @@ class EngineSource:
         self.close()
         load = self.loader
         if load is None:
-            from edgespec.engine.engine import Engine  # deferred: importing it loads llama.cpp
+            from ..engine.engine import Engine  # deferred: importing it loads llama.cpp
             load = Engine.load
         key = self._load_key(settings)
         fixed = {} if settings.draft_len is None else {"draft_len": settings.draft_len,
@@ -363,7 +363,7 @@ def registry_choices() -> Choices:
     """Picker contents from models.toml: targets first; drafts by role, and per target
     only those whose tokenizer is the target's (a draft must share the vocabulary), or,
     for the vocabulary bridge, the drafts pinned as its bridge pairs."""
-    from edgespec.registry import load_registry
+    from ..registry import load_registry  # deferred: the registry is read when the pickers open
 
     registry = load_registry()
     models = dict(registry.models)
@@ -388,7 +388,7 @@ def registry_choices() -> Choices:
 
 def _on_disk(spec) -> bool:
     """A registry model the engine can load without a pull: its file is there."""
-    from edgespec.registry.store import spec_file  # deferred: with the registry, on first use
+    from ..registry.store import spec_file  # deferred: with the registry, on first use
     try:
         return spec_file(spec).is_file()
     except OSError:  # an unreadable models directory: nothing is runnable from it

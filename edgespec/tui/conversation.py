@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edgespec.api.events import Finished
+from ..api.events import Finished
 
 
 @dataclass(frozen=True)

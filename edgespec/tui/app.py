@@ -1,6 +1,6 @@
 """The Textual app: prompt, pickers, the origin-coloured answer and live speculation panels.
 
-It consumes only ``edgespec.api.events`` from an :class:`~tui.source.EventSource`.
+It consumes only ``edgespec.api.events`` from an :class:`~edgespec.tui.source.EventSource`.
 The source runs on a worker thread; each event is posted to the UI as a
 message, and the panels are redrawn on a short timer rather than per token, so
 a fast stream cannot starve input handling.
@@ -23,16 +23,16 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, Select, Static
 
-from edgespec.errors import Cancelled, EdgespecError, InvalidInputError
-from edgespec.api.events import Event, Finished, PrefillDone, RequestStarted, Step
-from edgespec.proposers import needs_model
+from ..errors import Cancelled, EdgespecError, InvalidInputError
+from ..api.events import Event, Finished, PrefillDone, RequestStarted, Step
+from ..proposers import needs_model
 
 from .conversation import Transcript
 from .help import HelpScreen
 from .metrics import LiveMetrics
 from .render import (HISTORY_COLUMNS, Palette, control_words, histogram_text, history_row,
                      live_text, positions_text, spark_text, summary_line, transcript_text)
-from .source import NO_PROPOSER, Choices, EventSource, Settings, default_proposer
+from .source import NO_PROPOSER, Choices, EngineSource, EventSource, Settings, default_proposer
 from .widgets import DRAFT, TARGET, AnswerView, History, PromptArea, Tick
 
 MemoryProbe = Callable[[], "int | None"]
@@ -42,7 +42,7 @@ REFRESH_SECONDS = 1 / 15
 
 def process_rss() -> int | None:
     try:
-        import psutil
+        import psutil  # deferred: inside the try, so a platform psutil refuses shows "-"
         return psutil.Process().memory_info().rss
     except Exception:  # psutil missing or the platform refuses: show "-" rather than fail
         return None
@@ -665,6 +665,5 @@ def _error_title(e: BaseException) -> str:
 def create_app(source: EventSource | None = None, **kw) -> EdgespecApp:
     """The one way the CLI and the tests build the app (default: the real engine)."""
     if source is None:
-        from .source import EngineSource
         source = EngineSource()
     return EdgespecApp(source, **kw)
