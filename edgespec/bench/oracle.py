@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ..analysis.simulate import best_cut
+from ..replay.generations import best_cut
 from ..api.params import SamplingParams
 from ..calibration.curve import Calibration
 from ..proposers.base import EMPTY_DRAFT, Draft
@@ -81,7 +81,7 @@ class References:
 
 class OracleProposer:
     """``kind`` is :data:`ORACLE` or :data:`ORACLE_COPY`; ``calibration`` (the engine's) prices
-    the passes each draft is cut for (:func:`edgespec.analysis.simulate.best_cut`, the cut
+    the passes each draft is cut for (:func:`edgespec.replay.generations.best_cut`, the cut
     the replay's foresight bounds make)."""
 
     costly = False

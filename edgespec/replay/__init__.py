@@ -1,4 +1,12 @@
-"""Record a bench run's passes and replay them on the run's own cost curves.
+"""The offline replay: recorded text through the same controllers, on a cost curve.
+
+Two questions, one package. Did the cost model predict the run? A bench run recorded
+with ``edgespec bench --record`` replays pass for pass through the controllers it built
+(replay.py). What would other controllers or proposers have done on the same text? Its
+generations (or any prompt + output token traces) replay through any controller
+(generations.py). Both cut drafts with the loop's own limit
+(:func:`edgespec.control.limit.draft_limit`), accept greedily against the recorded output
+(accept.py) and average with :func:`edgespec.api.stats.geometric_mean`.
 
     record.py   what `edgespec bench --record` keeps per request and pass (a controller
                 wrapper on the engine's ``controller_hook``, timings from Step events)
@@ -8,6 +16,10 @@
     replay.py   every recorded request through the controller the engine built, in the
                 run's order; predicted vs measured speedups
     report.py   the markdown `edgespec bench --replay RUN_DIR` prints
+    accept.py   greedy acceptance against a recorded output (both replays)
+    generations.py  any controller over recorded generations (prompt + output) and live or
+                recorded proposers on a calibration curve; bounds (foresight, any copy);
+                ``python -m edgespec.replay.generations TRACES``
 
 See docs/benchmarks.md, "Replay".
 """

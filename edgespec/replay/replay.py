@@ -34,6 +34,7 @@ from ..control import ControlSettings, GoodputGuard, Outcome, StepView, make_con
 from ..control.limit import draft_limit
 from ..errors import InvalidInputError
 from ..proposers.base import EMPTY_DRAFT, Draft
+from .accept import matched
 from .cost import CostModel, DepthCurve, Overheads, fit_overheads, fit_scale
 from .record import SCHEMA
 
@@ -297,9 +298,7 @@ def _decide(controller, cands: _Candidates, ref: Sequence[int], rec: Mapping | N
 
 def _accepted(tokens: Sequence[int], ref: Sequence[int], gen: int) -> int:
     """How many of the drafted ``tokens`` the target's choices at ``gen`` accept."""
-    k, a = len(tokens), 0
-    while a < k and gen + a < len(ref) and tokens[a] == ref[gen + a]:
-        a += 1
+    a = matched(tokens, ref, gen)
     if gen + a >= len(ref):  # nothing left to verify against (cannot happen with a
         a = len(ref) - gen - 1  # recorded end token; kept for malformed input)
     return a

@@ -123,7 +123,7 @@ def _by_variant(comp: Comparison) -> list[str]:
     lines = ["", "## Geomean speedup error per configuration, by what the cost model includes",
              "",
              "flat curve: the controller's calibration (64 cached cells) and nothing else, "
-             "what `edgespec.analysis.simulate` charges; + depth: the curve measured at several "
+             "what `edgespec.replay.generations` charges; + depth: the curve measured at several "
              "depths, interpolated; + overheads: the loop's per-pass costs fitted from the "
              "recorded gaps (the model above); + pass scale: the run-wide measured/curve "
              "pass-time ratio, plain and verify passes apart (fitted on this run).", ""]

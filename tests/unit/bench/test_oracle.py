@@ -4,7 +4,7 @@ import pytest
 from edgespec.api.params import SamplingParams
 from edgespec.bench.engines import plan_engine
 from edgespec.bench.matrix import ConfigSpec, Matrix
-from edgespec.analysis.simulate import best_cut
+from edgespec.replay.generations import best_cut
 from edgespec.bench.oracle import ORACLE, ORACLE_COPY, OracleProposer, References, settle
 from edgespec.calibration.curve import Calibration
 from edgespec.errors import InvalidInputError

@@ -1,22 +1,26 @@
-"""Replay a controller offline on recorded generations and a cost curve.
+"""Replay controllers offline on recorded generations (prompt + output) and a cost curve.
 
-Under greedy decoding the target's output does not depend on how it was
-speculated, and neither does what a deterministic proposer drafts at a given
-position (it only sees the sequence so far). So one recorded generation (prompt
-tokens + the target's output) plus a proposer function is enough to replay any
-controller through the engine's own protocol (:mod:`edgespec.control`): at each
-step the simulator shows it every free proposer's candidate, cuts the chosen one
-to the decided length, verifies it against the recorded output (greedy prefix
-match), reports the outcome, and charges ``cal.seconds(d + 1)`` (plus draft-model
-time) per step. The free proposers are the shipped ones (:func:`native_proposers`).
-That makes it cheap to compare fixed draft lengths with adaptive control on a
-measured curve without running a model.
+The other half of :mod:`edgespec.replay`: :mod:`~edgespec.replay.replay` reproduces a
+recorded bench run pass for pass, with the candidates it recorded; this module asks what
+*other* controllers or proposers would have done on the same text. Under greedy decoding
+the target's output does not depend on how it was speculated, and neither does what a
+deterministic proposer drafts at a given position (it only sees the sequence so far). So
+one recorded generation plus a proposer function is enough to replay any controller
+through the engine's own protocol (:mod:`edgespec.control`): at each step the replay shows
+it every free proposer's candidate, cut to the loop's draft limit
+(:func:`edgespec.control.limit.draft_limit`), cuts the chosen one to the decided length,
+verifies it against the recorded output (:func:`edgespec.replay.accept.matched`), reports
+the outcome, and charges ``cal.seconds(d + 1)`` (plus draft-model time) per step. The free
+proposers are the shipped ones (:func:`native_proposers`). That makes it cheap to compare
+fixed draft lengths with adaptive control on a measured curve without running a model.
 
     traces = load_traces("traces.jsonl")          # {"name", "category", "prompt", "output"}
     cal = Calibration.prior_cpu()
     table = compare(traces, cal, native_proposers(["ngram"]), standard_configs(cal, ["ngram"]))
 
-``python -m edgespec.analysis.simulate traces.jsonl`` prints that table, with two bounds: the
+:func:`load_traces` also reads a run recorded with ``edgespec bench --record`` (its folder
+or its ``traces.jsonl``): each prompt's recorded prompt and output tokens.
+``python -m edgespec.replay.generations TRACES`` prints that table, with two bounds: the
 foresight controller over the same proposers (:func:`foresight`) and the best any
 context-copy proposer could draft (:func:`copy_bound`). Drafts recorded
 from a model (a draft model's greedy continuation at each position) can ride
@@ -26,6 +30,7 @@ and batch-dependent logits (real runs may verify a near-tie differently).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -40,8 +45,12 @@ from ..control import (AdaptiveController, ControlMemory, ControlRecord, Control
 from ..proposers.base import EMPTY_DRAFT, Draft
 from ..api.params import SamplingParams
 from ..api.stats import geometric_mean
+from ..errors import InvalidInputError
 from ..proposers import free_proposer
-import argparse
+from ..control.limit import draft_limit
+from .accept import matched
+from .replay import PLAIN_LABEL, Traces
+from .replay import load_traces as load_run
 
 ProposeFn = Callable[[Sequence[int], int], Draft]
 """(token history, k) -> a draft of at most k tokens continuing the history."""
@@ -58,15 +67,50 @@ class Trace:
 
 
 def load_traces(path: str | Path) -> list[Trace]:
+    """Generation traces, checked: a JSONL of ``{name, category, prompt, output[, drafts]}``
+    (what :func:`save_traces` writes), or a run recorded with ``edgespec bench --record``
+    (its folder or its ``traces.jsonl``, read by :func:`edgespec.replay.replay.load_traces`)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "traces.jsonl"
+    if not path.exists():
+        raise InvalidInputError(f"{path} not found: give a JSONL of {{name, prompt, output}} "
+                                "token traces or a run folder made with `edgespec bench --record`")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [(i, line) for i, line in enumerate(f, 1) if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidInputError(f"{path} is not a readable trace file ({e})") from None
     out = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                d = json.loads(line)
-                out.append(Trace(name=str(d["name"]), prompt=tuple(d["prompt"]),
-                                 output=tuple(d["output"]), category=str(d.get("category", "")),
-                                 drafts=d.get("drafts", {})))
+    for i, line in lines:
+        try:
+            d = json.loads(line)
+        except ValueError as e:
+            raise InvalidInputError(f"{path}:{i} is not JSON ({e})") from None
+        if i == lines[0][0] and isinstance(d, dict) and d.get("kind") == "edgespec-bench-traces":
+            return run_traces(load_run(path))
+        try:
+            out.append(Trace(name=str(d["name"]), prompt=tuple(int(t) for t in d["prompt"]),
+                             output=tuple(int(t) for t in d["output"]),
+                             category=str(d.get("category", "")), drafts=d.get("drafts") or {}))
+        except (KeyError, TypeError, ValueError) as e:
+            raise InvalidInputError(f"{path}:{i} is not a trace: it needs name, prompt and "
+                                    f"output (token ids), got {type(e).__name__}: {e}") from None
     return out
+
+
+def run_traces(run: Traces) -> list[Trace]:
+    """A recorded run's generations: each prompt's recorded prompt and output tokens, once
+    (greedy outputs agree across configurations; the plain path's is taken first)."""
+    chosen: dict[str, Mapping] = {}  # in the order the run first met each prompt
+    for r in run.measured:
+        name = str(r.get("prompt_id") or f"unit {r.get('unit')}")
+        if name not in chosen or (r.get("config") == PLAIN_LABEL
+                                  and chosen[name].get("config") != PLAIN_LABEL):
+            chosen[name] = r
+    return [Trace(name=name, prompt=tuple(int(t) for t in r["prompt"]),
+                  output=tuple(int(t) for t in r["output"]), category=str(r.get("category") or ""))
+            for name, r in chosen.items()]
 
 
 def save_traces(traces: Iterable[Trace], path: str | Path) -> None:
@@ -159,8 +203,9 @@ def replay(trace: Trace, controller: Controller, cal: Calibration,
     pos = 0
     while pos < len(out):
         remaining = len(out) - pos
+        limit = draft_limit(candidate_length, remaining, remaining)  # the loop's own rule
         view = StepView(generated=pos, remaining=remaining,
-                        candidates={name: fn(history, candidate_length)
+                        candidates={name: truncate(fn(history, candidate_length), limit)
                                     for name, fn in proposers.items() if name not in costly})
         d = controller.decide(view)
         res.decisions.append((pos, d))
@@ -169,12 +214,11 @@ def replay(trace: Trace, controller: Controller, cal: Calibration,
             if d.proposer not in costly:
                 raise ValueError(f"the controller chose {d.proposer!r}, which is neither a "
                                  "candidate nor a costly proposer of this replay")
-            draft = truncate(proposers[d.proposer](history, d.k), d.k)
+            k = min(d.k, limit)
+            draft = truncate(proposers[d.proposer](history, k), k)
             draft_s = costly[d.proposer] * len(draft)
         drafted = draft.tokens if draft is not None else ()
-        a = 0
-        while a < len(drafted) and pos + a < len(out) and drafted[a] == out[pos + a]:
-            a += 1
+        a = matched(drafted, out, pos)
         emitted = tuple(out[pos:pos + min(a + 1, remaining)])
         verify_s = charge.seconds(len(drafted) + 1)
         res.steps += 1
@@ -257,10 +301,7 @@ def foresight(trace: Trace, cal: Calibration, proposers: Mapping[str, ProposeFn]
         longest = 0
         for propose in proposers.values():
             draft = propose(hist, max_draft).tokens
-            a = 0
-            while a < len(draft) and i + a < len(out) and draft[a] == out[i + a]:
-                a += 1
-            longest = max(longest, a)
+            longest = max(longest, matched(draft, out, i))
         best_d = best_cut(cal, longest)
         seconds += cal.seconds(best_d + 1)
         hist += list(out[i:i + best_d + 1])
@@ -363,9 +404,10 @@ def native_proposers(names: Sequence[str], options: Mapping[str, dict] | None = 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m edgespec.analysis.simulate",
+    ap = argparse.ArgumentParser(prog="python -m edgespec.replay.generations",
                                  description="Replay fixed and adaptive control on recorded traces.")
-    ap.add_argument("traces", help="JSONL of {name, category, prompt, output} token traces")
+    ap.add_argument("traces", help="JSONL of {name, category, prompt, output} token traces, or "
+                    "a run folder recorded with `edgespec bench --record`")
     ap.add_argument("--calibration", help="a calibration JSON (default: the 2-core CPU prior)")
     ap.add_argument("--linear", type=float, help="use cost(n) = 1 + X (n - 1) instead")
     ap.add_argument("--proposers", default="suffix",

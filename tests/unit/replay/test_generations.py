@@ -6,7 +6,8 @@ import pytest
 from edgespec.calibration.curve import Calibration
 from edgespec.control import FixedController
 from edgespec.proposers import free_proposer
-from edgespec.analysis.simulate import (Trace, compare, format_table, from_proposer, load_traces,
+from edgespec.proposers.base import Draft
+from edgespec.replay.generations import (Trace, compare, format_table, from_proposer, load_traces,
                                         native_proposers, recorded, replay, save_traces,
                                         standard_configs)
 
@@ -109,7 +110,7 @@ def test_adaptive_control_on_recorded_generations():
 
 
 def test_foresight_bounds_every_controller_and_is_plain_without_matches():
-    from edgespec.analysis.simulate import foresight
+    from edgespec.replay.generations import foresight
     cal = Calibration.from_costs({1: 1.0, 2: 1.5, 4: 1.9, 8: 3.0, 16: 3.4}, step_seconds=0.1)
     # a repetitive output the n-gram proposer can copy from the prompt
     t = Trace("t", prompt=tuple([5, 6, 7, 8, 9] * 6), output=tuple([5, 6, 7, 8, 9] * 4))
@@ -123,7 +124,7 @@ def test_foresight_bounds_every_controller_and_is_plain_without_matches():
 
 
 def test_copy_bound_caps_the_copying_proposers_and_counts_what_followed_a_tail():
-    from edgespec.analysis.simulate import best_cut, copy_bound, foresight
+    from edgespec.replay.generations import best_cut, copy_bound, foresight
     cal = Calibration.from_costs({1: 1.0, 2: 1.5, 4: 1.9, 8: 3.0, 16: 3.4}, step_seconds=0.1)
     prompt = (1, 2, 3, 4, 5, 6, 7, 8, 40, 41, 2, 3, 9, 10, 11, 12)
     t = Trace("t", prompt=prompt, output=(30, 2, 3, 9, 10, 11, 12, 50, 51))
@@ -149,7 +150,7 @@ def test_copy_bound_caps_the_copying_proposers_and_counts_what_followed_a_tail()
 
 
 def test_summary_leads_with_the_reports_figures():
-    from edgespec.analysis.simulate import format_summary
+    from edgespec.replay.generations import format_summary
     traces = [Trace("a", (1,), (2,), "writing"), Trace("b", (1,), (2,), "writing"),
               Trace("c", (1,), (2,), "summarization"), Trace("h", (1,), (2,), "humanevalfix")]
     table = {"x": {"a": 1.0, "b": 1.2, "c": 2.0, "h": 1.5}}
@@ -158,3 +159,64 @@ def test_summary_leads_with_the_reports_figures():
     # geomean of all four; mean of the medians of writing (1.1) and summarization (2.0),
     # humanevalfix apart; worst median; summarization; humanevalfix
     assert cells == ["x", "1.38", "1.55", "1.10 (writing)", "2.00", "1.50"]
+
+
+# --- loading: checked, and a recorded bench run is a trace file too ----------------------
+def test_load_traces_explains_what_is_wrong(tmp_path):
+    from edgespec.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="bench --record"):
+        load_traces(tmp_path / "missing.jsonl")
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"name": "a", "prompt": [1], "output": [2]}\n{not json\n')
+    with pytest.raises(InvalidInputError, match=r"t.jsonl:2 is not JSON"):
+        load_traces(bad)
+    bad.write_text('{"name": "a", "prompt": [1]}\n')
+    with pytest.raises(InvalidInputError, match=r"t.jsonl:1 is not a trace: .*'output'"):
+        load_traces(bad)
+    bad.write_text('{"name": "a", "prompt": ["x"], "output": [2]}\n')
+    with pytest.raises(InvalidInputError, match=r"t.jsonl:1 is not a trace"):
+        load_traces(bad)
+
+
+def _request(config: str, prompt_id: str, output: list[int], warmup: bool = False) -> dict:
+    return {"engine": "default", "config": config, "warmup": warmup, "unit": 0,
+            "prompt_id": prompt_id, "category": "qa", "prompt": [100, 101], "n_prompt": 2,
+            "max_tokens": 8, "n_ctx": 64, "output": output, "first_token": output[:1],
+            "stop_reason": "length", "passes": []}
+
+
+def test_a_recorded_bench_run_loads_as_one_trace_per_prompt(tmp_path):
+    """What `edgespec bench --record` wrote: each prompt once, in the run's order, the
+    plain path's output preferred, warm-ups left out."""
+    import json
+
+    from edgespec.replay.record import Recorder
+
+    head = {**Recorder().header({}), "engines": {"default": {}}}
+    reqs = [_request("none", "w", [9, 9], warmup=True),
+            _request("ngram", "b", [5, 6, 7]), _request("none", "a", [1, 2]),
+            _request("none", "b", [5, 6, 8]), _request("ngram", "a", [1, 3])]
+    (tmp_path / "traces.jsonl").write_text("\n".join(json.dumps(x) for x in [head, *reqs]) + "\n")
+    for path in (tmp_path, tmp_path / "traces.jsonl"):
+        got = load_traces(path)
+        assert [(t.name, t.prompt, t.output, t.category) for t in got] == [
+            ("b", (100, 101), (5, 6, 8), "qa"), ("a", (100, 101), (1, 2), "qa")]
+    # and they replay like any other trace
+    r = replay(got[0], FixedController("ngram", 2), CAL, native_proposers(["ngram"])(got[0]))
+    assert r.tokens == 3 and r.steps == 3  # nothing repeats: three plain steps
+
+
+def test_the_replay_cuts_candidates_to_the_loops_draft_limit():
+    """The candidate a controller sees never runs past the output's last token but one
+    (the pass's own token fills it): the loop's draft_limit, not the proposer's length."""
+    seen = []
+
+    class Spy(FixedController):
+        def decide(self, view):
+            seen.append((view.remaining, len(view.candidates["c"].tokens)))
+            return super().decide(view)
+
+    t = Trace("t", (1,), (2, 3, 4))
+    r = replay(t, Spy("c", 8), CAL, {"c": lambda hist, k: Draft(tokens=(2, 3, 4, 5, 6)[:k])})
+    assert seen == [(3, 2)] and r.tokens == 3 and r.accepted == 2 and r.steps == 1
