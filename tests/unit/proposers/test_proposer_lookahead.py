@@ -254,7 +254,7 @@ def test_the_bench_builds_it_when_a_configuration_names_it():
 def test_the_simulator_replays_it_on_a_flat_curve():
     """A trace holds the output, not the target's rows on guessed prefixes: replayed, the
     proposer drafts from its pool over the prompt and the output (no Jacobi rows)."""
-    from edgespec.analysis.simulate import Trace, compare, native_proposers, standard_configs
+    from edgespec.replay.generations import Trace, compare, native_proposers, standard_configs
     words = [3, 4, 5, 6, 7, 8]
     t = Trace("rep", tuple(words * 3), tuple(words * 6))
     table = compare([t], FLAT, native_proposers(["lookahead"], {"lookahead": {"n": 4}}),
