@@ -174,7 +174,7 @@ class Scheduler:
                 "this server shares one KV pool between its sequences, where a sequence's "
                 "logits can move by rounding when others' drafts are trimmed; exact requests "
                 "need a server started with --exact (or --parallel 1)")
-        ticket = Ticket(next(self._ids), on_event, self, prepared)
+        ticket = Ticket(next(self._ids), on_event, self._cancelled, prepared)
         with self._lock:
             try:
                 self._admissible_locked()
@@ -214,7 +214,8 @@ class Scheduler:
             for p in prepared:
                 p.close()
             raise
-        tickets = [Ticket(next(self._ids), (lambda i: lambda ev: on_event(i, ev))(i), self, p)
+        tickets = [Ticket(next(self._ids), (lambda i: lambda ev: on_event(i, ev))(i),
+                          self._cancelled, p)
                    for i, p in enumerate(prepared)]
         leader = tickets[0]
         leader.followers = tickets[1:]

@@ -12,7 +12,6 @@ from ..errors import EdgespecError
 
 if TYPE_CHECKING:
     from ..engine.engine import Prepared
-    from .scheduler import Scheduler
 
 #: what on_event receives after a request's last event
 DONE = None
@@ -42,13 +41,17 @@ class QueueLoad:
 
 
 class Ticket:
-    """A submitted request: its id, and the handle to cancel it from any thread."""
+    """A submitted request: its id, and the handle to cancel it from any thread.
 
-    def __init__(self, id: int, on_event: Callable[[Event | None], None], scheduler: "Scheduler",
-                 prepared: Prepared) -> None:
+    ``on_cancel`` is what the scheduler does when a ticket is cancelled (take it off the
+    queue if it is still there): a callback, so that tickets need not know the scheduler
+    and the import runs one way, scheduler -> tickets."""
+
+    def __init__(self, id: int, on_event: Callable[[Event | None], None],
+                 on_cancel: Callable[[Ticket], None], prepared: Prepared) -> None:
         self.id = id
         self.on_event = on_event
-        self._scheduler = scheduler
+        self._on_cancel = on_cancel
         self.cancelled = threading.Event()
         self.submitted = time.monotonic()
         self.prepared = prepared
@@ -59,7 +62,7 @@ class Ticket:
 
     def cancel(self) -> None:
         self.cancelled.set()
-        self._scheduler._cancelled(self)
+        self._on_cancel(self)
 
 
 class Choices:
