@@ -317,16 +317,7 @@ def completion_call(engine: "Engine", prompt, suffix=None, max_tokens=16, temper
         raise InvalidInputError(f"logprobs is the number of alternatives to report, an int >= 0 "
                                 f"(got {logprobs!r})")
     head = shapes.Head("completion", _model(engine, model, defaults))
-    with _refusals():
-        params = GenerationParams(
-            max_tokens=_max_tokens(engine, max_tokens), stop=limits.stops(stop), chat=False,
-            logprobs=logprobs,
-            sampling=_sampling(engine, defaults, temperature=temperature, top_p=top_p,
-                               top_k=top_k, min_p=min_p, typical_p=typical_p,
-                               repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
-                               frequency_penalty=frequency_penalty,
-                               mirostat_mode=mirostat_mode, seed=seed, logit_bias=logit_bias),
-            grammar=_grammar(grammar))
+    params = _params(engine, defaults, locals(), chat=False, logprobs=logprobs)
     # llama-cpp-python echoes the prompt only in a whole response; its stream ignores echo
     request, planned = _planned(engine, head, lambda: CoreRequest(
         model=head.model, params=params, prompt=prompt, echo=bool(echo) and not stream,
@@ -361,16 +352,7 @@ def chat_call(engine: "Engine", messages, functions=None, function_call=None, to
             raise InvalidInputError(f"top_logprobs must be an int >= 0 (got {top_logprobs!r})")
     head = shapes.Head("chat", _model(engine, model, defaults))
     msgs = _messages(messages)
-    with _refusals():
-        params = GenerationParams(
-            max_tokens=_max_tokens(engine, max_tokens), stop=limits.stops(stop), chat=True,
-            logprobs=n_top,
-            sampling=_sampling(engine, defaults, temperature=temperature, top_p=top_p,
-                               top_k=top_k, min_p=min_p, typical_p=typical_p,
-                               repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
-                               frequency_penalty=frequency_penalty,
-                               mirostat_mode=mirostat_mode, seed=seed, logit_bias=logit_bias),
-            grammar=_grammar(grammar), **structured)
+    params = _params(engine, defaults, locals(), chat=True, logprobs=n_top, **structured)
     # reasoning stays in the content (reasoning_format "none"), as llama-cpp-python leaves it
     request, planned = _planned(engine, head, lambda: CoreRequest(
         model=head.model, params=params, messages=tuple(msgs),
@@ -393,6 +375,27 @@ def _max_tokens(engine: "Engine", max_tokens) -> int:
     if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
         max_tokens = min(max_tokens, n_ctx) if max_tokens > 0 else None
     return limits.max_tokens(max_tokens, n_ctx)
+
+
+#: the arguments of completion_call and chat_call that make the GenerationParams: the two
+#: share llama-cpp-python's names for them, so one helper reads them by name
+_PARAM_ARGS = ("max_tokens", "stop", "grammar", "temperature", "top_p", "top_k", "min_p",
+               "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
+               "mirostat_mode", "seed", "logit_bias")
+
+
+def _params(engine: "Engine", defaults: Defaults, args: Mapping[str, Any], *, chat: bool,
+            logprobs: int | None, **structured: Any) -> GenerationParams:
+    """A call's GenerationParams from its arguments (``args``: the call's ``locals()``, of
+    which the names in _PARAM_ARGS are read), refusals as edgespec's errors."""
+    a = {k: args[k] for k in _PARAM_ARGS}
+    with _refusals():
+        max_tokens = _max_tokens(engine, a.pop("max_tokens"))
+        stop = limits.stops(a.pop("stop"))
+        grammar = a.pop("grammar")
+        return GenerationParams(max_tokens=max_tokens, stop=stop, chat=chat, logprobs=logprobs,
+                                sampling=_sampling(engine, defaults, **a),
+                                grammar=_grammar(grammar), **structured)
 
 
 def _sampling(engine: "Engine", defaults: Defaults, *, temperature, top_p, top_k, min_p,

@@ -41,8 +41,9 @@ from ...protocol.events import ChoiceDone, CoreEvent, ReasoningDelta, TextDelta,
 from ...protocol.plan import plan
 from ...protocol.request import CoreRequest
 from ..body import read
-from .fields import check, get, invalid, load_object, number, strings, unsupported
-from .refusal import counted, to_protocol
+from .fields import (ToolShape, check, function_tools, get, invalid, load_object, number,
+                     strings, unsupported)
+from .refusal import counted, refusing, to_protocol
 
 log = logging.getLogger("edgespec.server")
 
@@ -68,7 +69,7 @@ def parse(text: str, settings, *, count_only: bool = False) -> tuple[CoreRequest
     model = get(body, "model", str, required=True)
     stream = get(body, "stream", bool, default=False)
     messages = _messages(body)
-    tools = _tools(body)
+    tools = function_tools(body, _TOOLS)
     tool_choice, parallel = _tool_choice(body, tools)
     reasoning_format, template_kwargs = _thinking(body)
     get(body, "metadata", dict)  # accepted: user_id and the like change no answer
@@ -200,24 +201,11 @@ def _text_of(value: Any, where: str) -> str:
     return "\n".join(texts)
 
 
-def _tools(body: dict) -> list[dict]:
-    tools = get(body, "tools", list, default=[])
-    out = []
-    for i, t in enumerate(tools):
-        at = f"tools.{i}"
-        check(t, dict, at)
-        kind = get(t, "type", str, at, default="custom")
-        if kind != "custom":
-            raise unsupported(f"{at}.type {kind!r}: Anthropic's server tools are not available "
-                              "here; declare a custom tool with name, description and "
-                              "input_schema", f"{at}.type")
-        fn: dict = {"name": get(t, "name", str, at, required=True)}
-        description = get(t, "description", str, at)
-        if description is not None:
-            fn["description"] = description
-        fn["parameters"] = get(t, "input_schema", dict, at, required=True)
-        out.append({"type": "function", "function": fn})
-    return out
+#: Anthropic's custom tools; its server tools (web search, ...) are not served
+_TOOLS = ToolShape(kind="custom", default_kind="custom",
+                   refusal="Anthropic's server tools are not available here; declare a "
+                           "custom tool with name, description and input_schema",
+                   schema="input_schema", schema_required=True, strict=False)
 
 
 def _tool_choice(body: dict, tools: list[dict]) -> tuple[Any, bool | None]:
@@ -426,26 +414,22 @@ def events_text(pairs: Iterable[tuple[str, dict]]) -> str:
 def register(app, core, settings) -> None:
     """``POST /v1/messages`` and ``/v1/messages/count_tokens`` on ``core``."""
     @app.post("/v1/messages")
+    @refusing(_refusal)
     async def messages(request: Request):
-        try:
-            req, stream = parse(await read(request, settings), settings)
-            model = req.model or settings.served_model
-            if stream:
-                run = await core.start(request, req)
-                return EventSourceResponse(_sse(run, MessageStream(model, req.params.stop)),
-                                           sep="\n", ping=15)
-            done = (await core.complete(request, req))[0]
-            return JSONResponse(message(done, model, req.params.stop))
-        except Exception as e:
-            return _refusal(request, e)
+        req, stream = parse(await read(request, settings), settings)
+        model = req.model or settings.served_model
+        if stream:
+            run = await core.start(request, req)
+            return EventSourceResponse(_sse(run, MessageStream(model, req.params.stop)),
+                                       sep="\n", ping=15)
+        done = (await core.complete(request, req))[0]
+        return JSONResponse(message(done, model, req.params.stop))
 
     @app.post("/v1/messages/count_tokens")
+    @refusing(_refusal)
     async def messages_count_tokens(request: Request):
-        try:
-            req, _ = parse(await read(request, settings), settings, count_only=True)
-            return JSONResponse({"input_tokens": await count_tokens(core, req)})
-        except Exception as e:
-            return _refusal(request, e)
+        req, _ = parse(await read(request, settings), settings, count_only=True)
+        return JSONResponse({"input_tokens": await count_tokens(core, req)})
 
 
 async def _sse(run, stream: MessageStream):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from ...protocol.errors import ProtocolError
@@ -91,6 +92,45 @@ def strings(obj: dict, key: str, where: str = "") -> tuple[str, ...]:
     for i, v in enumerate(values):
         check(v, str, f"{join(where, key)}.{i}")
     return tuple(values)
+
+
+@dataclass(frozen=True)
+class ToolShape:
+    """How a dialect declares a function tool: the one ``type`` it serves and where the
+    parameters' JSON schema sits. The tools become OpenAI's ``{"type": "function",
+    "function": {name, description, parameters, strict}}``, what the core reads."""
+
+    kind: str  # the ``type`` served ("custom" in Anthropic's Messages, "function" in Responses)
+    default_kind: str | None  # what a tool without ``type`` is; None: ``type`` is required
+    refusal: str  # what to say of another type (the dialect's hosted tools)
+    schema: str  # the key of the parameters' JSON schema
+    schema_required: bool
+    strict: bool  # whether an optional ``strict`` flag is read
+
+
+def function_tools(body: dict[str, Any], shape: ToolShape) -> list[dict[str, Any]]:
+    """``body["tools"]`` (optional) as OpenAI function tools, each field checked."""
+    tools = get(body, "tools", list, default=[])
+    out = []
+    for i, t in enumerate(tools):
+        at = f"tools.{i}"
+        check(t, dict, at)
+        kind = get(t, "type", str, at, required=shape.default_kind is None,
+                   default=shape.default_kind)
+        if kind != shape.kind:
+            raise unsupported(f"{at}.type {kind!r}: {shape.refusal}", f"{at}.type")
+        fn: dict[str, Any] = {"name": get(t, "name", str, at, required=True)}
+        description = get(t, "description", str, at)
+        if description is not None:
+            fn["description"] = description
+        parameters = get(t, shape.schema, dict, at, required=shape.schema_required)
+        if parameters is not None:
+            fn["parameters"] = parameters
+        strict = get(t, "strict", bool, at) if shape.strict else None
+        if strict is not None:
+            fn["strict"] = strict
+        out.append({"type": "function", "function": fn})
+    return out
 
 
 def _json_type(value: Any) -> str:

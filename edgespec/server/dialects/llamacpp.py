@@ -31,7 +31,7 @@ from ...protocol.fim import fim_prompt
 from ...protocol.plan import apply_template
 from ..body import read
 from .fields import check, get, invalid, load_object
-from .refusal import counted
+from .refusal import counted, refusing
 from .refusal import to_protocol as refusal_to_protocol
 from .llamacpp_wire import (DEFAULTS, Completion, Shape, as_token_prompt, error_body,
                             generation_settings, infill_tokens, parse_completion, parse_infill,
@@ -46,29 +46,27 @@ def register(app, core, settings) -> None:
     async def body_of(request: Request) -> dict:
         return load_object(await read(request, settings))
 
+    @refusing(refusal)
     async def generation(request: Request, infill: bool):
-        try:
-            body = await body_of(request)
-            c = (parse_infill if infill else parse_completion)(body, settings.max_tokens_limit)
-            async with core.held(c.core.model) as held:
-                engine, name = held.engine, held.name
-                c = with_vocab(c, engine.target.n_vocab)
-                if infill:
-                    c = await asyncio.to_thread(_infill_prompt, engine, c, name)
-                prompt_text, prompt_n = await asyncio.to_thread(_prompt_text, engine, c)
-                if c.stream:  # per-token pieces: each streamed object counts its tokens
-                    c = replace(c, core=replace(c.core, origins=True))
-                run = await core.start(request, c.core)
-            model = c.core.model or name
-            shape = Shape(c, model, prompt_text,
-                          generation_settings(c.core.params, c),
-                          prompt_n, piece=engine.target.token_piece)
-            if c.stream:
-                return EventSourceResponse(_sse(run, shape), sep="\n", ping=15)
-            done = (await run.collect())[0]
-            return JSONResponse(shape.final(done, whole=True))
-        except Exception as e:
-            return refusal(request, e)
+        body = await body_of(request)
+        c = (parse_infill if infill else parse_completion)(body, settings.max_tokens_limit)
+        async with core.held(c.core.model) as held:
+            engine, name = held.engine, held.name
+            c = with_vocab(c, engine.target.n_vocab)
+            if infill:
+                c = await asyncio.to_thread(_infill_prompt, engine, c, name)
+            prompt_text, prompt_n = await asyncio.to_thread(_prompt_text, engine, c)
+            if c.stream:  # per-token pieces: each streamed object counts its tokens
+                c = replace(c, core=replace(c.core, origins=True))
+            run = await core.start(request, c.core)
+        model = c.core.model or name
+        shape = Shape(c, model, prompt_text,
+                      generation_settings(c.core.params, c),
+                      prompt_n, piece=engine.target.token_piece)
+        if c.stream:
+            return EventSourceResponse(_sse(run, shape), sep="\n", ping=15)
+        done = (await run.collect())[0]
+        return JSONResponse(shape.final(done, whole=True))
 
     @app.post("/completion")
     async def completion(request: Request):
@@ -79,81 +77,71 @@ def register(app, core, settings) -> None:
         return await generation(request, infill=True)
 
     @app.post("/tokenize")
+    @refusing(refusal)
     async def tokenize(request: Request):
-        try:
-            body = await body_of(request)
-            content = body.get("content")
-            add_special = get(body, "add_special", bool, default=False)
-            parse_special = get(body, "parse_special", bool, default=True)
-            with_pieces = get(body, "with_pieces", bool, default=False)
-            async with core.held(get(body, "model", str)) as held:
-                target = held.engine.target
-                tokens = [] if content is None else await asyncio.to_thread(
-                    _tokenize, target, content, add_special, parse_special)
-                # pieces as llama-server writes them: special tokens as their text
-                out: Any = token_pieces(tokens, lambda t: target.token_piece(t, special=True)) \
-                    if with_pieces else tokens
-            return JSONResponse({"tokens": out})
-        except Exception as e:
-            return refusal(request, e)
+        body = await body_of(request)
+        content = body.get("content")
+        add_special = get(body, "add_special", bool, default=False)
+        parse_special = get(body, "parse_special", bool, default=True)
+        with_pieces = get(body, "with_pieces", bool, default=False)
+        async with core.held(get(body, "model", str)) as held:
+            target = held.engine.target
+            tokens = [] if content is None else await asyncio.to_thread(
+                _tokenize, target, content, add_special, parse_special)
+            # pieces as llama-server writes them: special tokens as their text
+            out: Any = token_pieces(tokens, lambda t: target.token_piece(t, special=True)) \
+                if with_pieces else tokens
+        return JSONResponse({"tokens": out})
 
     @app.post("/detokenize")
+    @refusing(refusal)
     async def detokenize(request: Request):
-        try:
-            body = await body_of(request)
-            tokens = get(body, "tokens", list, default=[])
-            for i, t in enumerate(tokens):
-                check(t, int, f"tokens.{i}")
-            async with core.held(get(body, "model", str)) as held:
-                target = held.engine.target
-                bad = [t for t in tokens if not 0 <= t < target.n_vocab]
-                if bad:
-                    raise invalid(f"token id {bad[0]} is outside this model's vocabulary "
-                                  f"(0..{target.n_vocab - 1})", "tokens")
-                text = target.detokenize(tokens, special=True).decode("utf-8", "replace")
-            return JSONResponse({"content": text})
-        except Exception as e:
-            return refusal(request, e)
+        body = await body_of(request)
+        tokens = get(body, "tokens", list, default=[])
+        for i, t in enumerate(tokens):
+            check(t, int, f"tokens.{i}")
+        async with core.held(get(body, "model", str)) as held:
+            target = held.engine.target
+            bad = [t for t in tokens if not 0 <= t < target.n_vocab]
+            if bad:
+                raise invalid(f"token id {bad[0]} is outside this model's vocabulary "
+                              f"(0..{target.n_vocab - 1})", "tokens")
+            text = target.detokenize(tokens, special=True).decode("utf-8", "replace")
+        return JSONResponse({"content": text})
 
     @app.post("/apply-template")
+    @refusing(refusal)
     async def apply_template_route(request: Request):
-        try:
-            body = await body_of(request)
-            messages = get(body, "messages", list, required=True)
-            tools = get(body, "tools", list)
-            kwargs = get(body, "chat_template_kwargs", dict)
-            async with core.held(get(body, "model", str)) as held:
-                prompt = await asyncio.to_thread(
-                    apply_template, held.engine, _template_messages(messages), tools=tools,
-                    add_generation_prompt=get(body, "add_generation_prompt", bool,
-                                              default=True),
-                    chat_template_kwargs=kwargs)
-            return JSONResponse({"prompt": prompt})
-        except Exception as e:
-            return refusal(request, e)
+        body = await body_of(request)
+        messages = get(body, "messages", list, required=True)
+        tools = get(body, "tools", list)
+        kwargs = get(body, "chat_template_kwargs", dict)
+        async with core.held(get(body, "model", str)) as held:
+            prompt = await asyncio.to_thread(
+                apply_template, held.engine, _template_messages(messages), tools=tools,
+                add_generation_prompt=get(body, "add_generation_prompt", bool,
+                                          default=True),
+                chat_template_kwargs=kwargs)
+        return JSONResponse({"prompt": prompt})
 
     @app.get("/props")
+    @refusing(refusal)
     async def props(request: Request):
-        try:
-            async with core.held(request.query_params.get("model")) as held:
-                return JSONResponse(await asyncio.to_thread(_props, held, core, settings))
-        except Exception as e:
-            return refusal(request, e)
+        async with core.held(request.query_params.get("model")) as held:
+            return JSONResponse(await asyncio.to_thread(_props, held, core, settings))
 
     @app.get("/slots")
+    @refusing(refusal)
     async def slots(request: Request):
-        try:
-            async with core.held(request.query_params.get("model")) as held:
-                states = held.scheduler.slots()
-                n_ctx = held.engine.config.n_ctx
-                speculative = held.engine.default_proposer != "none"
-            if request.query_params.get("fail_on_no_slot") and \
-                    not any(not s.processing for s in states):
-                raise ProtocolError(503, "no slot available", kind="overloaded",
-                                    code="no_slot_available")
-            return JSONResponse([_slot(s, n_ctx, speculative) for s in states])
-        except Exception as e:
-            return refusal(request, e)
+        async with core.held(request.query_params.get("model")) as held:
+            states = held.scheduler.slots()
+            n_ctx = held.engine.config.n_ctx
+            speculative = held.engine.default_proposer != "none"
+        if request.query_params.get("fail_on_no_slot") and \
+                not any(not s.processing for s in states):
+            raise ProtocolError(503, "no slot available", kind="overloaded",
+                                code="no_slot_available")
+        return JSONResponse([_slot(s, n_ctx, speculative) for s in states])
 
     @app.get("/v1/health")
     async def health_v1():

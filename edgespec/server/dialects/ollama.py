@@ -26,7 +26,7 @@ from ...serving import ModelNotServedError
 from ..body import read
 from . import ollama_models
 from .fields import load_object
-from .refusal import counted, to_protocol
+from .refusal import counted, refusing, to_protocol
 from .ollama_wire import (API_VERSION, OllamaRequest, Renderer, Timing, check_num_ctx,
                           error_body, parse_chat, parse_generate)
 
@@ -42,31 +42,29 @@ def register(app, core, settings) -> None:
     app.state.ollama_ports = set()
     app.add_middleware(OllamaRoot, ports=app.state.ollama_ports)
 
+    @refusing(refusal)
     async def generation(request: Request, parse) -> Any:
         t0 = time.monotonic()
-        try:
-            body = load_object(await read(request, settings))
-            req: OllamaRequest = parse(body, settings.max_tokens_limit,
-                                       getattr(settings, "reasoning_format", "auto"))
-            name = resolve(core, req.model)
-            if req.core is None:  # load, or with keep_alive 0 unload
-                return JSONResponse(await lifecycle(core, req, name))
-            timing = Timing()
-            loaded_before, t_hold = _loaded(core, name), time.monotonic()
-            async with core.held(name) as held:
-                timing.load = 0.0 if loaded_before else time.monotonic() - t_hold
-                check_num_ctx(req.num_ctx, held.engine.config.n_ctx, req.model)
-                run = await core.start(request, _named(req.core, name))
-                out = Renderer(req.endpoint, req.model, held.engine.target.token_piece)
-            if req.stream:
-                return StreamingResponse(_ndjson(run, out, timing, t0, core, req, name),
-                                         media_type=NDJSON)
-            done = (await run.collect())[0]
-            timing.total = time.monotonic() - t0
-            await after(core, req, name)
-            return JSONResponse(out.final(done, timing, whole=True))
-        except Exception as e:
-            return refusal(request, e)
+        body = load_object(await read(request, settings))
+        req: OllamaRequest = parse(body, settings.max_tokens_limit,
+                                   getattr(settings, "reasoning_format", "auto"))
+        name = resolve(core, req.model)
+        if req.core is None:  # load, or with keep_alive 0 unload
+            return JSONResponse(await lifecycle(core, req, name))
+        timing = Timing()
+        loaded_before, t_hold = _loaded(core, name), time.monotonic()
+        async with core.held(name) as held:
+            timing.load = 0.0 if loaded_before else time.monotonic() - t_hold
+            check_num_ctx(req.num_ctx, held.engine.config.n_ctx, req.model)
+            run = await core.start(request, _named(req.core, name))
+            out = Renderer(req.endpoint, req.model, held.engine.target.token_piece)
+        if req.stream:
+            return StreamingResponse(_ndjson(run, out, timing, t0, core, req, name),
+                                     media_type=NDJSON)
+        done = (await run.collect())[0]
+        timing.total = time.monotonic() - t0
+        await after(core, req, name)
+        return JSONResponse(out.final(done, timing, whole=True))
 
     @app.post("/api/chat")
     async def chat(request: Request):
@@ -77,33 +75,27 @@ def register(app, core, settings) -> None:
         return await generation(request, parse_generate)
 
     @app.get("/api/tags")
+    @refusing(refusal)
     async def tags(request: Request):
-        try:
-            return JSONResponse({"models": await asyncio.to_thread(
-                ollama_models.tags, core.pool)})
-        except Exception as e:
-            return refusal(request, e)
+        return JSONResponse({"models": await asyncio.to_thread(
+            ollama_models.tags, core.pool)})
 
     @app.get("/api/ps")
+    @refusing(refusal)
     async def ps(request: Request):
-        try:
-            return JSONResponse({"models": await asyncio.to_thread(
-                ollama_models.running, core.pool)})
-        except Exception as e:
-            return refusal(request, e)
+        return JSONResponse({"models": await asyncio.to_thread(
+            ollama_models.running, core.pool)})
 
     @app.post("/api/show")
+    @refusing(refusal)
     async def show(request: Request):
-        try:
-            body = load_object(await read(request, settings))
-            asked = body.get("model", body.get("name"))
-            if not isinstance(asked, str) or not asked:
-                raise ProtocolError(400, "model is required: the name of a model (GET "
-                                         "/api/tags lists them)", param="model")
-            entry = core.pool.find(resolve(core, asked))
-            return JSONResponse(await asyncio.to_thread(ollama_models.show, entry))
-        except Exception as e:
-            return refusal(request, e)
+        body = load_object(await read(request, settings))
+        asked = body.get("model", body.get("name"))
+        if not isinstance(asked, str) or not asked:
+            raise ProtocolError(400, "model is required: the name of a model (GET "
+                                     "/api/tags lists them)", param="model")
+        entry = core.pool.find(resolve(core, asked))
+        return JSONResponse(await asyncio.to_thread(ollama_models.show, entry))
 
     @app.get("/api/version")
     async def version():

@@ -41,8 +41,9 @@ from ...protocol.events import ChoiceDone, CoreEvent, ReasoningDelta, TextDelta,
 from ...protocol.request import CoreRequest
 from ..body import read
 from ..errors import response as openai_error
-from .fields import check, get, invalid, load_object, number, unsupported
-from .refusal import counted, to_protocol
+from .fields import (ToolShape, check, function_tools, get, invalid, load_object, number,
+                     unsupported)
+from .refusal import counted, refusing, to_protocol
 from .responses_store import ResponseStore, Stored
 
 log = logging.getLogger("edgespec.server")
@@ -94,7 +95,7 @@ def parse(text: str, settings, store: ResponseStore) -> Parsed:
     conversation = history + _input(body, history)
     messages = ([{"role": "system", "content": instructions}] if instructions else []) \
         + conversation
-    tools = _tools(body)
+    tools = function_tools(body, _TOOLS)
     tool_choice = _tool_choice(body)
     parallel = get(body, "parallel_tool_calls", bool)
     asked = get(body, "max_output_tokens", int)
@@ -204,28 +205,11 @@ def _content(value: Any, where: str) -> str:
     return "".join(texts)
 
 
-def _tools(body: dict) -> list[dict]:
-    tools = get(body, "tools", list, default=[])
-    out = []
-    for i, t in enumerate(tools):
-        at = f"tools.{i}"
-        check(t, dict, at)
-        kind = get(t, "type", str, at, required=True)
-        if kind != "function":
-            raise unsupported(f"{at}.type {kind!r}: OpenAI's hosted tools are not available "
-                              "here; declare function tools", f"{at}.type")
-        fn: dict = {"name": get(t, "name", str, at, required=True)}
-        description = get(t, "description", str, at)
-        if description is not None:
-            fn["description"] = description
-        parameters = get(t, "parameters", dict, at)
-        if parameters is not None:
-            fn["parameters"] = parameters
-        strict = get(t, "strict", bool, at)
-        if strict is not None:
-            fn["strict"] = strict
-        out.append({"type": "function", "function": fn})
-    return out
+#: Responses' function tools; OpenAI's hosted tools (web search, file search, ...) are not
+_TOOLS = ToolShape(kind="function", default_kind=None,
+                   refusal="OpenAI's hosted tools are not available here; declare function "
+                           "tools",
+                   schema="parameters", schema_required=False, strict=True)
 
 
 def _tool_choice(body: dict) -> Any:
@@ -481,21 +465,19 @@ def register(app: FastAPI, core, settings, store: ResponseStore | None = None) -
     app.state.responses = store
 
     @app.post("/v1/responses")
+    @refusing(_refusal)
     async def responses(request: Request):
-        try:
-            parsed = parse(await read(request, settings), settings, store)
-            if parsed.stream:
-                run = await core.start(request, parsed.core)
-                return EventSourceResponse(_sse(run, ResponseStream(parsed.echo), parsed,
-                                                store), sep="\n", ping=15)
-            done = (await core.complete(request, parsed.core))[0]
-            output = output_items(done)
-            body = response_object(new_id("resp"), parsed.echo, int(time.time()),
-                                   status_of(done), output, done)
-            _keep(store, parsed, body)
-            return JSONResponse(body)
-        except Exception as e:
-            return _refusal(request, e)
+        parsed = parse(await read(request, settings), settings, store)
+        if parsed.stream:
+            run = await core.start(request, parsed.core)
+            return EventSourceResponse(_sse(run, ResponseStream(parsed.echo), parsed,
+                                            store), sep="\n", ping=15)
+        done = (await core.complete(request, parsed.core))[0]
+        output = output_items(done)
+        body = response_object(new_id("resp"), parsed.echo, int(time.time()),
+                               status_of(done), output, done)
+        _keep(store, parsed, body)
+        return JSONResponse(body)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(request: Request, response_id: str):
