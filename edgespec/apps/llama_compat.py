@@ -458,8 +458,9 @@ def _hub_file(repo_id: str, filename: str) -> str:
     if not any(c in filename for c in "*?["):
         return filename
     # deferred: the Hub's listing (huggingface_hub, slow to import), as every pull reads it
-    from ..registry.hub_listing import _env, _listing
-    from ..registry.hub_ref import parse
+    from ..registry.hub.env import _env
+    from ..registry.hub.listing import _listing
+    from ..registry.hub.ref import parse
     from ..registry.store import _say
 
     files = sorted(_listing(parse(repo_id), _env(), True, _say).files)

@@ -10,14 +10,15 @@ and sha256. Anywhere a model name is accepted, a path to a local ``.gguf`` file 
     store.py          pulled files, digest stamps, model_status, locks
     pull.py           resolve a name or path; pull, assemble and check a model; verify it
     refs.py           references into other tools' stores: ollama:NAME:TAG, hfcache:, ...
-    scan.py           those stores on disk (ollama, LM Studio, llama.cpp, the Hugging Face
+    scan/             those stores on disk (ollama, LM Studio, llama.cpp, the Hugging Face
                       cache): `edgespec models scan`, and resolving a reference to its file
-      scan_stores.py    where each store lives; scan_list.py: listing one store's files
-    hub.py            Hugging Face Hub references (hf://owner/repo/file.gguf, owner/repo:QUANT)
+      locations.py      where each store lives; listing.py: listing one store's files
+    hub/              Hugging Face Hub references (hf://owner/repo/file.gguf, owner/repo:QUANT)
                       -> a file pulled into its cache, pinned by sha256 at the first pull
-      hub_ref.py        parsing references; hub_listing.py: a commit's files, which to fetch
-      hub_download.py   one file into the cache, resuming a partial one another pull left
-      hub_pins.py       the digests pinned at first pulls; hub_errors.py: failures -> advice
+      ref.py            parsing references; listing.py: a commit's files, which to fetch
+      env.py            huggingface_hub's settings now (endpoint, cache, offline, token)
+      download.py       one file into the cache, resuming a partial one another pull left
+      pins.py           the digests pinned at first pulls; errors.py: failures -> advice
     qualification.py  per-machine qualification results of any target-proposer pair, keyed
                       by the sha256 of the files measured
 

@@ -129,9 +129,9 @@ def disk(smol, tmp_path, monkeypatch) -> Disk:
     for var in _ISOLATED:
         monkeypatch.delenv(var, raising=False)
     # the Linux system service's store is not this test's
-    from edgespec.registry import scan_stores
-    real_dirs = scan_stores.ollama_dirs
-    monkeypatch.setattr(scan_stores, "ollama_dirs", lambda: real_dirs()[:1])
+    from edgespec.registry.scan import locations
+    real_dirs = locations.ollama_dirs
+    monkeypatch.setattr(locations, "ollama_dirs", lambda: real_dirs()[:1])
     return d
 
 

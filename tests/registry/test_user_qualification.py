@@ -135,7 +135,7 @@ def test_a_scanned_model_and_its_path_share_records_by_digest(home, tmp_path, mo
     """An ollama model (a store reference) is qualified like any other: its record is found
     again by the path of the same bytes, and by a registry name pinning them."""
     from edgespec import registry
-    from edgespec.registry.scan_stores import OLLAMA_MODEL_LAYER
+    from edgespec.registry.scan.locations import OLLAMA_MODEL_LAYER
 
     home, smol, _ = home
     sha = registry.load_registry().get("smollm2-135m").sha256

@@ -7,8 +7,8 @@ import json
 import os
 from pathlib import Path
 
-from . import refs
-from .scan_stores import (OLLAMA_MODEL_LAYER, _REFETCH, _SHA256_HEX, _SPLIT, Store,
+from .. import refs
+from .locations import (OLLAMA_MODEL_LAYER, _REFETCH, _SHA256_HEX, _SPLIT, Store,
                           _Candidate)
 
 

@@ -9,7 +9,7 @@
 
 Downloads go through ``huggingface_hub`` (``hf_hub_download``): its cache (``HF_HOME`` /
 ``HF_HUB_CACHE``), its in-download resume (a dropped connection is retried with a Range
-request; a partial download a killed pull left is finished by the next, hub_download), ``HF_TOKEN``, ``HF_ENDPOINT``, ``HF_HUB_OFFLINE`` and its progress bars. The
+request; a partial download a killed pull left is finished by the next, hub/download.py), ``HF_TOKEN``, ``HF_ENDPOINT``, ``HF_HUB_OFFLINE`` and its progress bars. The
 environment is read at each call, not when huggingface_hub was imported, so a long-lived
 process (a server, a test session) sees the settings as they are now.
 
@@ -30,12 +30,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ModelError
-from .hub_download import _cached, _download, _free_bytes
-from .hub_listing import _cached_listing, _env, _listing, _pick
-from .hub_pins import _check, pin, pins_path
-from .hub_ref import DEFAULT_QUANT, SCHEME, HubRef, is_hub_ref, parse
-from .store import Progress, Verification, _human, _say, _write_stamp, check_gguf, sha256_file
+from ...errors import ModelError
+from .download import _cached, _download, _free_bytes
+from .env import _env
+from .listing import _cached_listing, _listing, _pick
+from .pins import _check, pin, pins_path
+from .ref import DEFAULT_QUANT, SCHEME, HubRef, is_hub_ref, parse
+from ..store import Progress, Verification, _human, _say, _write_stamp, check_gguf, sha256_file
 
 __all__ = ["DEFAULT_QUANT", "SCHEME", "Fetched", "HubRef", "fetch", "is_hub_ref", "parse",
            "pin", "pins_path", "pull", "resolve", "verify"]

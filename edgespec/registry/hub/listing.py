@@ -1,57 +1,21 @@
-"""What a Hub reference names: huggingface_hub's settings now, the files of the commit
-its revision resolves to (from the Hub, or the cache when offline), and the file or
-split set to fetch."""
+"""What a Hub reference names: the files of the commit its revision resolves to (from the
+Hub, or the cache when offline), and the file or split set to fetch."""
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ModelError
-from .hub_errors import _hub_error, _short, _unreachable
-from .hub_ref import DEFAULT_QUANT, HubRef
-from .store import Progress
+from ...errors import ModelError
+from .env import _Env
+from .errors import _hub_error, _short, _unreachable
+from .ref import DEFAULT_QUANT, HubRef
+from ..store import Progress
 
 _SPLIT_RE = re.compile(r"^(?P<base>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 # quant labels as GGUF file names carry them (Q4_K_M, IQ2_XS, Q8_0, F16, BF16, ...)
 _QUANT_RE = re.compile(r"(?<![A-Za-z0-9])(I?Q[1-8](?:_[A-Z0-9]+)*|BF16|F16|F32)(?![A-Za-z0-9])",
                        re.IGNORECASE)
-
-
-# --------------------------------------------------------------------------- environment
-
-
-@dataclass(frozen=True)
-class _Env:
-    endpoint: str
-    cache_dir: Path
-    offline: bool  # HF_HUB_OFFLINE set
-
-    @property
-    def token(self) -> bool:
-        # deferred: huggingface_hub is slow to import and only some calls need it
-        from huggingface_hub import get_token
-        return get_token() is not None
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-
-
-def _env() -> _Env:
-    """huggingface_hub's settings as the environment says now (its constants module read
-    them once, at import), with the precedence it documents."""
-    endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-    cache = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
-    if not cache:
-        home = os.environ.get("HF_HOME") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-            "huggingface")
-        cache = os.path.join(os.path.expandvars(os.path.expanduser(home)), "hub")
-    offline = _truthy(os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"))
-    return _Env(endpoint=endpoint,
-                cache_dir=Path(os.path.expandvars(os.path.expanduser(cache))), offline=offline)
 
 
 # --------------------------------------------------------------------------- listing

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import ModelError
+from ...errors import ModelError
 
 if TYPE_CHECKING:
-    from .hub_listing import _Env
-    from .hub_ref import HubRef
+    from .env import _Env
+    from .ref import HubRef
 
 
 def _short(e: BaseException) -> str:

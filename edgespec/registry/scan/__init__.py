@@ -35,15 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from ..errors import ModelError
-from ..runtime.gguf_header import read_gguf_header
-from . import refs
-from .scan_list import _list_store
-from .scan_stores import (LMSTUDIO_ENV, OLLAMA_MODEL_LAYER, Store, _Candidate, hf_cache_dir,
+from ...errors import ModelError
+from ...runtime.gguf_header import read_gguf_header
+from .. import refs
+from .listing import _list_store
+from .locations import (LMSTUDIO_ENV, OLLAMA_MODEL_LAYER, Store, _Candidate, hf_cache_dir,
                           llamacpp_dir, lmstudio_dirs, ollama_dirs, stores)
-from .spec import load_registry
-from .user import _quant
-from .store import (Progress, Verification, _human, _say, _stamp_path, _write_stamp,
+from ..spec import load_registry
+from ..user import _quant
+from ..store import (Progress, Verification, _human, _say, _stamp_path, _write_stamp,
                     sha256_file, stamp_matches)
 
 __all__ = ["LMSTUDIO_ENV", "OLLAMA_MODEL_LAYER", "ScanResult", "ScannedModel", "Store",

@@ -21,11 +21,12 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import ModelError
-from .hub_errors import _hub_error
-from .hub_listing import _Env, _Listing
-from .hub_ref import HubRef
-from .store import sha256_file
+from ...errors import ModelError
+from .errors import _hub_error
+from .env import _Env
+from .listing import _Listing
+from .ref import HubRef
+from ..store import sha256_file
 
 
 def _free_bytes(where: Path) -> int:

@@ -6,10 +6,10 @@ import json
 import time
 from pathlib import Path
 
-from ..errors import ModelError
-from ..paths import edgespec_home
-from .hub_ref import HubRef
-from .store import (Progress, _atomic_write_text, _human, _model_lock, _write_stamp, sha256_file,
+from ...errors import ModelError
+from ...paths import edgespec_home
+from .ref import HubRef
+from ..store import (Progress, _atomic_write_text, _human, _model_lock, _write_stamp, sha256_file,
                     stamp_matches)
 
 _PINS_SCHEMA = 1

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from ..errors import ModelError
-from . import refs
+from ...errors import ModelError
+from .. import refs
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 LMSTUDIO_ENV = "EDGESPEC_LMSTUDIO_MODELS"
