@@ -196,8 +196,22 @@ def _draft(ctx: BuildContext, opts: Options) -> Proposer:
 
 
 def _self(ctx: BuildContext, opts: Options) -> Proposer:
-    from .selfchoice import build_self  # deferred: see _ngram
-    return build_self(ctx, opts.get("layers", ""), n_batch=opts.get("n_batch", 0))
+    from .selfchoice import layers_for  # deferred: see _ngram
+    from .selfspec import SelfDraftProposer, ensure_self_draft  # deferred: see _ngram
+    if ctx.target is None or ctx.load_model is None:
+        raise InvalidInputError("the self proposer drafts with the loaded target's layers; "
+                                "it cannot be built without one")
+    # layers=... when given, else the choice `edgespec self-draft` measured, else a default
+    layers = layers_for(ctx.target_digest, int(ctx.target.n_layer), opts.get("layers", ""))
+    path = ensure_self_draft(Path(ctx.target.path), ctx.target_digest or "nodigest", layers)
+    model = ctx.load_model(path)
+    try:
+        return SelfDraftProposer(model, layers, n_ctx=ctx.n_ctx, n_threads=ctx.threads,
+                                 n_batch=opts.get("n_batch", 0), kernel=ctx.kernel,
+                                 target_vocab=ctx.target.n_vocab)
+    except BaseException:
+        model.close()
+        raise
 
 
 def _mtp(ctx: BuildContext, opts: Options) -> Proposer:

@@ -2,7 +2,8 @@
 
 edgespec.engine.measure_self measures candidate layer sets in a loaded engine and writes
 what it found; :func:`chosen_layers` reads it back, and is what ``--proposer self`` uses by
-default: the fastest candidate, when it beat the plain path.
+default (:func:`layers_for`, read by the registry's ``self`` factory and the planner): the
+fastest candidate, when it beat the plain path.
 
     $EDGESPEC_HOME/calibration/self-<target sha256[:16]>.json
 """
@@ -11,15 +12,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..errors import InvalidInputError
 from ..paths import calibration_dir
 from .layers import LayerSet, spread
-from .selfspec import SelfDraftProposer, ensure_self_draft
-
-if TYPE_CHECKING:
-    from . import BuildContext
 
 #: the stored record's format (edgespec.engine.measure_self writes it)
 FORMAT = 1
@@ -71,20 +67,3 @@ def layers_for(target_sha: str | None, n_layer: int, layers_text: str = "") -> L
     if layers_text:
         return LayerSet.parse(layers_text, n_layer)
     return chosen_layers(target_sha, n_layer) or LayerSet.of(spread(n_layer, n_layer // 2), n_layer)
-
-
-def build_self(ctx: BuildContext, layers_text: str, n_batch: int = 0) -> SelfDraftProposer:
-    """The factory behind ``--proposer self`` (``ctx`` is the registry's BuildContext)."""
-    if ctx.target is None or ctx.load_model is None:
-        raise InvalidInputError("the self proposer drafts with the loaded target's layers; "
-                                "it cannot be built without one")
-    layers = layers_for(ctx.target_digest, int(ctx.target.n_layer), layers_text)
-    path = ensure_self_draft(Path(ctx.target.path), ctx.target_digest or "nodigest", layers)
-    model = ctx.load_model(path)
-    try:
-        return SelfDraftProposer(model, layers, n_ctx=ctx.n_ctx, n_threads=ctx.threads,
-                                 n_batch=n_batch, kernel=ctx.kernel,
-                                 target_vocab=ctx.target.n_vocab)
-    except BaseException:
-        model.close()
-        raise
