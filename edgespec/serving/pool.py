@@ -19,11 +19,21 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ..errors import EdgespecError, InvalidInputError
 from .tickets import QueueLoad
 from ..runtime.device import fmt_size
+
+if TYPE_CHECKING:
+    from ..config.engine_config import EngineConfig
+    from ..engine.engine import Engine
+    from .scheduler import Scheduler
+
+#: builds a model: its engine and the scheduler over it
+Loader = Callable[["PoolModel"], "tuple[Engine, Scheduler]"]
+#: releases a model's engine and scheduler
+Unloader = Callable[["Engine", "Scheduler | None"], None]
 
 
 class ModelNotServedError(InvalidInputError):
@@ -39,11 +49,11 @@ class PoolModel:
     """One model the server offers: its id (and aliases), how to build it, what it needs."""
 
     name: str
-    config: object = None  # the EngineConfig the loader builds (None: preloaded only)
+    config: EngineConfig | None = None  # what the loader builds (None: preloaded only)
     memory: int = 0  # resident bytes the planner estimates while loaded
     aliases: tuple[str, ...] = ()
-    engine: object = None
-    scheduler: object = None
+    engine: Engine | None = None
+    scheduler: Scheduler | None = None
     state: str = "unloaded"  # unloaded | loading | loaded
     last_used: float = 0.0
     holders: int = 0  # callers between acquire and release
@@ -73,8 +83,7 @@ class ModelPool:
 
     def __init__(self, models: Sequence[PoolModel], *, budget: int | None = None,
                  keep_alive: float | None = None,
-                 load: Callable[[PoolModel], tuple[object, object]] | None = None,
-                 unload: Callable[[object, object], None] | None = None,
+                 load: Loader | None = None, unload: Unloader | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not models:
             raise InvalidInputError("a server needs at least one model")
@@ -102,11 +111,12 @@ class ModelPool:
                 m.state, m.last_used = "loaded", clock()
 
     @classmethod
-    def single(cls, name: str, aliases: Sequence[str], engine, scheduler) -> "ModelPool":
+    def single(cls, name: str, aliases: Sequence[str], engine: Engine,
+               scheduler: Scheduler) -> "ModelPool":
         """One preloaded model, never unloaded (``edgespec serve`` with one target); closing
         the pool drains its scheduler and leaves the engine to its owner."""
         return cls([PoolModel(name, aliases=tuple(aliases), engine=engine, scheduler=scheduler)],
-                   unload=lambda _engine, sched: sched.close(drain=True))
+                   unload=lambda _engine, sched: sched.close(drain=True) if sched else None)
 
     # --- requests ----------------------------------------------------------------------
     def find(self, model_id: str) -> PoolModel:
@@ -131,6 +141,7 @@ class ModelPool:
                 if m.engine is None:
                     self._make_room(m)
                     m.state, m.error = "loading", None
+                    assert self._load is not None  # _make_room refused a pool without one
                     try:
                         m.engine, m.scheduler = self._load(m)
                     except BaseException as e:
@@ -278,8 +289,11 @@ class _Held:
     """A held model: ``engine`` and ``scheduler`` stay loaded until the context exits."""
 
     def __init__(self, pool: ModelPool, model: PoolModel) -> None:
+        # acquire() loaded the model, and holding it keeps it loaded
+        assert model.engine is not None and model.scheduler is not None
         self.pool, self.model = pool, model
-        self.engine, self.scheduler = model.engine, model.scheduler
+        self.engine: Engine = model.engine
+        self.scheduler: Scheduler = model.scheduler
         self._released = False
 
     def release(self) -> None:
@@ -290,11 +304,11 @@ class _Held:
     def __enter__(self) -> "_Held":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 
-def _close(engine, scheduler) -> None:
+def _close(engine: Engine | None, scheduler: Scheduler | None) -> None:
     try:
         if scheduler is not None:
             scheduler.close(drain=True)

@@ -59,21 +59,23 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import EdgespecError, UnsupportedError
+from ..api.arrays import FloatArray
 from ..api.events import Control, Event
-from ..control.guard import Route
+from ..api.labels import ControlKind
 from ..decoding.kvcache import Prefill, PrefillStart, PrefixCache, common_prefix
 from ..api.params import GenerationParams
 from ..loop.state import Load as StepLoad
 from ..loop.state import Request
 from ..loop.treepass import decode as decode_tree
-from .tickets import DONE, Choices, QueueLoad, QueueFullError, ShuttingDownError, Ticket
+from .tickets import (DONE, Choices, Delivery, QueueLoad, QueueFullError, ShuttingDownError,
+                      Ticket)
 
 if TYPE_CHECKING:
     from ..loop.state import Pass
-    from ..engine.engine import Engine
+    from ..engine.engine import Engine, Prepared
 
 #: prompt positions a loading request adds to a pass that others decode in: small enough
 #: that their next token waits ~one long pass, large enough for the batched kernels
@@ -91,14 +93,14 @@ class _Slot:
 class _Active:
     ticket: Ticket
     req: Request
-    route: Route
+    route: object  # the engine's route for it (open_request), handed back to its canary
     slot: _Slot
     yielding: bool = False  # its drafts are held back by the load (a load_yield was sent)
     prefill: PrefillStart | None = None  # while its prompt loads
     pos: int = 0  # the next prompt position to decode, while prefilling
     # another choice of the same request still loads the prompt this one will copy
     leader: "_Active | None" = None
-    followers: list = field(default_factory=list)  # the choices waiting on this one
+    followers: list[_Active] = field(default_factory=list)  # the choices waiting on this one
 
 
 @dataclass(frozen=True)
@@ -153,14 +155,14 @@ class Scheduler:
         self._closing = False
         self._abort: EdgespecError | None = None  # close(drain=False, error=...): how runs end
         self._rr = 0  # round-robin start, for steps that cannot hold every request
-        self._seconds = deque(maxlen=32)  # recent request durations, for Retry-After
+        self._seconds: deque[float] = deque(maxlen=32)  # recent request durations, for Retry-After
         self.steps = 0
         self._thread = threading.Thread(target=self._run, name="edgespec-scheduler", daemon=True)
         self._thread.start()
 
     # --- clients -------------------------------------------------------------------------
-    def submit(self, prompt: str | Sequence[dict], params: GenerationParams, *,
-               on_event: Callable[[Event | None], None], proposer: str | None = None,
+    def submit(self, prompt: str | Sequence[dict[str, Any]], params: GenerationParams, *,
+               on_event: Callable[[Delivery], None], proposer: str | None = None,
                exact: bool | None = None, reuse: bool = True,
                traffic: str = "default") -> Ticket:
         self._admissible()
@@ -185,8 +187,8 @@ class Scheduler:
             self._wake.notify()
         return ticket
 
-    def submit_n(self, prompt: str | Sequence[dict], params: GenerationParams, n: int, *,
-                 on_event: Callable[[int, object], None], proposer: str | None = None,
+    def submit_n(self, prompt: str | Sequence[dict[str, Any]], params: GenerationParams, n: int, *,
+                 on_event: Callable[[int, Delivery], None], proposer: str | None = None,
                  exact: bool | None = None, reuse: bool = True,
                  traffic: str = "default") -> Choices:
         """``n`` choices of one request: ``on_event(i, event)`` for choice i, as ``submit``'s
@@ -199,12 +201,12 @@ class Scheduler:
                                         traffic=traffic)])
         self._admissible()
         seed = params.sampling.seed
-        prepared = []
+        prepared: list[Prepared] = []
         try:
             for i in range(n):
-                p = params if seed is None or i == 0 else replace(
+                choice = params if seed is None or i == 0 else replace(
                     params, sampling=replace(params.sampling, seed=(seed + i) % 2 ** 64))
-                prepared.append(self.engine.prepare(prompt, p, proposer=proposer, exact=exact,
+                prepared.append(self.engine.prepare(prompt, choice, proposer=proposer, exact=exact,
                                                     reuse=reuse, traffic=traffic))
             if any(p.exact for p in prepared):
                 raise UnsupportedError(
@@ -290,9 +292,10 @@ class Scheduler:
         for t in [x for t in dropped for x in (t, *t.followers)]:
             t.prepared.close()
             t.on_event(ShuttingDownError("the server shut down before this request ran"))
-        for t in running:  # their last event; _finish sends them nothing more
-            t.cancelled.set()
-            self._fail(t, error)
+        if error is not None:  # (running is empty otherwise)
+            for t in running:  # their last event; _finish sends them nothing more
+                t.cancelled.set()
+                self._fail(t, error)
         self._thread.join(timeout)
 
     def _admissible(self) -> None:
@@ -446,7 +449,7 @@ class Scheduler:
         return passes, rows
 
     def _decode(self, passes: list[tuple[_Active, Pass]], chunks: list[tuple[_Active, int]],
-                rows: int) -> tuple[list, float] | None:
+                rows: int) -> tuple[list[FloatArray], float] | None:
         """Run the pass: each part's logits rows and the seconds it took, or None when it
         failed (then for everyone in it, each finished with the error)."""
         loop = self.loop
@@ -477,7 +480,7 @@ class Scheduler:
         return outs, time.perf_counter() - t0
 
     def _complete(self, passes: list[tuple[_Active, Pass]], chunks: list[tuple[_Active, int]],
-                  outs: list, seconds: float) -> None:
+                  outs: list[FloatArray], seconds: float) -> None:
         """Each part's result: a decoding request verifies and emits, a loading one moves
         past its chunk (and starts decoding when its prompt is in)."""
         for (a, ps), out in zip(passes, outs):
@@ -494,7 +497,7 @@ class Scheduler:
             if a.pos == len(a.req.tokens):
                 self._prefilled(a, out, whole=False)
 
-    def _prefill_chunks(self, prefilling: list, decoding: list, budget: int,
+    def _prefill_chunks(self, prefilling: list[_Active], decoding: list[_Active], budget: int,
                         exact: bool) -> list[tuple[_Active, int]]:
         """How many prompt positions each loading request decodes in this pass. While
         others decode, a pass takes at most PREFILL_CHUNK of them (the others' next token
@@ -520,6 +523,7 @@ class Scheduler:
 
     def _prefill_alone(self, a: _Active) -> None:
         req = a.req
+        assert a.prefill is not None  # only a request whose prompt still loads comes here
         # a prompt that loads in one go, as kvcache's own prefill does, counts as prefilled
         whole = a.pos == a.prefill.reused
         try:
@@ -532,7 +536,8 @@ class Scheduler:
             return
         self._prefilled(a, logits, whole=whole)
 
-    def _prefilled(self, a: _Active, logits, whole: bool) -> None:
+    def _prefilled(self, a: _Active, logits: FloatArray, whole: bool) -> None:
+        assert a.prefill is not None  # its prompt was loading until now
         try:
             pre = a.slot.kv.finish(a.prefill, logits, whole=whole)
             a.prefill = None
@@ -547,7 +552,7 @@ class Scheduler:
         if a.req.stop_reason:
             self._finish(a)
 
-    def _copy_prompt(self, lead: _Active, f: _Active, pre) -> None:
+    def _copy_prompt(self, lead: _Active, f: _Active, pre: Prefill) -> None:
         """Choice ``f`` takes the prompt's KV from ``lead``'s sequence (seq_cp: the same
         cells, nothing recomputed) and samples its own first token from the same logits."""
 
@@ -578,7 +583,7 @@ class Scheduler:
             except BaseException as e:
                 self._finish(f, error=e)
 
-    def _load_events(self, a: _Active, ps, rows: int) -> None:
+    def _load_events(self, a: _Active, ps: Pass, rows: int) -> None:
         """A load_yield when the controller declines a draft it has because the pass is
         shared, a load_resume when that request drafts again."""
         if not a.yielding and ps.declined and rows > 0:
@@ -590,11 +595,11 @@ class Scheduler:
             self._control(a, "load_resume", f"drafting again ({len(ps.draft.tokens)} tokens) "
                           f"with {rows} rows of other sequences in the pass")
 
-    def _control(self, a: _Active, kind: str, reason: str) -> None:
+    def _control(self, a: _Active, kind: ControlKind, reason: str) -> None:
         a.req.stats.observe_control(kind)
         self._send(a, Control(a.req.id, kind, reason, proposer=a.req.proposer_label))
 
-    def _send(self, a: _Active, ev) -> None:
+    def _send(self, a: _Active, ev: Event) -> None:
         for out in self.engine.canary(ev, a.req, a.route, a.ticket.prepared.traffic):
             try:
                 a.ticket.on_event(out)

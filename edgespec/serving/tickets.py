@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Union
 
 from ..api.events import Event
 from ..errors import EdgespecError
@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 
 #: what on_event receives after a request's last event
 DONE = None
+
+#: what a ticket's on_event receives: an event, the error that ended the request (its last
+#: word then), or DONE
+Delivery = Union[Event, BaseException, None]
 
 
 class QueueFullError(EdgespecError):
@@ -47,7 +51,7 @@ class Ticket:
     queue if it is still there): a callback, so that tickets need not know the scheduler
     and the import runs one way, scheduler -> tickets."""
 
-    def __init__(self, id: int, on_event: Callable[[Event | None], None],
+    def __init__(self, id: int, on_event: Callable[[Delivery], None],
                  on_cancel: Callable[[Ticket], None], prepared: Prepared) -> None:
         self.id = id
         self.on_event = on_event
