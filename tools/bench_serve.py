@@ -38,8 +38,8 @@ import openai
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec import registry  # noqa: E402
-from edgespec.bench.anchor_paths import anchors_bin_dir  # noqa: E402
-from edgespec.bench.prompts import HUMANEVALFIX, load_humanevalfix, load_spec_bench  # noqa: E402
+from edgespec.lab.bench.anchor_paths import anchors_bin_dir  # noqa: E402
+from edgespec.lab.bench.prompts import HUMANEVALFIX, load_humanevalfix, load_spec_bench  # noqa: E402
 
 
 def free_port() -> int:

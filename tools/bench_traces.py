@@ -2,8 +2,8 @@
 
 Every ``bench.json`` keeps the tokens each plain ("none") request generated. With the
 prompts re-tokenized the way the run tokenized them (the token count is checked against
-the record), they become :class:`edgespec.replay.generations.Trace` records that
-``python -m edgespec.replay.generations`` replays: the same prompts and outputs the real run
+the record), they become :class:`edgespec.lab.replay.generations.Trace` records that
+``python -m edgespec.lab.replay.generations`` replays: the same prompts and outputs the real run
 measured, for asking what any proposer or controller could have done on them.
 
     python tools/bench_traces.py docs/bench/standard-intel-2026-12-01/bench.json \\
@@ -17,10 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-from edgespec.bench.prompts import load_humanevalfix, load_spec_bench
+from edgespec.lab.bench.prompts import load_humanevalfix, load_spec_bench
 from edgespec.engine.engine import Engine
 from edgespec.api.params import GenerationParams
-from edgespec.replay.generations import Trace, save_traces
+from edgespec.lab.replay.generations import Trace, save_traces
 
 
 def plain_outputs(records: list[dict]) -> dict[str, tuple[int, list[int]]]:

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from edgespec import Engine, GenerationParams, registry
-from edgespec.bench import llama_anchors
+from edgespec.lab.bench import llama_anchors
 from edgespec.api.events import Finished, Step
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from edgespec.bench.prompts import load_humanevalfix, load_spec_bench
+from edgespec.lab.bench.prompts import load_humanevalfix, load_spec_bench
 from edgespec.runtime.kernel import KernelConfig
 from edgespec.engine.engine import Engine
 from edgespec.api.params import GenerationParams

@@ -13,7 +13,7 @@ a geomean. The first variant is the recording's own controller: compare against 
 used), ``prior`` (the CPU prior), ``curve`` (the run's own depth curve at its second depth),
 ``exact`` (the exact engine's measured calibration). Other keys are ControlSettings fields.
 Predictions off the recording are approximate: after a controller leaves the recorded
-passes, candidates are the latest recorded ones still matching the output (edgespec.replay).
+passes, candidates are the latest recorded ones still matching the output (edgespec.lab.replay).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import sys
 from edgespec.calibration.curve import Calibration
 from edgespec.control import ControlSettings, GoodputGuard, make_controller
 from edgespec.api.stats import geometric_mean
-from edgespec.replay.replay import PLAIN_LABEL, fit, load_traces, models, replay_request
+from edgespec.lab.replay.replay import PLAIN_LABEL, fit, load_traces, models, replay_request
 
 
 def _variant(text: str) -> dict:

@@ -3,7 +3,7 @@ constrained by each prompt's JSON schema, interleaved per prompt on one loaded e
 
     nice -n 19 .venv/bin/python tools/structured_bench.py --target qwen-1.5b --max-tokens 160
 
-Prompts: edgespec/bench/data/structured/extraction.jsonl (Spec-Bench extraction questions
+Prompts: edgespec/lab/bench/data/structured/extraction.jsonl (Spec-Bench extraction questions
 paired with a schema, plus schema-driven prompts of our own; SOURCES.md beside it). Reports
 per prompt and overall: decode rate of each path, speedup, the share of emitted tokens that
 were grammar-forced drafts, the grammar's own cost per step, whether the two outputs are

@@ -4,7 +4,7 @@
     python tools/tree_replay.py --breakeven     # what a second branch must carry, per curve
 
 Under greedy decoding the target's output does not depend on how it was speculated
-(edgespec.replay.generations), so a recorded generation says which tokens each pass would keep.
+(edgespec.lab.replay.generations), so a recorded generation says which tokens each pass would keep.
 At every step the proposer session proposes a tree (``propose_tree``); the sizing
 (edgespec.control.tree.size_tree) chooses, on each cost curve, either a tree or the
 best linear cut of its first branch. Two policies are replayed on the same proposals:
@@ -27,7 +27,7 @@ from edgespec.control.tree import size_tree  # noqa: E402
 from edgespec.api.params import SamplingParams  # noqa: E402
 from edgespec.proposers.ngram import NgramProposer  # noqa: E402
 from edgespec.proposers.suffix import SuffixProposer  # noqa: E402
-from edgespec.replay.generations import load_traces  # noqa: E402
+from edgespec.lab.replay.generations import load_traces  # noqa: E402
 
 CAL_DIR = Path.home() / ".cache" / "edgespec" / "calibration"
 

@@ -22,7 +22,7 @@ def attribute_command(before, after, configs, as_json):
     `edgespec generate --json` or stats records) and say whether proposer quality,
     verification cost, scheduling, numerical drift or feature incompatibility explains
     the goodput change, with the numbers."""
-    from ..analysis.attribute import attribute, compared_configs, load  # deferred: `edgespec` starts without what other commands need
+    from ..lab.analysis.attribute import attribute, compared_configs, load  # deferred: `edgespec` starts without what other commands need
 
     b, a = load(before), load(after)
     names = list(configs) or compared_configs(b, a)

@@ -1,4 +1,4 @@
-"""`edgespec bench` and `edgespec qualify`: thin adapters over edgespec.bench."""
+"""`edgespec bench` and `edgespec qualify`: thin adapters over edgespec.lab.bench."""
 from __future__ import annotations
 
 import sys
@@ -86,11 +86,11 @@ class _Progress:
 
 def run_and_write(m, out_dir: Path, label: str):
     """Run the matrix with a progress bar; always write JSON + report (also after Ctrl-C)."""
-    from ..bench.report import write_report  # deferred: `edgespec` starts without what other commands need
-    from ..bench.results import write_json  # deferred: `edgespec` starts without what other commands need
-    from ..bench.runner import collect_prompts, run_bench, total_requests  # deferred: `edgespec` starts without what other commands need
+    from ..lab.bench.report import write_report  # deferred: `edgespec` starts without what other commands need
+    from ..lab.bench.results import write_json  # deferred: `edgespec` starts without what other commands need
+    from ..lab.bench.runner import collect_prompts, run_bench, total_requests  # deferred: `edgespec` starts without what other commands need
 
-    from ..bench.records import RecordSink  # deferred: `edgespec` starts without what other commands need
+    from ..lab.bench.records import RecordSink  # deferred: `edgespec` starts without what other commands need
 
     m = m.validate()
     prompts = collect_prompts(m)
@@ -124,14 +124,14 @@ def run_and_write(m, out_dir: Path, label: str):
 
 
 def _echo_busy(data) -> None:
-    from ..bench.report import busy_warning  # deferred: `edgespec` starts without what other commands need
+    from ..lab.bench.report import busy_warning  # deferred: `edgespec` starts without what other commands need
     said = busy_warning(data)
     if said:
         click.echo(f"edgespec: warning: {said}", err=True)
 
 
 def _echo_overall(data) -> None:
-    from ..bench.results import OVERALL, PLAIN_LLAMA, speedup_table, vs_llama_table  # deferred: `edgespec` starts without what other commands need
+    from ..lab.bench.results import OVERALL, PLAIN_LLAMA, speedup_table, vs_llama_table  # deferred: `edgespec` starts without what other commands need
 
     table = speedup_table(data)
     for config, cell in table.get(OVERALL, {}).items():
@@ -215,11 +215,11 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
         return
     if not dry_run:  # the report's plots need matplotlib; a dry run draws none
         require("bench", "bench")
-    from ..bench.compose import Flags, compose  # deferred: `edgespec` starts without what other commands need
+    from ..lab.bench.compose import Flags, compose  # deferred: `edgespec` starts without what other commands need
 
     if report_from:
-        from ..bench.report import write_report  # deferred: `edgespec` starts without what other commands need
-        from ..bench.results import load_run  # deferred: `edgespec` starts without what other commands need
+        from ..lab.bench.report import write_report  # deferred: `edgespec` starts without what other commands need
+        from ..lab.bench.results import load_run  # deferred: `edgespec` starts without what other commands need
 
         data = load_run(report_from)
         path = write_report(data, Path(out) if out else Path(report_from).parent)
@@ -236,11 +236,11 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
     if record:  # what the run keeps, not what it measures: the preset stays unmodified
         m = replace(m, record=True)
     if dry_run:
-        from ..bench.runner import collect_prompts, total_requests  # deferred: `edgespec` starts without what other commands need
+        from ..lab.bench.runner import collect_prompts, total_requests  # deferred: `edgespec` starts without what other commands need
 
         prompts = collect_prompts(m)
         if m.grounded:  # the stdlib texts this Python lacks or changed, said by name here too
-            from ..bench.grounded import build  # deferred: `edgespec` starts without what other commands need
+            from ..lab.bench.grounded import build  # deferred: `edgespec` starts without what other commands need
             for skipped in build(m.grounded).skipped:
                 click.echo(f"edgespec: {skipped.line()}", err=True)
         click.echo(f"target {m.target}, draft {m.draft or '-'}; configurations: {', '.join(m.labels)}")
@@ -264,8 +264,8 @@ def _replay(run_dir: Path, out: str | None) -> None:
     replay.json beside the traces (or in --out)."""
     import json  # deferred: `edgespec` starts without what other commands need
 
-    from ..replay import compare, load_traces  # deferred: `edgespec` starts without what other commands need
-    from ..replay.report import comparison_json, format_report  # deferred: `edgespec` starts without what other commands need
+    from ..lab.replay import compare, load_traces  # deferred: `edgespec` starts without what other commands need
+    from ..lab.replay.report import comparison_json, format_report  # deferred: `edgespec` starts without what other commands need
 
     run_dir = run_dir if run_dir.is_dir() else run_dir.parent
     traces = load_traces(run_dir)
@@ -306,8 +306,8 @@ def qualify(target, proposer, slices, per_slice, max_turns, max_tokens, threads,
     """
     require("bench", "qualify")  # its evidence report draws plots
     from .. import registry  # deferred: `edgespec` starts without what other commands need
-    from ..bench.compose import qualification_matrix  # deferred: `edgespec` starts without what other commands need
-    from ..bench.qualify import qualification_records  # deferred: `edgespec` starts without what other commands need
+    from ..lab.bench.compose import qualification_matrix  # deferred: `edgespec` starts without what other commands need
+    from ..lab.bench.qualify import qualification_records  # deferred: `edgespec` starts without what other commands need
 
     from .. import statefile  # deferred: `edgespec` starts without what other commands need
 

@@ -23,7 +23,7 @@ def export_command(engine, pair, num_speculative_tokens, out, command_only):
     """Write PAIR's speculative configuration for ENGINE (PAIR is TARGET:PROPOSER, e.g.
     qwen-1.5b:ngram or qwen-1.5b:draft:qwen-0.5b; the registry's default pair when
     omitted), with the digests and the qualification it rests on."""
-    from ..analysis.export import export  # deferred: `edgespec` starts without what other commands need
+    from ..lab.analysis.export import export  # deferred: `edgespec` starts without what other commands need
 
     target, proposer = (pair.split(":", 1) + [None])[:2] if pair else (None, None)
     doc = export(engine, target, proposer, num_tokens=num_speculative_tokens)

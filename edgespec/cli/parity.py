@@ -61,7 +61,7 @@ def parity(target, draft, proposers, prompts_file, per_category, limit, mode, ma
            draft_len, tolerance, temperature, top_k, top_p, min_p, seeds, positions, alpha, self_check, n_ctx,
            threads, json_path):
     """Run prompts through the plain path and each speculative configuration; report divergences."""
-    from ..analysis import parity as P  # deferred: `edgespec` starts without what other commands need
+    from ..lab.analysis import parity as P  # deferred: `edgespec` starts without what other commands need
 
     configs = _configs(proposers, draft)
     prompts = P.load_prompts(prompts_file, per_category=per_category, limit=limit)

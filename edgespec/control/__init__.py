@@ -6,7 +6,7 @@
     adaptive.py    AdaptiveController: best expected goodput on the measured cost curve
     fixed.py       FixedController: the configured length, every step
 
-The engine (and :func:`edgespec.replay.generations.replay`, the same protocol offline) calls:
+The engine (and :func:`edgespec.lab.replay.generations.replay`, the same protocol offline) calls:
 
     ctl = make_controller(settings, {"ngram": False, "suffix": False, "draft": True},
                           calibration=cal, guard=engine_guard)

@@ -1,7 +1,7 @@
 """The controller protocol's vocabulary: what a user sets, what the engine shows before a
 step, what the controller decides, and what the engine reports after it.
 
-One protocol, driven the same way by the engine and by :func:`edgespec.replay.generations.replay`:
+One protocol, driven the same way by the engine and by :func:`edgespec.lab.replay.generations.replay`:
 
     view = StepView(generated=n, remaining=max_tokens - n,
                     candidates={name: session.propose(settings.max_draft)   # every FREE

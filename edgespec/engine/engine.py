@@ -121,7 +121,7 @@ class Engine:
         self.reuse = False
         #: called as hook(req, controller, built) for every request that gets a controller,
         #: returning the controller the request runs with; ``built`` holds what
-        #: make_controller was given. The bench's recorder (edgespec.replay.record) wraps
+        #: make_controller was given. The bench's recorder (edgespec.lab.replay.record) wraps
         #: the controller this way to keep every decision for an offline replay.
         self.controller_hook = None
         self._loop = Loop(target, ctx, target_name=self.target_name, draft_name=self.draft_name,

@@ -1,7 +1,7 @@
 """`edgespec bench` / `qualify` argument handling (dry runs: no model is loaded)."""
 from click.testing import CliRunner
 
-from edgespec.bench.prompts import SPEC_BENCH_FILE, default_data_dir
+from edgespec.lab.bench.prompts import SPEC_BENCH_FILE, default_data_dir
 from edgespec.cli import cli
 
 
@@ -10,7 +10,7 @@ def run(*args, env=None):
 
 
 def test_the_shipped_prompt_data_is_there():
-    # the prompt sets ship inside the package (edgespec/bench/data): their absence fails,
+    # the prompt sets ship inside the package (edgespec/lab/bench/data): their absence fails,
     # it never skips the tests below
     assert (default_data_dir() / SPEC_BENCH_FILE).is_file()
 

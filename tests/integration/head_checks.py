@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgespec.analysis import parity as P
+from edgespec.lab.analysis import parity as P
 from edgespec.api.params import GenerationParams
 
 PROMPTS = [

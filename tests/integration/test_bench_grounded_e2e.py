@@ -10,7 +10,7 @@ import sys
 
 from click.testing import CliRunner
 
-from edgespec.bench import grounded
+from edgespec.lab.bench import grounded
 from edgespec.cli import cli
 
 TARGET = "smollm2-135m"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.analysis import parity as P
+from edgespec.lab.analysis import parity as P
 from edgespec.proposers.bridge import BRIDGE_VERSION, Bridge
 from edgespec.api.params import GenerationParams, SamplingParams
 

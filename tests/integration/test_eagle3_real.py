@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from edgespec.analysis import parity as P
+from edgespec.lab.analysis import parity as P
 from edgespec.api.params import SamplingParams
 from edgespec.cli import cli
 from edgespec.engine.engine import Engine

@@ -11,7 +11,7 @@ import pytest
 
 from edgespec.api.params import GenerationParams, SamplingParams
 
-DATA = Path(__file__).resolve().parents[2] / "edgespec/bench/data/structured/extraction.jsonl"
+DATA = Path(__file__).resolve().parents[2] / "edgespec/lab/bench/data/structured/extraction.jsonl"
 
 
 def _own_prompts(n: int = 2):

@@ -21,7 +21,7 @@ from edgespec.api.events import Finished
 from edgespec.decoding.kvcache import ROW_GROUP, common_prefix
 from edgespec.api.params import GenerationParams
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "edgespec/bench/data/spec_bench_question.jsonl"
+QUESTIONS = Path(__file__).resolve().parents[2] / "edgespec/lab/bench/data/spec_bench_question.jsonl"
 
 
 def two_turn(n: int, skip: int = 0) -> list[list[str]]:

@@ -12,7 +12,7 @@ from edgespec.chat.conversation import Conversation
 from edgespec.api.events import Step
 from edgespec.api.params import GenerationParams
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "edgespec/bench/data/spec_bench_question.jsonl"
+QUESTIONS = Path(__file__).resolve().parents[2] / "edgespec/lab/bench/data/spec_bench_question.jsonl"
 
 
 def two_turn(n: int) -> list[list[str]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.analysis import parity as P
+from edgespec.lab.analysis import parity as P
 from edgespec.engine.engine import Engine
 from edgespec.errors import InvalidInputError
 from edgespec.runtime.gguf_facts import read_facts

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from edgespec.analysis import parity as P
+from edgespec.lab.analysis import parity as P
 from edgespec.cli import cli
 from edgespec.engine.engine import Engine
 from edgespec.api.params import SamplingParams

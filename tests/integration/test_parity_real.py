@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.analysis import parity as P
+from edgespec.lab.analysis import parity as P
 from edgespec.api.params import GenerationParams, SamplingParams
 from edgespec.proposers.base import Draft
 

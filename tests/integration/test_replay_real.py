@@ -10,11 +10,11 @@ import os
 
 from click.testing import CliRunner
 
-from edgespec.bench.matrix import ConfigSpec, Matrix
-from edgespec.bench.runner import run_bench
+from edgespec.lab.bench.matrix import ConfigSpec, Matrix
+from edgespec.lab.bench.runner import run_bench
 from edgespec.cli import cli
-from edgespec.replay import compare, load_traces
-from edgespec.replay.replay import fit, models, replay_run
+from edgespec.lab.replay import compare, load_traces
+from edgespec.lab.replay.replay import fit, models, replay_run
 
 THREADS = int(os.environ.get("EDGESPEC_TEST_THREADS", "2"))
 

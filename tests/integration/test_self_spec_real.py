@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from edgespec.analysis import parity as P
+from edgespec.lab.analysis import parity as P
 from edgespec.cli import cli
 from edgespec.engine.engine import Engine
 from edgespec.errors import InvalidInputError

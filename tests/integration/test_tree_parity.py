@@ -73,7 +73,7 @@ def test_trees_ran_and_left_the_first_branch(engine):
 def test_sampling_parity_passes_with_trees(engine, monkeypatch):
     """The parity harness (plain vs speculative samples, disjoint seeds) on a raw prompt
     whose context was continued two ways, so that the suffix tree offers both."""
-    from edgespec.analysis import parity as P
+    from edgespec.lab.analysis import parity as P
     from edgespec.loop import treepass
     from edgespec.api.params import SamplingParams
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from edgespec.api.stats import geometric_mean
-from edgespec.bench import stats as bench_stats
+from edgespec.lab.bench import stats as bench_stats
 
 
 def test_values():

@@ -21,7 +21,7 @@ from edgespec.control import (AcceptanceModel, ControlMemory, AdaptiveController
 from edgespec.errors import InvalidInputError
 from edgespec.api.events import Step
 from edgespec.proposers.base import EMPTY_DRAFT, Draft
-from edgespec.replay.generations import Trace, replay
+from edgespec.lab.replay.generations import Trace, replay
 
 CPU = Calibration.prior_cpu()  # this machine: t(2) = 1.5 t(1)
 GPU = Calibration.linear(0.01, step_seconds=0.01)  # verification nearly free

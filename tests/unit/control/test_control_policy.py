@@ -19,7 +19,7 @@ from edgespec.calibration.curve import Calibration
 from edgespec.control import AdaptiveController, ControlSettings, FixedController, GoodputGuard
 from edgespec.control.policy import PolicyChooser
 from edgespec.proposers.base import EMPTY_DRAFT, Draft
-from edgespec.replay.generations import Trace, replay
+from edgespec.lab.replay.generations import Trace, replay
 
 STEEP = Calibration.from_costs({2: 1.7, 4: 2.6, 8: 4.6, 16: 5.1}, step_seconds=0.08)
 FLAT = Calibration.from_costs({2: 1.02, 4: 1.05, 8: 1.12, 16: 1.3}, step_seconds=0.02)

@@ -13,7 +13,7 @@ from edgespec.calibration import cache as calibration_cache
 from edgespec.calibration.curve import Calibration
 from edgespec.control import (AdaptiveController, ControlSettings, GoodputGuard, StepView,
                               make_controller, reproducible)
-from edgespec.replay.generations import Trace, replay
+from edgespec.lab.replay.generations import Trace, replay
 from edgespec.proposers.base import EMPTY_DRAFT, Draft
 from fakes import FakeModel, ScriptedProposer, fake_engine
 

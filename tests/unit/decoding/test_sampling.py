@@ -6,7 +6,7 @@ import pytest
 
 from edgespec.api.params import SamplingParams
 from edgespec.decoding.sampling import distribution, greedy_token, make_rng, process_logits, sample
-from edgespec.analysis.stattests import goodness_of_fit
+from edgespec.lab.analysis.stattests import goodness_of_fit
 
 ALPHA = 1e-3  # false-alarm rate of each statistical assertion for a correct implementation
 

@@ -12,7 +12,7 @@ import pytest
 
 from edgespec.decoding.sampling import make_rng, sample
 from fakes.chains import LENGTH, V, chain, joint_counts, joint_probs
-from edgespec.analysis.stattests import goodness_of_fit, homogeneity
+from edgespec.lab.analysis.stattests import goodness_of_fit, homogeneity
 from edgespec.decoding.verify import Verdict, verify_greedy, verify_sampling
 
 ALPHA = 1e-3

@@ -8,7 +8,7 @@ import pytest
 
 from edgespec.decoding.sampling import make_rng, sample
 from fakes.chains import LENGTH, V, chain, joint_counts, joint_probs
-from edgespec.analysis.stattests import goodness_of_fit
+from edgespec.lab.analysis.stattests import goodness_of_fit
 from edgespec.decoding.verify import (TreeVerdict, verify_greedy, verify_sampling,
                                       verify_tree_greedy, verify_tree_sampling)
 

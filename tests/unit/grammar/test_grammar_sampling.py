@@ -13,7 +13,7 @@ from edgespec.grammar.constraint import Constraint
 from edgespec.grammar.state import GrammarState
 from edgespec.api.params import SamplingParams
 from edgespec.proposers import Draft
-from edgespec.analysis.stattests import goodness_of_fit
+from edgespec.lab.analysis.stattests import goodness_of_fit
 from fakes import BOS, FakeModel
 from fakes.backend import A, AB, B, C, N_VOCAB, X
 from fakes.grammar import constrain

@@ -178,7 +178,7 @@ def test_without_sinks_no_identity_is_computed(home, monkeypatch):
 
 
 def test_bench_reports_carry_the_engine_release_identity(home):
-    from edgespec.bench.identity import collect_identity
+    from edgespec.lab.bench.identity import collect_identity
     eng = engine()
     run = collect_identity(None, eng, {}, {"ngram": {"k": 2}})
     assert run["release_hash"] == eng.identity.hash == run["release"]["hash"]

@@ -243,8 +243,8 @@ def test_tree_passes_verify_pool_candidates_losslessly():
 # --- the bench and the simulator ---------------------------------------------------------------
 
 def test_the_bench_builds_it_when_a_configuration_names_it():
-    from edgespec.bench.matrix import ConfigSpec
-    from edgespec.bench.engines import plan_engine
+    from edgespec.lab.bench.matrix import ConfigSpec
+    from edgespec.lab.bench.engines import plan_engine
     plan = plan_engine([ConfigSpec("none"), ConfigSpec("lookahead")])
     assert plan.proposer_options == {"lookahead": {}}
     plan = plan_engine([ConfigSpec("none"), ConfigSpec.make("lookahead", {"n": 3})])
@@ -254,7 +254,7 @@ def test_the_bench_builds_it_when_a_configuration_names_it():
 def test_the_simulator_replays_it_on_a_flat_curve():
     """A trace holds the output, not the target's rows on guessed prefixes: replayed, the
     proposer drafts from its pool over the prompt and the output (no Jacobi rows)."""
-    from edgespec.replay.generations import Trace, compare, native_proposers, standard_configs
+    from edgespec.lab.replay.generations import Trace, compare, native_proposers, standard_configs
     words = [3, 4, 5, 6, 7, 8]
     t = Trace("rep", tuple(words * 3), tuple(words * 6))
     table = compare([t], FLAT, native_proposers(["lookahead"], {"lookahead": {"n": 4}}),

@@ -1,0 +1,155 @@
+"""llama-cpp-python's high-level ``Llama`` as the benchmark's anchors run it: with
+``LlamaPromptLookupDecoding`` (traced for edgespec.lab.bench.anchor) and with ``LlamaRAMCache``
+(for tools/bench_turn2.py). edgespec.runtime.backend loads them; the bench logic is here."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from ...errors import ContextOverflowError, EdgespecError, ModelError
+from ...runtime import backend
+from ...runtime.backend import default_threads
+
+
+# --- llama-cpp-python's own speculation ------------------------------------------------------
+@dataclass(frozen=True)
+class AnchorTrace:
+    """What one anchor generation observed (edgespec.lab.bench.anchor turns it into RequestStats)."""
+
+    prompt_tokens: int
+    tokens: tuple[int, ...]  # emitted tokens, end-of-generation token excluded
+    token_times: tuple[float, ...]  # seconds since start at which each yielded token came out
+    passes: tuple[tuple[int, int], ...]  # per decode pass: (sequence length before it, drafted)
+    first_token_seconds: float  # prompt evaluation + first sample
+    total_seconds: float
+    stop_reason: str  # "eos" | "length"
+    eog_time: float | None = None  # when the end-of-generation token came out, if it did
+
+
+class PromptLookupAnchor:
+    """llama-cpp-python's high-level ``Llama`` with ``LlamaPromptLookupDecoding``, as users run it
+    today, traced for the benchmark (see edgespec.lab.bench.anchor for how the trace is read)."""
+
+    def __init__(self, llm, lookup, passes: list) -> None:
+        self._llm = llm
+        self._lookup = lookup
+        self._passes = passes  # the lookup appends (sequence length, drafted) on every call
+        self._is_eog = backend.eog_test(llm)
+        self.n_ctx = llm.n_ctx()
+        self.num_pred_tokens = lookup.num_pred_tokens
+
+    def generate(self, prompt_tokens: Sequence[int], max_tokens: int, temperature: float = 0.0):
+        if len(prompt_tokens) + max_tokens + 1 > self.n_ctx:
+            raise ContextOverflowError(
+                f"the anchor's context holds {self.n_ctx} tokens, the request needs "
+                f"{len(prompt_tokens) + max_tokens + 1}")
+        self._passes.clear()
+        self._llm.reset()  # no prefix reuse between requests: every request prefills, as ours do
+        tokens: list[int] = []
+        times: list[float] = []
+        eog_time = None
+        first = None
+        t0 = time.perf_counter()
+        gen = self._llm.generate(list(prompt_tokens), temp=temperature, top_k=0, top_p=1.0,
+                                 min_p=0.0, repeat_penalty=1.0, reset=True)
+        try:
+            for tok in gen:
+                now = time.perf_counter() - t0
+                first = now if first is None else first
+                if self._is_eog(tok):
+                    eog_time = now
+                    break
+                tokens.append(int(tok))
+                times.append(now)
+                if len(tokens) >= max_tokens:
+                    break
+        except (ValueError, RuntimeError) as e:
+            # one failed anchor request is a recorded error, not the end of a benchmark
+            raise EdgespecError(f"llama-cpp-python's prompt lookup failed: {e}") from None
+        finally:
+            gen.close()
+        total = time.perf_counter() - t0
+        return AnchorTrace(prompt_tokens=len(prompt_tokens), tokens=tuple(tokens),
+                           token_times=tuple(times), passes=tuple(self._passes),
+                           first_token_seconds=first if first is not None else total,
+                           total_seconds=total, stop_reason="eos" if eog_time is not None else "length",
+                           eog_time=eog_time)
+
+    def close(self) -> None:
+        self._llm.close()
+
+
+def anchor_prompt_lookup(model_path: str | os.PathLike, n_ctx: int, threads: int | None,
+                         num_pred_tokens: int = 10, max_ngram_size: int = 2) -> PromptLookupAnchor:
+    """Load the anchor. It keeps logits for every position of its context (n_ctx x n_vocab
+    floats, 1.2 GiB at 2048 tokens for Qwen's vocabulary), so keep n_ctx modest."""
+    LlamaPromptLookupDecoding = backend.prompt_lookup_decoding()
+
+    passes: list[tuple[int, int]] = []
+
+    class _Traced(LlamaPromptLookupDecoding):
+        def __call__(self, input_ids, /, **kwargs):
+            draft = super().__call__(input_ids, **kwargs)
+            passes.append((int(input_ids.shape[0]), int(draft.shape[0])))
+            return draft
+
+    threads = threads or default_threads()
+    lookup = _Traced(max_ngram_size=max_ngram_size, num_pred_tokens=num_pred_tokens)
+    try:
+        # logits_all=True by hand: with only draft_model set, Llama sizes its logits buffer
+        # for n_batch rows but writes every prompt row, and fails on prompts over n_batch.
+        llm = backend.high_level_llama(model_path, n_ctx, threads, draft_model=lookup,
+                                       logits_all=True)
+    except (ValueError, RuntimeError) as e:
+        raise ModelError(f"llama-cpp-python could not load {model_path} for the prompt-lookup "
+                         f"anchor: {e}") from None
+    return PromptLookupAnchor(llm, lookup, passes)
+
+
+# --- llama-cpp-python's prompt cache across conversation turns -------------------------------
+class RamCacheAnchor:
+    """llama-cpp-python's high-level ``Llama`` with ``LlamaRAMCache``, the prompt cache its users
+    reuse a conversation's KV with, for tools/bench_turn2.py. ``complete`` streams a
+    completion of a token prompt and returns (text, seconds to the first token, seconds in
+    all); ``reset`` forgets the context's own tokens, so the next prompt's prefix can come
+    only from the RAM cache."""
+
+    def __init__(self, llm, cache) -> None:
+        self._llm, self.cache = llm, cache
+
+    def complete(self, prompt_tokens: Sequence[int], max_tokens: int) -> tuple[str, float, float]:
+        t0 = time.perf_counter()
+        first, pieces = None, []
+        try:
+            for chunk in self._llm.create_completion(prompt=list(prompt_tokens),
+                                                     max_tokens=max_tokens, temperature=0.0,
+                                                     top_k=1, repeat_penalty=1.0, stream=True):
+                first = time.perf_counter() - t0 if first is None else first
+                pieces.append(chunk["choices"][0]["text"])
+        except (ValueError, RuntimeError) as e:
+            raise EdgespecError(f"llama-cpp-python's completion failed: {e}") from None
+        total = time.perf_counter() - t0
+        return "".join(pieces), first if first is not None else total, total
+
+    def reset(self) -> None:
+        self._llm.reset()
+
+    def close(self) -> None:
+        self._llm.close()
+
+
+def anchor_ram_cache_llama(model_path: str | os.PathLike, n_ctx: int, threads: int | None,
+                           capacity_bytes: int = 2 << 30) -> RamCacheAnchor:
+    """Load the RAM-cache anchor (its own context of ``n_ctx`` tokens, beside the engine's)."""
+    backend.ensure_init()
+    threads = threads or default_threads()
+    try:
+        llm = backend.high_level_llama(model_path, n_ctx, threads)
+    except (ValueError, RuntimeError) as e:
+        raise ModelError(f"llama-cpp-python could not load {model_path} for the RAM-cache "
+                         f"anchor: {e}") from None
+    cache = backend.ram_cache(capacity_bytes)
+    llm.set_cache(cache)
+    return RamCacheAnchor(llm, cache)
