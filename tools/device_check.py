@@ -1,50 +1,37 @@
 #!/usr/bin/env python3
-"""The device check (issue #30, part 6): edgespec on a machine with an NVIDIA GPU, one report.
+"""GPU check (issue #30, part 6): edgespec on a Linux machine with an NVIDIA GPU, one report.
 
-Written for the project's device machine (one H200, 16 cores, CUDA 13 and Python 3.12 in its
-image, no network; 15 minutes of device time per session, 10 per command; at most 64 MiB of
-files travel with a call; at most 8 files come back from $OUT; /work/.library/device/README.md)
-and good on any Linux machine with CUDA. It needs only the standard library to start: the
-edgespec dependencies the image lacks travel as wheels, llama-cpp-python as its sdist.
+Builds llama.cpp with CUDA, measures the verify-cost curve and the exact cap with every layer
+on the GPU, and benchmarks the proposers against the plain path. It needs only the standard
+library to start, so it also runs on a bare, offline machine: `pack` (on a machine with
+network) writes a bundle of what such a machine may lack (the llama-cpp-python sdist, pinned
+wheels, optionally the models cut into parts for transfers with a size limit).
 
-Here, with network, once (what travels; kept out of git by .gitignore):
+    python3 tools/device_check.py pack [--bundle DIR]        # with network, once
+    python3 tools/device_check.py run [--bundle DIR] [--out DIR] [--json PATH]
+    python3 tools/device_check.py run --dry-run              # no GPU: SmolLM2-135M, CPU backend
+                                                             # (what tests/tools/ runs)
 
-    python3 tools/device_check.py pack      # .devcarry/: the llama-cpp-python 0.3.36 sdist
-                                            # without what a CUDA build never reads, the wheels,
-                                            # MANIFEST.json; .devcarry-parts/: the models cut
-                                            # into parts that fit one call beside the tree
-
-On the device, two calls (the machine stays warm 30 s between them; .devwork/ is an ignored
-folder, so what the first call built is still there for the second):
-
-    run(carry=[".devcarry"], timeout_s=560,
-        command="python3 tools/device_check.py run --stages env,deps,build,models")
-    run(carry=[".devcarry"], timeout_s=560,
-        command="python3 tools/device_check.py run --stages models,doctor,calibrate,bench,proposers,trees")
-
-Here, without a GPU (what tests/tools/test_device_check.py runs):
-
-    python3 tools/device_check.py run --dry-run      # every stage, SmolLM2-135M, CPU backend
-
-Stages, in order; each has a hard time budget (--budget STAGE=SECONDS; every stage also ends
-before --deadline, the whole invocation's limit), and its child processes are killed with
-their process group when it runs out:
+Stages, in order (`--stages` picks some; a later invocation with the same --work adds its
+stages to the report kept there, --fresh starts over, so a per-command time limit can be
+met by splitting the stages). Each has a time budget (--budget STAGE=SECONDS; all within
+--deadline), and its child processes are killed with their process group when it runs out:
 
     env        nvidia-smi, nvcc, cmake, ninja, compiler, Python, CPUs, memory, disk
-    deps       the carried wheels into .devwork/site (offline), edgespec's imports checked,
+    deps       the bundle's wheels into WORK/site (offline), edgespec's imports checked,
                its native library built in place where it is missing
-    build      llama.cpp from the carried sdist with -DGGML_CUDA=on -DGGML_RPC=ON for this
+    build      llama.cpp from the bundle's sdist with -DGGML_CUDA=on -DGGML_RPC=ON for this
                GPU's architecture, ONE compile for both the engine's shared libraries and the
                llama.cpp anchors (llama-completion, llama-lookup, llama-speculative-simple);
                llama-cpp-python's Python package over those libraries. Reused when built
-               with the same flags. --dry-run compiles nothing: it configures the carried
+               with the same flags. --dry-run compiles nothing: it configures the bundle's
                sdist if there is one and uses the installed llama-cpp-python.
-    models     the GGUF files: carried parts are joined and checked against models.toml's
-               sha256; what is missing is named with its size and the calls it would take
+    models     the GGUF files (--models-dir, $EDGESPEC_HOME/models, parts from the bundle
+               joined and checked against models.toml's sha256); what is missing is named
     doctor     `edgespec doctor --json`: the build against the machine
     calibrate  the verify-cost curve and the exactness probe (the largest pass whose logits
                are bitwise single-token decoding's), measured anew with every layer on the
-               GPU; then `edgespec plan --json` on this device
+               GPU; then `edgespec plan --json` on this machine
     bench      `edgespec bench`: plain, the draft pair (qwen-1.5b + qwen-0.5b), n-grams,
                suffix trees, and llama.cpp's llama-completion / llama-speculative-simple
                anchors when built
@@ -52,19 +39,10 @@ their process group when it runs out:
                mtp on the tests' tiny GGUF with a NextN layer (plumbing, not speed)
     trees      draft trees (--tree-width 4) of the free proposers against plain
 
-The report is rewritten after every stage (and before each, marked running), so a timeout or
-a killed command still leaves what was measured: $OUT (or --out) gets report.md, report.json,
-log.txt (each stage's output, its tail) and one bench-<stage>.json per bench stage. A second
-invocation adds its stages to the first's report (kept in .devwork/report.json; --fresh
-starts over).
-
-Models cannot travel whole: a call carries at most 64 MiB, the working tree included, and
-qwen-1.5b (1.1 GB) + qwen-0.5b (469 MB) are 1.6 GB, about 32 calls of ~50 MiB each. The
-models stage says what it found and what it lacks; `pack` writes the parts, and a session
-that has the minutes moves some of them into .devcarry/parts/ for each call (any stage, e.g.
-`run --stages models`, stores the carried parts in .devwork/, where they stay while the
-machine is warm). Without the pair, the stages run on what is there (smollm2-135m, 94 MB,
-two parts) and the report says which figures are missing and why.
+Results are printed, one line per stage, and the report is rewritten after every stage (and
+before each, marked running), so a timeout or a killed command still leaves what was
+measured: --json (default OUT/report.json), and in --out report.md, log.txt (each stage's
+output, its tail) and one bench-<stage>.json per bench stage.
 """
 from __future__ import annotations
 
@@ -87,17 +65,17 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CARRY = ROOT / ".devcarry"            # what travels with a call (carry=[".devcarry"])
-PARTS = ROOT / ".devcarry-parts"      # model parts waiting here to be moved into CARRY/parts
-WORK = ROOT / ".devwork"              # on the device: kept between warm calls (ignored)
+STATE = ROOT / ".gpucheck"            # ignored by git: the defaults of the folders below
+BUNDLE = STATE / "bundle"             # what `pack` writes for an offline machine: sdist, wheels
+PARTS = STATE / "parts"               # models cut into parts by `pack`, moved to BUNDLE/parts
+WORK = STATE / "work"                 # builds and state, kept between invocations
 
 LLAMA_CPP_VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{LLAMA_CPP_VERSION}-slim.tar.gz"
-CARRY_LIMIT = 64 * 2**20
-PART_BYTES = 48 * 2**20  # a part beside the working tree (~12 MiB) and the sdist stays < 64 MiB
+PART_BYTES = 48 * 2**20  # `pack --part-mib`: small enough for a transfer capped at 64 MiB
 
-#: edgespec's and llama-cpp-python's runtime dependencies that the device image lacks
-#: (/work/.library/device/KINDS.md lists what it has), pinned to what this project runs here
+#: edgespec's and llama-cpp-python's runtime dependencies that a CUDA image with numpy, click,
+#: jinja2, psutil and huggingface_hub may lack, pinned to what this project runs with
 WHEELS = ("platformdirs==4.14.9", "gguf==0.19.0", "jsonschema==4.26.0",
           "jsonschema-specifications==2025.9.1", "referencing==0.37.0", "rpds-py==2026.9.1",
           "diskcache==5.6.3")
@@ -106,7 +84,7 @@ IMPORTS = ("numpy", "click", "platformdirs", "psutil", "gguf", "jinja2", "jsonsc
            "huggingface_hub", "diskcache", "typing_extensions", "matplotlib")
 
 STAGES = ("env", "deps", "build", "models", "doctor", "calibrate", "bench", "proposers", "trees")
-#: seconds per stage on the device; --dry-run scales the engine stages to the tiny model
+#: seconds per stage on a 16-core machine (--budget to change); --dry-run's suit the tiny model
 BUDGETS = {"env": 30, "deps": 90, "build": 480, "models": 90, "doctor": 60, "calibrate": 120,
            "bench": 210, "proposers": 150, "trees": 120}
 DRY_BUDGETS = {"env": 30, "deps": 120, "build": 120, "models": 30, "doctor": 60,
@@ -123,8 +101,8 @@ SLIM_DROP = (r"(^|/)\.git(/|$)", r"^vendor/llama\.cpp/docs/", r"^vendor/llama\.c
              r"^vendor/llama\.cpp/gguf-py/", r"^vendor/llama\.cpp/examples/llama\.(android|swiftui)/",
              r"^examples/", r"^docs/", r"^tests/")
 
-#: the device's pair, then what a session can carry in two calls
-DEVICE_MODELS = (("qwen-1.5b", "qwen-0.5b"), ("smollm2-135m", None))
+#: the pair the issue measures, else the small model alone (--target/--draft override)
+GPU_MODELS = (("qwen-1.5b", "qwen-0.5b"), ("smollm2-135m", None))
 DRY_TARGET = "smollm2-135m"
 
 
@@ -182,7 +160,9 @@ class Check:
         self.args = args
         self.dry = args.dry_run
         self.work = Path(args.work).resolve()
-        self.out = Path(args.out or os.environ.get("OUT") or self.work / "out").resolve()
+        self.bundle = Path(args.bundle).resolve()
+        self.out = Path(args.out or self.work / "out").resolve()
+        self.json_path = Path(args.json).resolve() if args.json else self.out / "report.json"
         self.t0 = time.monotonic()
         self.deadline = self.t0 + args.deadline
         self.budgets = dict(DRY_BUDGETS if self.dry else BUDGETS)
@@ -196,7 +176,7 @@ class Check:
         self.home = self.work / "home"
         self.build_dir = self.work / "build"
         self.logs = self.work / "logs"
-        for d in (self.work, self.out, self.logs, self.home / "models"):
+        for d in (self.work, self.out, self.logs, self.home / "models", self.json_path.parent):
             d.mkdir(parents=True, exist_ok=True)
         self.report = self._load_report()
         self.stage_end = self.deadline
@@ -204,7 +184,7 @@ class Check:
     # -- the report ---------------------------------------------------------------------
     def _load_report(self) -> dict:
         path = self.work / "report.json"
-        mode = "dry-run" if self.dry else "device"
+        mode = "dry-run" if self.dry else "gpu"
         if not self.args.fresh and path.is_file():
             try:
                 rep = json.loads(path.read_text())
@@ -222,8 +202,8 @@ class Check:
     def write(self) -> None:
         self.report["updated"] = now_iso()
         text = json.dumps(self.report, indent=1, sort_keys=False, default=str)
-        for d in (self.work, self.out):
-            (d / "report.json").write_text(text + "\n")
+        for path in (self.work / "report.json", self.json_path):
+            path.write_text(text + "\n")
         (self.out / "report.md").write_text(render_markdown(self.report))
         with open(self.out / "log.txt", "w", encoding="utf-8") as f:
             for name in STAGES:
@@ -236,7 +216,7 @@ class Check:
     # -- child processes -------------------------------------------------------------------
     def env(self) -> dict:
         """The environment every edgespec child runs in: its own EDGESPEC_HOME (a dry run
-        must not overwrite the machine's calibration cache), the carried site first."""
+        must not overwrite the machine's calibration cache), the bundle's wheels first."""
         env = dict(os.environ)
         paths = [str(ROOT)]
         if self.site.is_dir():
@@ -277,7 +257,7 @@ class Check:
             except subprocess.TimeoutExpired:
                 timed_out, rc = True, None
                 _kill_group(p)
-                f.write(f"\n[device_check] killed after {left:.0f} s: the stage's budget ran out\n")
+                f.write(f"\n[gpu-check] killed after {left:.0f} s: the stage's budget ran out\n")
         with open(log, encoding="utf-8", errors="replace") as f:
             f.seek(start)
             out = f.read()
@@ -303,7 +283,7 @@ class Check:
         budget = min(self.budgets[name], left)
         rec["budget_s"] = round(budget, 1)
         self.stage_end = time.monotonic() + budget
-        (self.logs / f"{name}.log").write_text(f"[device_check] {name} at {now_iso()}\n")
+        (self.logs / f"{name}.log").write_text(f"[gpu-check] {name} at {now_iso()}\n")
         self.write()
         t0 = time.monotonic()
         details: dict = {}
@@ -323,7 +303,7 @@ class Check:
             summary = f"stopped at its {budget:.0f} s budget: {summary}"
         rec.update(status=status, seconds=round(seconds, 1), summary=summary, details=details)
         self.write()
-        print(f"[device_check] {name}: {status} in {seconds:.1f} s: {summary}", flush=True)
+        print(f"[gpu-check] {name}: {status} in {seconds:.1f} s: {summary}", flush=True)
 
     def stage_env(self, d: dict) -> str:
         d["python"] = {"version": platform.python_version(), "executable": sys.executable}
@@ -356,16 +336,16 @@ class Check:
                 f"nvcc {d['nvcc'] or 'missing'}; {d['machine']['cpus']} CPUs, Python {d['python']['version']}")
 
     def stage_deps(self, d: dict) -> str:
-        wheels = sorted((CARRY / "wheels").glob("*.whl"))
-        d["carried_wheels"] = [w.name for w in wheels]
+        wheels = sorted((self.bundle / "wheels").glob("*.whl"))
+        d["bundled_wheels"] = [w.name for w in wheels]
         stamp = self.site / ".wheels.json"
-        if wheels and not (stamp.is_file() and json.loads(stamp.read_text()) == d["carried_wheels"]):
+        if wheels and not (stamp.is_file() and json.loads(stamp.read_text()) == d["bundled_wheels"]):
             p = self.run("deps", [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                                   "--no-compile", "--no-cache-dir", "--upgrade", "--target",
                                   str(self.site), *map(str, wheels)])
             if not p.ok:
-                raise StageFailed(f"pip could not install the carried wheels: {tail(p.output, 3)}")
-            stamp.write_text(json.dumps(d["carried_wheels"]))
+                raise StageFailed(f"pip could not install the bundle's wheels: {tail(p.output, 3)}")
+            stamp.write_text(json.dumps(d["bundled_wheels"]))
         check = self.python("deps", "import importlib, json\nmissing = []\n"
                                     f"for n in {list(IMPORTS)!r}:\n"
                                     "    try: importlib.import_module(n)\n"
@@ -375,7 +355,7 @@ class Check:
         d["missing_imports"] = missing
         if missing is None or missing:
             raise StageFailed(f"edgespec's dependencies do not import: {missing or tail(check.output, 3)}; "
-                              "`python3 tools/device_check.py pack` carries them as wheels")
+                              "`python3 tools/device_check.py pack` bundles them as wheels")
         native = self.python("deps", "import edgespec._native", limit=30)
         d["native"] = "present"
         if not native.ok:
@@ -384,7 +364,7 @@ class Check:
             if not p.ok:
                 raise StageFailed("edgespec's native library (n-grams, suffix trees) did not build: "
                                   "is Python.h there?")
-        return (f"{len(wheels)} carried wheel(s) installed, " if wheels else "no wheels carried, ") + \
+        return (f"{len(wheels)} bundled wheel(s) installed, " if wheels else "no wheels bundled, ") + \
             f"{len(IMPORTS)} imports ok, native library {d['native']}"
 
     def cmake_args(self, gpu: bool) -> list[str]:
@@ -392,14 +372,15 @@ class Check:
                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_TOOLS=ON",
                 "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF"]
         if gpu:
-            arch = self.args.cuda_arch or _cuda_arch(self.report) or "90"
+            # the GPU's compute capability as nvidia-smi reported it, else CMake's own probe
+            arch = self.args.cuda_arch or _cuda_arch(self.report) or "native"
             args += ["-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={arch}"]
         if shutil.which("ninja"):
             args = ["-G", "Ninja", *args]
         return args
 
     def stage_build(self, d: dict) -> str:
-        sdist = Path(self.args.sdist) if self.args.sdist else CARRY / SDIST
+        sdist = Path(self.args.sdist) if self.args.sdist else self.bundle / SDIST
         gpu = not self.dry
         flags = self.cmake_args(gpu)
         d["cmake_args"] = flags
@@ -413,8 +394,8 @@ class Check:
             d["reused"] = True
             return self._verify_llama(d, "reused the build made with the same flags")
         if not sdist.is_file():
-            raise StageFailed(f"no llama-cpp-python sdist at {sdist}: run `python3 tools/device_check.py "
-                              "pack` here and carry .devcarry")
+            raise StageFailed(f"no llama-cpp-python sdist at {sdist}: `python3 tools/device_check.py "
+                              "pack` writes one (or pass --sdist)")
         src = self.work / "src"
         t0 = time.monotonic()
         if src.exists():
@@ -462,10 +443,10 @@ class Check:
                                    "-B", str(self.work / "build-dry"), *flags], limit=90)
             d["configure_s"] = round(p.seconds, 1)
             if not p.ok:
-                raise StageFailed(f"cmake could not configure the carried sdist: {tail(p.output, 4)}")
-            done.append("configured the carried sdist (CPU flags)")
+                raise StageFailed(f"cmake could not configure the bundle's sdist: {tail(p.output, 4)}")
+            done.append("configured the bundle's sdist (CPU flags)")
         else:
-            done.append("no carried sdist to configure")
+            done.append("no sdist in the bundle to configure")
         return self._verify_llama(d, "dry run compiles nothing: " + "; ".join(done))
 
     def _verify_llama(self, d: dict, what: str) -> str:
@@ -491,7 +472,7 @@ class Check:
 
     def stage_models(self, d: dict) -> str:
         pins = registry_models()
-        stored = _store_parts(CARRY / "parts", self.work / "parts")
+        stored = _store_parts(self.bundle / "parts", self.work / "parts")
         d["parts_stored"] = stored
         joined = _join_parts(self.work / "parts", self.home / "models", pins)
         d["joined"] = joined
@@ -506,10 +487,10 @@ class Check:
         have = {f.stem: f for f in (self.home / "models").glob("*.gguf")}
         d["found"] = {n: {"size": mib(p.stat().st_size), "path": str(p)} for n, p in sorted(have.items())}
         pairs = ([(self.args.target, self.args.draft)] if self.args.target else
-                 [(DRY_TARGET, DRY_TARGET)] if self.dry else list(DEVICE_MODELS))
+                 [(DRY_TARGET, DRY_TARGET)] if self.dry else list(GPU_MODELS))
         wanted = {n for pair in pairs for n in pair if n}
         d["missing"] = {n: {"size": mib(pins[n]["size"]) if n in pins else "?",
-                            "calls_to_carry": -(-pins[n]["size"] // PART_BYTES) if n in pins else None}
+                            "parts": -(-pins[n]["size"] // PART_BYTES) if n in pins else None}
                         for n in sorted(wanted - set(have))}
         for target, draft in pairs:
             if target in have:
@@ -519,14 +500,12 @@ class Check:
                 self.report["models"] = chosen
                 d["chosen"] = chosen
                 lacking = "" if not d["missing"] else "; missing: " + ", ".join(
-                    f"{n} ({m['size']}, ~{m['calls_to_carry']} calls of {mib(PART_BYTES)})"
-                    for n, m in d["missing"].items())
+                    f"{n} ({m['size']})" for n, m in d["missing"].items())
                 return f"target {target}, draft {chosen['draft'] or 'none'}{lacking}"
         self.report.pop("models", None)
-        needs = ", ".join(f"{n} ({m['size']}: {m['calls_to_carry']} parts of {mib(PART_BYTES)}, one "
-                          "per call, from `pack`)" for n, m in d["missing"].items())
-        raise StageFailed(f"no model to run: needs {needs}; models cannot travel whole "
-                          "(a call carries at most 64 MiB)")
+        needs = ", ".join(f"{n} ({m['size']})" for n, m in d["missing"].items())
+        raise StageFailed(f"no model to run: needs {needs} as NAME.gguf in --models-dir or "
+                          f"$EDGESPEC_HOME/models, or its parts from `pack` in {self.bundle / 'parts'}")
 
     def _model_dirs(self) -> list[Path]:
         dirs = [Path(p).expanduser() for p in self.args.models_dir]
@@ -773,14 +752,16 @@ def split_model(path: Path, name: str, sha256: str, dest: Path, part_bytes: int 
 _PART = re.compile(r"^(?P<name>.+)\.gguf\.(?P<i>\d{3})-of-(?P<n>\d{3})\.(?P<sha>[0-9a-f]{16})$")
 
 
-def _store_parts(carried: Path, store: Path) -> list[str]:
-    """Move the parts this call carried into the store that outlives the call."""
+def _store_parts(incoming: Path, store: Path) -> list[str]:
+    """Copy the parts that arrived (they may come a few at a time, into a folder a transfer
+    replaces) into the store that outlives the invocation; returns the names newly stored."""
     moved = []
-    if carried.is_dir():
+    if incoming.is_dir():
         store.mkdir(parents=True, exist_ok=True)
-        for p in sorted(carried.iterdir()):
-            if _PART.match(p.name):
-                shutil.copy2(p, store / p.name)
+        for p in sorted(incoming.iterdir()):
+            dest = store / p.name
+            if _PART.match(p.name) and not (dest.is_file() and dest.stat().st_size == p.stat().st_size):
+                shutil.copy2(p, dest)
                 moved.append(p.name)
     return moved
 
@@ -858,7 +839,7 @@ def _results_table(w, title: str, det: dict) -> None:
 def render_markdown(rep: dict) -> str:
     out = io.StringIO()
     w = out.write
-    w(f"# edgespec device check ({rep['mode']})\n\n")
+    w(f"# edgespec GPU check ({rep['mode']})\n\n")
     w(f"Started {rep['started']}, updated {rep.get('updated', '')}; `tools/device_check.py`, "
       f"{len(rep.get('invocations', []))} invocation(s).\n\n")
     w("| stage | status | seconds | budget | summary |\n|---|---|---|---|---|\n")
@@ -887,8 +868,7 @@ def render_markdown(rep: dict) -> str:
     missing = []
     models = stages.get("models", {}).get("details", {}).get("missing", {})
     for n, m in models.items():
-        missing.append(f"model {n} ({m['size']}): not on this machine; ~{m['calls_to_carry']} calls "
-                       f"to carry in parts")
+        missing.append(f"model {n} ({m['size']}): not on this machine")
     for name in STAGES:
         s = stages.get(name)
         if s and s["status"] != "ok":
@@ -902,13 +882,14 @@ def render_markdown(rep: dict) -> str:
     return out.getvalue()
 
 
-# --- pack: what travels ---------------------------------------------------------------
+# --- pack: a bundle for an offline machine ---------------------------------------------------
 def pack(args: argparse.Namespace) -> int:
-    """Prepare .devcarry (here, with network): the slim sdist, the wheels, the model parts."""
-    CARRY.mkdir(exist_ok=True)
+    """Write the bundle (with network): the slim sdist, the wheels; the model parts beside it."""
+    bundle = Path(args.bundle)
+    bundle.mkdir(parents=True, exist_ok=True)
     sdist_full = Path(args.sdist) if args.sdist else None
     if sdist_full is None:
-        dl = WORK / "download"
+        dl = STATE / "download"
         dl.mkdir(parents=True, exist_ok=True)
         found = sorted(dl.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"))
         if not found:
@@ -917,36 +898,34 @@ def pack(args: argparse.Namespace) -> int:
                            check=True)
             found = sorted(dl.glob(f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"))
         sdist_full = found[0]
-    kept, dropped = slim_sdist(sdist_full, CARRY / SDIST)
-    print(f"{SDIST}: {mib((CARRY / SDIST).stat().st_size)} ({kept} files kept, {dropped} dropped)")
-    wheels = CARRY / "wheels"
+    kept, dropped = slim_sdist(sdist_full, bundle / SDIST)
+    print(f"{SDIST}: {mib((bundle / SDIST).stat().st_size)} ({kept} files kept, {dropped} dropped)")
+    wheels = bundle / "wheels"
     if wheels.exists():
         shutil.rmtree(wheels)
-    plats = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux1_x86_64"]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-           "--python-version", "3.12", "--implementation", "cp", "-d", str(wheels)]
-    for p in plats:
-        cmd += ["--platform", p]
+           "--python-version", args.python_version, "--implementation", "cp", "-d", str(wheels)]
+    for plat in args.platform or ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64",
+                                  "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"]:
+        cmd += ["--platform", plat]
     subprocess.run(cmd + list(WHEELS), check=True)
     pins = registry_models()
     manifest = {"llama_cpp_python": LLAMA_CPP_VERSION, "sdist": SDIST,
                 "wheels": sorted(p.name for p in wheels.glob("*.whl")), "parts": {}}
-    store = Path(args.models_from).expanduser()
-    for name in args.models.split(","):
-        if not name:
-            continue
+    store, parts = Path(args.models_from).expanduser(), Path(args.parts_dir)
+    for name in filter(None, args.models.split(",")):
         path = store / f"{name}.gguf"
         if name not in pins or not path.is_file():
             print(f"{name}: not in models.toml or not at {path}; skipped")
             continue
-        manifest["parts"][name] = split_model(path, name, pins[name]["sha256"], PARTS)
-    (CARRY / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    size = sum(f.stat().st_size for f in CARRY.rglob("*") if f.is_file())
-    print(f".devcarry: {mib(size)} of the {mib(CARRY_LIMIT)} a call carries, the working tree included")
-    for name, parts in manifest["parts"].items():
-        print(f"{name}: {len(parts)} parts of at most {mib(PART_BYTES)} in {PARTS}; move one at a time "
-              f"into {CARRY / 'parts'} for a device call")
+        manifest["parts"][name] = split_model(path, name, pins[name]["sha256"], parts,
+                                              int(args.part_mib * 2**20))
+    (bundle / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    size = sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file())
+    print(f"{bundle}: {mib(size)}")
+    for name, names in manifest["parts"].items():
+        print(f"{name}: {len(names)} parts of at most {args.part_mib:g} MiB in {parts}; on the GPU "
+              f"machine, put them (all, or some per invocation) in {bundle / 'parts'}")
     return 0
 
 
@@ -971,22 +950,34 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the stages and write the report")
     r.add_argument("--dry-run", action="store_true",
-                   help="this CPU machine: SmolLM2-135M, the CPU backend, nothing compiled")
+                   help="no GPU needed: SmolLM2-135M, the CPU backend, nothing compiled")
     r.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, from {', '.join(STAGES)}")
-    r.add_argument("--deadline", type=float, default=560.0,
-                   help="seconds for the whole invocation (the device allows 600 per command)")
+    r.add_argument("--deadline", type=float, default=float(sum(BUDGETS.values())),
+                   help="seconds for the whole invocation [default: the sum of the budgets]")
     r.add_argument("--budget", action="append", default=[], metavar="STAGE=SECONDS")
-    r.add_argument("--out", default=None, help="report folder [default: $OUT, else .devwork/out]")
-    r.add_argument("--work", default=str(WORK), help="build and state folder [default: .devwork]")
-    r.add_argument("--sdist", default=None, help=f"llama-cpp-python sdist [default: .devcarry/{SDIST}]")
+    r.add_argument("--out", default=None, help="report folder [default: WORK/out]")
+    r.add_argument("--json", default=None, metavar="PATH",
+                   help="the JSON report [default: OUT/report.json]")
+    r.add_argument("--work", default=str(WORK), help="build and state folder [default: .gpucheck/work]")
+    r.add_argument("--bundle", default=str(BUNDLE),
+                   help="what `pack` wrote: sdist, wheels/, parts/ [default: .gpucheck/bundle]")
+    r.add_argument("--sdist", default=None, help=f"llama-cpp-python sdist [default: BUNDLE/{SDIST}]")
     r.add_argument("--cuda-arch", default=None, help="CMAKE_CUDA_ARCHITECTURES [default: the GPU's]")
     r.add_argument("--models-dir", action="append", default=[], help="another folder of NAME.gguf files")
     r.add_argument("--target", default=None, help="registry name of the target [default: qwen-1.5b, "
                                                   "else smollm2-135m]")
     r.add_argument("--draft", default=None, help="registry name of the draft [default: qwen-0.5b]")
     r.add_argument("--fresh", action="store_true", help="start a new report instead of adding to the last")
-    p = sub.add_parser("pack", help="prepare .devcarry (needs network; run here, not on the device)")
+    p = sub.add_parser("pack", help="write the bundle for an offline GPU machine (needs network)")
+    p.add_argument("--bundle", default=str(BUNDLE), help="where [default: .gpucheck/bundle]")
     p.add_argument("--sdist", default=None, help="a downloaded llama-cpp-python sdist to slim")
+    p.add_argument("--python-version", default="3.12", help="the GPU machine's Python, for the wheels")
+    p.add_argument("--platform", action="append", default=[],
+                   help="pip --platform of the wheels [default: manylinux x86_64]")
+    p.add_argument("--parts-dir", default=str(PARTS), help="where model parts go [default: "
+                                                           ".gpucheck/parts]")
+    p.add_argument("--part-mib", type=float, default=PART_BYTES / 2**20,
+                   help="part size in MiB, for transfers with a size limit")
     p.add_argument("--models", default="smollm2-135m,qwen-0.5b,qwen-1.5b",
                    help="models to cut into parts (comma-separated registry names)")
     p.add_argument("--models-from", default=str(Path.home() / ".cache" / "edgespec" / "models"))
@@ -1004,13 +995,13 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown stage(s) {', '.join(bad)}; choose from {', '.join(STAGES)}")
     check = Check(args)
-    print(f"[device_check] {check.report['mode']}: stages {', '.join(stages)}; report in {check.out}",
+    print(f"[gpu-check] {check.report['mode']}: stages {', '.join(stages)}; report in {check.out}",
           flush=True)
     for name in STAGES:  # always in pipeline order, whatever order they were named in
         if name in stages:
             check.stage(name)
     failed = [n for n in stages if check.report["stages"][n]["status"] in ("failed", "timeout")]
-    print(f"[device_check] report: {check.out / 'report.md'}" +
+    print(f"[gpu-check] report: {check.out / 'report.md'}, {check.json_path}" +
           (f"; not ok: {', '.join(failed)}" if failed else ""), flush=True)
     return 1 if failed else 0
 

@@ -1,6 +1,6 @@
 """tools/device_check.py: the dry run goes through every stage on this CPU machine (SmolLM2-135M,
 the CPU backend, nothing compiled) and leaves a report with a status for each; the helpers
-that move models to the device (parts, join, pin check) work on real files."""
+that move models to an offline GPU machine in parts (split, join, pin check) work on real files."""
 from __future__ import annotations
 
 import hashlib
@@ -64,15 +64,19 @@ def test_dry_run_reports_every_stage(tmp_path):
 
 
 def test_a_stage_out_of_time_is_reported_not_fatal(tmp_path):
-    out = tmp_path / "out"
+    out, report = tmp_path / "out", tmp_path / "elsewhere" / "gpu.json"
     p = subprocess.run([sys.executable, str(SCRIPT), "run", "--dry-run", "--fresh", "--work",
-                        str(tmp_path / "w"), "--out", str(out), "--stages", "env,models,calibrate",
+                        str(tmp_path / "w"), "--out", str(out), "--json", str(report),
+                        "--bundle", str(tmp_path / "no-bundle"), "--stages", "env,models,calibrate",
                         "--target", "no-such-model"], capture_output=True, text=True, timeout=120)
-    stages = json.loads((out / "report.json").read_text())["stages"]
+    stages = json.loads(report.read_text())["stages"]  # the JSON goes where --json says
+    assert not (out / "report.json").exists() and (out / "report.md").is_file()
     assert stages["env"]["status"] == "ok"
     assert stages["models"]["status"] == "failed" and "no-such-model" in stages["models"]["summary"]
     assert stages["calibrate"]["status"] == "skipped"
     assert p.returncode == 1
+    # the results are printed too, one line per stage
+    assert "[gpu-check] env: ok" in p.stdout and "[gpu-check] models: failed" in p.stdout
 
 
 def test_parts_join_only_to_the_pinned_digest(tmp_path):
@@ -92,7 +96,8 @@ def test_parts_join_only_to_the_pinned_digest(tmp_path):
     mod._store_parts(tmp_path / "carried", store)
     pins = {"tiny": {"sha256": sha, "size": len(data)}}
     assert mod._join_parts(store, models, pins) == {"tiny": "2 of 3 parts so far"}
-    mod._store_parts(tmp_path / "parts", store)
+    # parts arrive a few at a time; those already stored are not copied again
+    assert mod._store_parts(tmp_path / "parts", store) == [parts[2]]
     assert mod._join_parts(store, models, pins) == {"tiny": "joined and verified"}
     assert (models / "tiny.gguf").read_bytes() == data
     # a pin that the parts do not match: nothing is kept
