@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Any, Mapping
 
 from .. import planner, registry
 from .. import proposers as registry_of_proposers
@@ -29,6 +29,8 @@ from ..runtime.kernel import KernelConfig
 from ..runtime.model import Model
 from ..runtime.rpc import probe_all
 from ..config import EngineConfig, split_proposers
+from ..planner import Plan
+from . import exactness
 
 DEFAULT_CTX = 4096
 
@@ -41,9 +43,9 @@ class Parts:
     target: Model
     ctx: Context
     proposers: dict[str, Proposer]
-    options: dict[str, dict]  # what each proposer kind was built with
+    options: dict[str, dict[str, Any]]  # what each proposer kind was built with
     calibration: Calibration | None
-    plan: object  # the planner's plan when the proposer was "auto", else None
+    plan: Plan | None  # the planner's plan when the proposer was "auto", else None
     tree_seqs: tuple[int, ...]  # the sequences past the request slots: draft-tree scratch
     user_len: bool  # the user set a draft length (exact mode refuses, not shrinks, a long one)
 
@@ -76,15 +78,32 @@ def load_parts(config: EngineConfig, stack: ExitStack) -> Parts:
     loaded = _build_proposers(config, options, stack, _build_context(config, tmodel, dmodel,
                                                                     n_ctx, tsha, ctx))
     default = config.proposer  # never "auto" here: the plan resolved it
-    config = replace(config, n_ctx=n_ctx,
-                     control=(config.control or
-                              _control_from_flags(config, plan, default)).validate())
-    cal = (trusted_calibration(tmodel, config.threads, config.kernel)
-           if config.control.adaptive else None)
+    control = (config.control or _control_from_flags(config, plan, default)).validate()
+    config = replace(config, n_ctx=n_ctx, control=control)
+    cal = (trusted_calibration(tmodel, config.threads, config.layout())
+           if control.adaptive else None)
     _price_heads(loaded, cal)
     return Parts(config, tmodel, ctx, loaded, options, cal, plan,
                  tree_seqs=tuple(range(config.parallel, config.parallel + config.tree_width)),
                  user_len=user_len)
+
+
+def exact_control(parts: Parts) -> tuple[ControlSettings, int | None]:
+    """The control settings an exact engine starts with, and the probed cap (None when the
+    engine is not exact, where nothing is probed): a default fixed draft length shrinks to
+    what exact mode verifies; a user's longer one, or any draft where no batch is bitwise
+    invariant, is refused here, before the engine exists."""
+    config = parts.config
+    control = config.control
+    assert control is not None  # load_parts settles it
+    if not config.exact:
+        return control, None
+    cap = exactness.max_drafts(parts.target, config, parts.ctx.n_threads)
+    if not parts.user_len:
+        control = replace(control, draft_length=min(control.draft_length, max(1, cap)))
+    # raises what cannot be verified bitwise; the bound itself applies per request
+    exactness.bound(control, cap, config.layout(), bool(split_proposers(config.proposer)))
+    return control, cap
 
 
 def _price_heads(loaded: Mapping[str, Proposer], cal: Calibration | None) -> None:
@@ -105,7 +124,7 @@ def _context(tmodel: Model, config: EngineConfig, stack: ExitStack) -> tuple[Con
     if n_ctx > tmodel.n_ctx_train:
         raise InvalidInputError(f"--ctx {n_ctx} exceeds what {tmodel.path.name} was trained for "
                                 f"({tmodel.n_ctx_train})")
-    k = config.kernel
+    k = config.layout()  # the kernel chosen for this target (load_parts set it)
     ctx = tmodel.new_context(n_ctx=n_ctx, n_batch=k.n_batch, n_threads=config.threads,
                              n_seq_max=config.parallel + config.tree_width,
                              full_seqs=config.parallel,
@@ -138,7 +157,7 @@ def _load(name: str, config: EngineConfig, gpu_layers: int, stack: ExitStack,
     on one that went away); the stack frees it if a later step fails."""
     path = registry.resolve(name, pull=config.pull)
     registry.check_gguf(path)
-    split: dict[str, object] = {"load_mtp": True} if load_mtp else {}  # a NextN head (mtp)
+    split: dict[str, Any] = {"load_mtp": True} if load_mtp else {}  # a NextN head (mtp)
     if rpc:
         probe_all(rpc)
         split.update(rpc=rpc, tensor_split=config.tensor_split)
@@ -178,24 +197,26 @@ def _default_kernel(model: Model, sha: str, config: EngineConfig, pick: bool,
     return replace(base, kv_type=offered.kv_type, flash_attn=offered.flash_attn)
 
 
-def _control_from_flags(config: EngineConfig, plan, label: str):
+def _control_from_flags(config: EngineConfig, plan: Plan | None, label: str) -> ControlSettings:
     """ControlSettings from --adaptive/--draft-len: with adaptive control a user's
     --draft-len is the longest draft allowed; without, the length of every draft."""
     if config.draft_len is not None:
-        return ControlSettings(adaptive=config.adaptive, draft_length=config.draft_len,
-                               **({"max_draft": config.draft_len} if config.adaptive else {}))
+        if config.adaptive:
+            return ControlSettings(adaptive=True, draft_length=config.draft_len,
+                                   max_draft=config.draft_len)
+        return ControlSettings(adaptive=False, draft_length=config.draft_len)
     length = _planned_draft_len(plan) or (4 if "draft" in split_proposers(label) else 3)
     return ControlSettings(adaptive=config.adaptive, draft_length=length)
 
 
-def _planned_draft_len(plan) -> int | None:
+def _planned_draft_len(plan: Plan | None) -> int | None:
     dl = getattr(plan, "draft_len", None) if plan is not None else None
     if not dl:
         return None
     return int(dl[1] if isinstance(dl, (tuple, list)) else dl)
 
 
-def _proposer_options(config: EngineConfig) -> dict[str, dict]:
+def _proposer_options(config: EngineConfig) -> dict[str, dict[str, Any]]:
     options = {name: dict(o) for name, o in config.proposer_options.items()}
     if (config.control.adaptive if config.control is not None else config.adaptive):
         # The controller cuts drafts itself; a suffix draft capped at its match length
@@ -204,7 +225,7 @@ def _proposer_options(config: EngineConfig) -> dict[str, dict]:
     return options
 
 
-def _build_proposers(config: EngineConfig, options: Mapping[str, dict], stack: ExitStack,
+def _build_proposers(config: EngineConfig, options: Mapping[str, dict[str, Any]], stack: ExitStack,
                      ctx: BuildContext) -> dict[str, Proposer]:
     """Every free proposer (cheap), plus the draft model's when one was loaded. A free one
     that cannot be built (no native library) is an error only if it was asked for."""
@@ -227,7 +248,7 @@ def _build_proposers(config: EngineConfig, options: Mapping[str, dict], stack: E
     return out
 
 
-def trusted_calibration(model: Model, threads: int | None, kernel: KernelConfig):
+def trusted_calibration(model: Model, threads: int | None, kernel: KernelConfig) -> Calibration:
     """The measured verify-cost curve: trusted, or jittery but quiet (its shape is still the
     device's); a noise curve is measured again on a quiet machine; the CPU prior stands in
     only when neither gives a usable one."""

@@ -114,7 +114,8 @@ class Embedder:
 
 def _normalized(v: np.ndarray) -> np.ndarray:
     norm = np.linalg.norm(v, axis=-1, keepdims=True)
-    return np.divide(v, norm, out=np.zeros_like(v), where=norm > 0)
+    out: np.ndarray = np.divide(v, norm, out=np.zeros_like(v), where=norm > 0)
+    return out
 
 
 # one embedder per (engine, pooling), opened on first use and closed with the engine
@@ -137,7 +138,7 @@ def embedder(engine: "Engine", pooling: str = "model", n_ctx: int | None = None)
             per[key] = emb
             # the engine's ExitStack releases in reverse order: this context goes before
             # the model it was made from
-            engine._resources.callback(_forget, engine, key)
+            engine.on_close(_forget, engine, key)
         return emb
 
 

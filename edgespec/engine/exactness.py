@@ -8,15 +8,16 @@ from ..calibration import cache as calibration_cache
 from ..control import ControlSettings
 from ..errors import UnsupportedError
 from ..runtime.kernel import KernelConfig
+from ..runtime.model import Model
 from ..config import EngineConfig
 
 
-def max_drafts(target, config: EngineConfig, n_threads: int) -> int:
+def max_drafts(target: Model, config: EngineConfig, n_threads: int) -> int:
     """Most drafts a verify pass may hold in exact mode: the probed bitwise-invariant
     batch size of this device and kernel configuration, minus the pending token."""
     if not config.layout().exact_capable:
         return 0  # an F16 KV cache or no flash attention: never bitwise at length
-    return int(calibration_cache.exact_cap(target, config.kernel, n_threads))
+    return int(calibration_cache.exact_cap(target, config.layout(), n_threads))
 
 
 def bound(control: ControlSettings, cap: int, k: KernelConfig,

@@ -2,14 +2,15 @@
 chat template."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..api.params import GenerationParams
 from ..chat import chat
 from ..errors import InvalidInputError, UnsupportedError
+from ..runtime.model import Model
 
 
-def prompt_tokens(target, template: str | None, prompt: str | Sequence[dict],
+def prompt_tokens(target: Model, template: str | None, prompt: str | Sequence[dict[str, Any]],
                   params: GenerationParams) -> list[int]:
     """Tokenize a prompt (a string or a list of chat messages) the way a request will;
     ``template`` is the target's chat template (None: it has none)."""

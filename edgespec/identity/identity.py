@@ -328,7 +328,7 @@ def policy_component(engine) -> dict:
     return {"default_proposer": engine.default_proposer, "exact": bool(engine.exact),
             "control": canonical(engine.control),
             "canary": canonical(canary) if canary is not None else None,
-            "proposer_options": canonical(getattr(engine, "_proposer_options", {}) or {})}
+            "proposer_options": canonical(getattr(engine, "proposer_options", {}) or {})}
 
 
 def features_component(engine) -> dict:

@@ -40,7 +40,7 @@ def engine(model_path):
         kernel=KernelConfig(),
         proposer_options={"suffix": {"use_global": False}}))
     cal = eng.calibration()
-    eng._calibration = Calibration.linear(0.02, step_seconds=cal.step_seconds)
+    eng.upkeep.curve = Calibration.linear(0.02, step_seconds=cal.step_seconds)
     eng.loop.tree_seqs = (1, 2)
     yield eng
     eng.close()

@@ -436,7 +436,7 @@ def test_a_cloned_proposer_is_a_fresh_instance_with_the_engine_options():
     model = FakeModel()
     eng = fake_engine(model, {"suffix": free_proposer("suffix", factor=3.0)},
                       control=ControlSettings(max_draft=6))
-    eng._proposer_options = {"suffix": {"factor": 3.0}}
+    eng.proposer_options["suffix"] = {"factor": 3.0}
     name = eng.clone_proposer("suffix", "cfg/suffix", min_token_prob=0.2)
     clone = eng.proposers[name]
     assert clone is not eng.proposers["suffix"]

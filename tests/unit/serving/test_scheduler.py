@@ -149,7 +149,7 @@ def test_exact_mode_bounds_every_pass_to_the_invariant_size():
     model = FakeModel()
     eng = fake_engine(model, {"scripted": ScriptedProposer(model, [3])}, parallel=4,
                       control=fixed(1), exact=True)
-    eng._exact_cap = 2  # probed: passes of up to 3 rows are bitwise invariant here
+    eng.upkeep.exact_cap = 2  # probed: passes of up to 3 rows are bitwise invariant here
     rows: list[int] = []
     real = eng.ctx.decode_multi
     eng.ctx.decode_multi = lambda segs: rows.append(sum(len(t) for t, *_ in segs)) or real(segs)
@@ -217,7 +217,7 @@ def test_a_long_prompt_loads_in_chunks_while_others_keep_decoding():
 def test_exact_requests_need_sequences_with_their_own_cells():
     eng = fake_engine(FakeModel(), {}, parallel=2)
     eng.ctx.unified = True  # a default-mode engine: one shared KV pool
-    eng._exact_cap = 2
+    eng.upkeep.exact_cap = 2
     sch = Scheduler(eng)
     with pytest.raises(UnsupportedError, match="--exact"):
         sch.submit("a", raw(max_tokens=4), on_event=Collector(), exact=True)
