@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .. import proposers
 from ..api.labels import AUTO, PLAIN
@@ -48,7 +48,7 @@ class EngineConfig:
     target: str
     draft: str | None = None
     proposer: str = AUTO
-    proposer_options: Mapping[str, Mapping] = field(default_factory=dict)
+    proposer_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # None: the mode's own. Exact mode runs KernelConfig() (batch invariant, docs/parity.md);
     # the default runs the fastest candidate measured on this device (planner.kernels)
     kernel: KernelConfig | None = None
@@ -130,5 +130,5 @@ class EngineConfig:
         weight layout (repack, mmap) a load needs, with the mode's KV type and attention."""
         return self.kernel if self.kernel is not None else KernelConfig()
 
-    def with_(self, **changes) -> "EngineConfig":
+    def with_(self, **changes: Any) -> "EngineConfig":
         return replace(self, **changes)

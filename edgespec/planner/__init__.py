@@ -31,8 +31,9 @@ from __future__ import annotations
 from .acceptance import DEFAULT_ACCEPTANCE, Acceptance, acceptance_for
 from .entry import UNPROBED_EXACT_CAP, plan_engine, plan_for, resolve_rpc
 from .lookup import cached_calibration, registered_draft, resolve_model
+from ..runtime.kernel import KV_GGML_TYPE, KV_TYPES
 from .memory import (CTX_PAD, DEFAULT_BATCH, ENGINE_BYTES, GPU_RUNTIME_BYTES, K_MAX,
-                     KV_BYTES_PER_ELEMENT, KV_GGML_TYPE, KV_TYPES, NGRAM_BYTES_PER_TOKEN,
+                     KV_BYTES_PER_ELEMENT, NGRAM_BYTES_PER_TOKEN,
                      RUNTIME_BYTES, SUFFIX_CACHE_CAP, MemoryEstimate, MemoryItem, compute_bytes,
                      default_budgets, estimate_memory, gpu_layer_start, host_weights, kv_bytes,
                      model_memory, pad_ctx, weight_bytes)

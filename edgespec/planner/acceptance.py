@@ -60,6 +60,7 @@ def acceptance_for(kind: str, target_name: str | None, draft_name: str | None = 
             if isinstance(r.get("coverage"), (int, float)) and 0 <= r["coverage"] <= 1]
     if not alphas:
         return default
-    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    def med(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
     return Acceptance(min(med(alphas), 0.99), med(covs) if covs else default.coverage,
                       source=f"qualification ({len(alphas)} slices)")

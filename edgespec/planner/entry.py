@@ -7,20 +7,24 @@ batch).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
+from typing import Callable
 
 from ..runtime import device as devmod
 from ..api.labels import AUTO
 from ..config import EngineConfig
 from ..runtime.kernel import KernelConfig
 from ..runtime.device import Device
-from ..runtime.gguf_facts import read_facts
+from ..calibration.curve import Calibration
+from ..runtime.gguf_facts import ModelFacts, read_facts
 from .lookup import cached_calibration, registered_draft, resolve_model
 from .result import Exactness, KernelOption, Plan
 from .search import plan
 from . import kernels
 from .memory import K_MAX, estimate_memory
-from .remote import place
+from .remote import RpcPlacement, place
 from .search import DEFAULT_CTX
 from ..runtime.rpc import probe_all
 from .. import proposers
@@ -28,6 +32,9 @@ from .. import proposers
 #: exact mode's cap before a probe has run (the engine's fallback: 3-token passes with
 #: repacked CPU weights, docs/parity.md)
 UNPROBED_EXACT_CAP = 2
+
+#: exact mode under one weight layout: its kernel, calibration (None: none cached) and cap
+Layout = tuple[KernelConfig, "Calibration | None", "int | None"]
 
 
 def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate: bool = False,
@@ -45,7 +52,8 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
     dpath, dname, dsha, dfacts = _draft(cfg, tname, tsha, tfacts)
     dev = device or devmod.probe()
 
-    def calib(path, sha, kernel: KernelConfig, measure: bool):
+    def calib(path: Path | None, sha: str | None, kernel: KernelConfig,
+              measure: bool) -> Calibration | None:
         if dev.synthetic or path is None:
             return None  # a described machine cannot be measured here
         return cached_calibration(path, sha, cfg.threads, measure, recalibrate and measure, kernel)
@@ -62,7 +70,8 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
     default_kernel = cfg.kernel or (choice.kernel if choice is not None else exact_kernel)
     base = replace(cfg, draft=dname if dname else cfg.draft, kernel=cfg.kernel)
 
-    def plan_with(kernel: KernelConfig, exact: bool, cap: int | None, cal) -> Plan:
+    def plan_with(kernel: KernelConfig, exact: bool, cap: int | None,
+                  cal: Calibration | None) -> Plan:
         cals = {k: v for k, v in (("target", cal), ("draft", draft_cal)) if v is not None}
         return plan(tfacts, dfacts, device=dev, budget=cfg.budget, ctx=cfg.n_ctx, kernel=kernel,
                     kv_type=kv_type, exact=exact, exact_cap=cap, proposer=cfg.proposer,
@@ -92,10 +101,12 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
     return chosen
 
 
-def _exact_layouts(exact_kernel: KernelConfig, calib, measure: bool, exact: bool) -> list:
+def _exact_layouts(exact_kernel: KernelConfig,
+                   calib: Callable[[KernelConfig, bool], Calibration | None], measure: bool,
+                   exact: bool) -> list[Layout]:
     """(kernel, calibration, probed cap) under each weight layout, the asked one first;
     the other layout is measured only when exact mode may pick it."""
-    layouts = []
+    layouts: list[Layout] = []
     for repack in (exact_kernel.repack, not exact_kernel.repack):
         kernel = replace(exact_kernel, repack=repack)
         cal = calib(kernel, measure and (repack == exact_kernel.repack or exact))
@@ -103,20 +114,25 @@ def _exact_layouts(exact_kernel: KernelConfig, calib, measure: bool, exact: bool
     return layouts
 
 
-def _model(name, pull: bool):
+def _model(name: str | os.PathLike[str],
+           pull: bool) -> tuple[Path, str | None, str | None, ModelFacts]:
     """(path, registry name or None, sha256, facts) of a model named or given by path."""
-    path, name, sha = resolve_model(name, pull=pull)
-    return path, name, sha, read_facts(path)
+    path, registered, sha = resolve_model(name, pull=pull)
+    return path, registered, sha, read_facts(path)
 
 
-def _draft(cfg: EngineConfig, tname, tsha, tfacts):
+def _draft(cfg: EngineConfig, tname: str | None, tsha: str | None, tfacts: ModelFacts
+           ) -> tuple[Path | None, str | None, str | None, ModelFacts | None]:
     """(path, name, sha256, facts) of the draft to weigh: the one asked, or for "auto" the
     registered target's own draft when pulled; for "self" the facts of the model derived
     from the target (no path). All None without one."""
     draft_arg = cfg.draft
     if draft_arg is None and cfg.proposer == AUTO and tname is not None:
         draft_arg = registered_draft(tname)
-    dfacts = dname = dpath = dsha = None
+    dfacts: ModelFacts | None = None
+    dname: str | None = None
+    dpath: Path | None = None
+    dsha: str | None = None
     if draft_arg is not None:
         dpath, dname, dsha, dfacts = _model(draft_arg, cfg.pull)
         dname = dname or str(draft_arg)
@@ -131,7 +147,8 @@ def _draft(cfg: EngineConfig, tname, tsha, tfacts):
     return dpath, dname, dsha, dfacts
 
 
-def _kernel_choice(path, sha, cfg: EngineConfig, measure: bool, force: bool):
+def _kernel_choice(path: Path, sha: str | None, cfg: EngineConfig, measure: bool,
+                   force: bool) -> kernels.KernelChoice:
     """The default mode's kernel choice for this target: cached, or measured when asked
     (``edgespec plan --calibrate``), else llama.cpp's CPU default until it is."""
     repack = cfg.layout().repack
@@ -145,7 +162,8 @@ def _kernel_choice(path, sha, cfg: EngineConfig, measure: bool, force: bool):
         model.close()
 
 
-def resolve_rpc(config: EngineConfig, facts=None):
+def resolve_rpc(config: EngineConfig, facts: ModelFacts | None = None
+                ) -> tuple[EngineConfig, RpcPlacement | None]:
     """``config`` with its RPC split decided (layers and shares, :func:`.remote.place`,
     after probing every server), and the placement; ``(config, None)`` without ``--rpc``."""
     if not config.rpc:
@@ -159,10 +177,11 @@ def resolve_rpc(config: EngineConfig, facts=None):
     return replace(config, n_gpu_layers=placement.n_gpu_layers, tensor_split=placement.split), placement
 
 
-def _with_rpc(p: Plan, tfacts, dfacts) -> Plan:
+def _with_rpc(p: Plan, tfacts: ModelFacts, dfacts: ModelFacts | None) -> Plan:
     """The plan with the target's last layers on the RPC servers: what each holds, and the
     host memory without them (the draft, if any, stays here)."""
     cfg, placement = resolve_rpc(p.config, tfacts)
+    assert placement is not None  # only called with --rpc
     rows = 1 if p.proposer == "none" else K_MAX + 1
     head = any(n in proposers.REGISTRY and proposers.REGISTRY[n].nextn_head
                for n in cfg.proposer.split("+"))
@@ -179,7 +198,8 @@ def _with_rpc(p: Plan, tfacts, dfacts) -> Plan:
                    reasons=p.reasons + (note,))
 
 
-def _exactness(layouts, exact_plans: dict, chosen: Plan, exact: bool) -> Exactness:
+def _exactness(layouts: list[Layout], exact_plans: dict[bool, Plan], chosen: Plan,
+               exact: bool) -> Exactness:
     runs = chosen.kernel.repack if exact else max(
         exact_plans, key=lambda r: (round(exact_plans[r].predicted_speedup, 3), r), default=None)
     rows = []
@@ -201,8 +221,9 @@ def _exactness(layouts, exact_plans: dict, chosen: Plan, exact: bool) -> Exactne
     return Exactness(options=tuple(rows), source=src)
 
 
-def plan_for(target_path, draft_path=None, device: Device | None = None, budget=None, ctx=None,
-             *, kv_type: str | None = None, calibrate: bool = False, recalibrate: bool = False,
+def plan_for(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None = None,
+             device: Device | None = None, budget: str | int | None = None,
+             ctx: int | None = None, *, kv_type: str | None = None, calibrate: bool = False, recalibrate: bool = False,
              n_threads: int | None = None, exact: bool = False) -> Plan:
     """Registry names or paths in, a :class:`Plan` out (a thin wrapper over :func:`plan_engine`).
 

@@ -30,13 +30,16 @@ import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..calibration import cache, cpu, measuring, progress
 from ..calibration.curve import CalibrationWarning
 from ..identity import digests
 from ..runtime.kernel import KernelConfig
 from ..errors import EdgespecError
+
+if TYPE_CHECKING:
+    from ..runtime.model import Model
 
 #: what the default mode may run: llama.cpp's CPU default (F16 KV, flash attention on) and
 #: the exact configuration. Not attention without flash attention: its matmuls take other
@@ -103,7 +106,7 @@ class KernelChoice:
                        "measured again once the machine is quiet)")
         return out
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"format": _FORMAT, "kernel": {"kv_type": self.kernel.kv_type,
                                               "flash_attn": self.kernel.flash_attn},
                 "timings": [{"kv_type": t.kv_type, "flash_attn": t.flash_attn,
@@ -121,7 +124,7 @@ def choose(timings: Sequence[KernelTiming], base: KernelConfig = FALLBACK) -> Ke
     return replace(base, kv_type=t.kv_type, flash_attn=t.flash_attn).validate()
 
 
-def measure(model, *, n_threads: int | None = None, repack: bool = True,
+def measure(model: Model, *, n_threads: int | None = None, repack: bool = True,
             candidates: Sequence[KernelConfig] = CANDIDATES, depths: Sequence[int] = DEPTHS,
             repeats: int = 4, clock: Callable[[], float] = time.perf_counter) -> KernelChoice:
     """Time every candidate on a loaded model (see the module docstring)."""
@@ -134,7 +137,7 @@ def measure(model, *, n_threads: int | None = None, repack: bool = True,
         watch = None
     n_ctx = depths[-1] + PASS_TOKENS + 8
     toks = measuring.probe_tokens(model, depths[-1] + PASS_TOKENS)
-    ctxs: list = []
+    ctxs: list[Any] = []
     samples: dict[tuple[int, int, int], list[float]] = {}
     try:
         for k in candidates:
@@ -173,7 +176,7 @@ def measure(model, *, n_threads: int | None = None, repack: bool = True,
 
 
 # --- cache -------------------------------------------------------------------------
-def cache_key(model_path, *, n_threads: int, n_gpu_layers: int, repack: bool,
+def cache_key(model_path: str | os.PathLike[str], *, n_threads: int, n_gpu_layers: int, repack: bool,
               sha256: str | None = None, home: Path | None = None, build: str | None = None) -> str:
     """``kernels-<model>-<hash>``: the device (CPU, threads, offload, weight layout; every
     candidate is in the file, so no KV type or attention) and the model's digest."""
@@ -231,7 +234,7 @@ def save(choice: KernelChoice, home: Path | None = None) -> None:
         pass  # a read-only home still runs the measured choice, just not a cached one
 
 
-def cached(model_path, *, n_threads: int | None = None, n_gpu_layers: int = 0,
+def cached(model_path: str | os.PathLike[str], *, n_threads: int | None = None, n_gpu_layers: int = 0,
            repack: bool = True, sha256: str | None = None, home: Path | None = None,
            build: str | None = None) -> KernelChoice:
     """The cached choice for this device and model, or the fallback; never measures."""
@@ -247,9 +250,9 @@ def cached(model_path, *, n_threads: int | None = None, n_gpu_layers: int = 0,
     return got or KernelChoice(kernel=base)
 
 
-def load_or_measure(model, *, n_threads: int | None = None, sha256: str | None = None,
+def load_or_measure(model: Model, *, n_threads: int | None = None, sha256: str | None = None,
                     home: Path | None = None, force: bool = False, build: str | None = None,
-                    **measure_kw) -> KernelChoice:
+                    **measure_kw: Any) -> KernelChoice:
     """The cached choice for the loaded ``model``, measured (and cached) when absent,
     corrupt, or measured under load while the machine is now quiet."""
     n_threads = n_threads or _threads()

@@ -12,9 +12,10 @@ from ..runtime.kernel import KernelConfig
 from ..errors import ModelError
 from .. import proposers, registry
 from ..calibration import cache
+from ..calibration.curve import Calibration
 
 
-def resolve_model(name_or_path: str | os.PathLike, pull: bool = True) -> tuple[Path, str | None, str | None]:
+def resolve_model(name_or_path: str | os.PathLike[str], pull: bool = True) -> tuple[Path, str | None, str | None]:
     """(path, registry name or None, pinned sha256 or None) of a registry name or a .gguf path.
 
     A registry name is pulled when missing (``pull``); an unknown name is a ModelError
@@ -30,7 +31,7 @@ def resolve_model(name_or_path: str | os.PathLike, pull: bool = True) -> tuple[P
 
 def cached_calibration(path: Path, sha256: str | None, n_threads: int | None = None,
                        measure: bool = False, force: bool = False,
-                       kernel: KernelConfig | None = None):
+                       kernel: KernelConfig | None = None) -> Calibration | None:
     """The calibration cached for this device, kernel configuration and model (CPU layout),
     or None. ``measure`` measures a missing one (``force``: re-measures a cached one too)."""
     if measure or force:

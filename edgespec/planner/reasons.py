@@ -8,6 +8,7 @@ from ..runtime.kernel import KernelConfig
 from ..runtime.device import Device, fmt_size
 from ..runtime.gguf_facts import ModelFacts
 from .memory import DEFAULT_BATCH
+from .result import Candidate
 from .speed import SpeedModel, break_even_alpha
 
 
@@ -32,7 +33,8 @@ def _kernel_reasons(chosen: KernelConfig, asked: KernelConfig) -> list[str]:
     return r
 
 
-def explain_choice(best, cands: Sequence, dev: Device, budgets, target: ModelFacts,
+def explain_choice(best: Candidate, cands: Sequence[Candidate], dev: Device,
+                   budgets: tuple[int, int], target: ModelFacts,
                    draft: ModelFacts | None, ctx: int, explicit_ctx: bool, budget_given: bool,
                    asked_kernel: KernelConfig, label: str) -> list[str]:
     r = _fit_reasons(best, dev, budgets, target, draft, ctx, explicit_ctx, budget_given,
@@ -52,7 +54,8 @@ def explain_choice(best, cands: Sequence, dev: Device, budgets, target: ModelFac
     return r
 
 
-def _fit_reasons(best, dev: Device, budgets, target: ModelFacts, draft: ModelFacts | None,
+def _fit_reasons(best: Candidate, dev: Device, budgets: tuple[int, int],
+                 target: ModelFacts, draft: ModelFacts | None,
                  ctx: int, explicit_ctx: bool, budget_given: bool,
                  asked_kernel: KernelConfig) -> list[str]:
     """How the chosen configuration fits: device, budget, context, kernel, offload, costs."""
@@ -64,6 +67,7 @@ def _fit_reasons(best, dev: Device, budgets, target: ModelFacts, draft: ModelFac
          + (f", {fmt_size(vram)} on {dev.gpu.name}" if dev.gpu is not None else "")
          + (" (--budget)" if budget_given else " (free memory minus a safety margin)")]
     mem = best.memory
+    assert mem is not None  # the chosen candidate fits, so its memory was estimated
     r.append(f"fits: {fmt_size(mem.host)} host" + (f" + {fmt_size(mem.device)} GPU" if mem.device else "")
              + f" of the budget ({mem.host / max(host_budget, 1):.0%} host)")
     if cfg["n_ctx"] != ctx:
@@ -86,21 +90,21 @@ def _fit_reasons(best, dev: Device, budgets, target: ModelFacts, draft: ModelFac
     return r
 
 
-def _pitch(c) -> str:
+def _pitch(c: Candidate) -> str:
     """A candidate's predicted speedup, draft length and acceptance, in one phrase."""
     if c.proposer == PLAIN:
         return f"{PLAIN}: 1.00x (plain decoding, the baseline)"
     a = c.acceptance
     acc = (f"acceptance {a.alpha:.0%}" + (f", drafts on {a.coverage:.0%} of steps" if a.coverage < 1 else "")
            + f" [{a.source}]") if a else ""
-    bridge = c.config.get("speed").draft_source if c.config.get("speed") is not None and \
-        "bridged:" in c.config["speed"].draft_source else ""
+    speed: SpeedModel | None = c.config.get("speed")
+    bridge = speed.draft_source if speed is not None and "bridged:" in speed.draft_source else ""
     return (f"{c.proposer}: {c.speedup:.2f}x at draft length {c.best_k} "
             f"(range {c.draft_len[0]}-{c.draft_len[1]}; {acc})"
             + (f" [{bridge[bridge.index('bridged:'):]}]" if bridge else ""))
 
 
-def _why_not(c, best) -> str:
+def _why_not(c: Candidate, best: Candidate) -> str:
     """Why the fitting candidate ``c`` lost to ``best``."""
     cfg = best.config
     why = _pitch(c)

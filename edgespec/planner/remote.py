@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Any, Sequence
 
 from ..runtime.kernel import KernelConfig
 from ..runtime.device import fmt_size
@@ -33,7 +34,7 @@ def reserve(total: int) -> int:
     return max(256 * 2**20, total // 20)
 
 
-def assign(n_layers: int, n_gpu_layers: int, shares) -> list[int]:
+def assign(n_layers: int, n_gpu_layers: int, shares: Sequence[float]) -> list[int]:
     """Device index of every block 0..n_layers-1 and of the output layer (index n_layers);
     -1 stays on this machine. ``shares`` need not be normalized."""
     start = max(n_layers + 1 - n_gpu_layers, 0)
@@ -96,7 +97,7 @@ class RpcPlacement:
                        f"{fmt_size(s.compute)}) of {fmt_size(s.budget)} usable")
         return out
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"servers": [{"endpoint": s.endpoint, "protocol": ".".join(map(str, s.version))}
                             for s in self.servers],
                 "n_gpu_layers": self.n_gpu_layers, "split": list(self.split),
@@ -106,7 +107,8 @@ class RpcPlacement:
                             for s in self.shares]}
 
 
-def _shares(facts: ModelFacts, devices, n_gpu_layers: int, split, n_ctx: int,
+def _shares(facts: ModelFacts, devices: Sequence[RemoteDevice], n_gpu_layers: int,
+            split: Sequence[float], n_ctx: int,
             kernel: KernelConfig) -> tuple[RemoteShare, ...]:
     where = assign(facts.n_layers, n_gpu_layers, split)
     per_pass = kernel.n_batch * 8 * facts.n_embd  # hidden states of a full batch

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..api.labels import PLAIN
 from ..calibration.breakeven import needed_acceptance
@@ -12,6 +12,7 @@ from ..runtime.kernel import KernelConfig
 from ..runtime.device import Device
 from .acceptance import Acceptance
 from .memory import MemoryEstimate, kernel_note
+from .remote import RpcPlacement
 from .speed import SpeedModel
 
 
@@ -27,7 +28,7 @@ class Candidate:
     draft_len: tuple[int, int] = (0, 0)
     acceptance: Acceptance | None = None
     memory: MemoryEstimate | None = None
-    config: Mapping = field(default_factory=dict)
+    config: Mapping[str, Any] = field(default_factory=dict)
     note: str = ""
 
 
@@ -96,7 +97,7 @@ class Plan:
     reasons: tuple[str, ...]
     config: EngineConfig
     exactness: Exactness | None = None
-    rpc: object | None = None    # edgespec.planner.remote.RpcPlacement with --rpc
+    rpc: RpcPlacement | None = None    # the RPC split, with --rpc
     kernel_choice: tuple[str, ...] = ()  # the default mode's measured candidates (planner.kernels)
 
     @property
@@ -166,9 +167,9 @@ class Plan:
                                         "verify pass saves"))
         return out
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         k = self.kernel
-        d = {
+        d: dict[str, Any] = {
             "target": self.target, "draft": self.draft, "proposer": self.proposer,
             "runs": self.config.proposer, "exact": self.config.exact,
             "draft_len": list(self.draft_len), "n_gpu_layers": self.n_gpu_layers,

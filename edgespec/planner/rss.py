@@ -7,14 +7,14 @@ import subprocess as sp
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..runtime.kernel import KernelConfig
 from ..runtime.device import fmt_size
 from ..errors import EdgespecError
 from .memory import K_MAX, MemoryEstimate
 from .result import Plan
-import psutil
+import psutil  # type: ignore[import-untyped]  # no stubs installed; used for RSS only
 
 #: what measure_memory does not build (the engine's free proposers), left out of comparisons
 NOT_MEASURED = ("engine", "suffix cache", "n-gram index")
@@ -55,7 +55,7 @@ def check_memory(estimate: MemoryEstimate | Plan, stage: str = "peak", pid: int 
     return MemoryCheck(stage, planned, current_rss(pid), est.device, device_used)
 
 
-def plan_job(p: Plan, n_threads: int | None = None) -> dict:
+def plan_job(p: Plan, n_threads: int | None = None) -> dict[str, Any]:
     """What :func:`measure_memory` needs to load ``p`` (plain JSON, for a child process)."""
     k = p.kernel
     return {"target": str(p.target), "draft": str(p.draft) if p.draft else None, "n_ctx": p.n_ctx,
@@ -87,13 +87,13 @@ def measure_plan(p: Plan, n_threads: int | None = None, subprocess: bool = True)
     return _checks(est, json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def _checks(est: MemoryEstimate, measured: Mapping) -> list[MemoryCheck]:
+def _checks(est: MemoryEstimate, measured: Mapping[str, Any]) -> list[MemoryCheck]:
     return [MemoryCheck("load", est.host_at_load, measured["rss_load"], est.device,
                         measured.get("gpu_load")),
             MemoryCheck("peak", est.host, measured["rss_peak"], est.device, measured.get("gpu_peak"))]
 
 
-def measure_memory(job: Mapping) -> dict:
+def measure_memory(job: Mapping[str, Any]) -> dict[str, Any]:
     """Load a target (+ draft) with one context each in *this* process and report its RSS.
 
     ``job`` (see :func:`plan_job`): target, draft, n_ctx, kernel, n_gpu_layers,
@@ -111,19 +111,20 @@ def measure_memory(job: Mapping) -> dict:
     def used_gpu() -> int | None:
         if not job.get("gpu"):
             return None
-        return sum(d["total"] - d["free"] for d in ggml_devices.list_devices() if d["type"] != "cpu")
+        return int(sum(d["total"] - d["free"] for d in ggml_devices.list_devices()
+                       if d["type"] != "cpu"))
 
     backend.ensure_init()
     base_gpu = used_gpu() or 0
     models, ctxs = [], []
-    out: dict = {}
+    out: dict[str, Any] = {}
     try:
         for path, layers in ((job["target"], job.get("n_gpu_layers", 0)),
                              (job.get("draft"), job.get("draft_gpu_layers", 0))):
             if not path:
                 continue
             m = load_model(path, n_gpu_layers=layers, use_extra_bufts=kernel.repack,
-                           **({} if kernel.use_mmap else {"use_mmap": False}))
+                           use_mmap=kernel.use_mmap)
             models.append(m)
             ctxs.append(m.new_context(n_ctx=job["n_ctx"], n_batch=kernel.n_batch,
                                       n_threads=job.get("n_threads"),

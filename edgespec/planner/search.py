@@ -15,12 +15,13 @@ from typing import Callable, Mapping, Sequence
 from ..runtime import device as devmod
 from ..api.labels import AUTO, PLAIN
 from ..config import EngineConfig
-from ..runtime.kernel import KernelConfig
+from ..calibration.curve import Calibration
+from ..runtime.kernel import KV_TYPES, KernelConfig
 from ..runtime.device import Device, fmt_size
 from ..errors import EdgespecError, InvalidInputError
 from ..runtime.gguf_facts import ModelFacts
 from .acceptance import Acceptance, acceptance_for
-from .memory import (KV_TYPES, SUFFIX_CACHE_CAP, MemoryEstimate, default_budgets,
+from .memory import (SUFFIX_CACHE_CAP, MemoryEstimate, default_budgets,
                      estimate_memory)
 from .reasons import explain_choice
 from .result import Candidate, Plan
@@ -145,6 +146,7 @@ class _Search:
             if kind == PLAIN:
                 best, s, rng = 0, 1.0, (0, 0)
             else:
+                assert acc is not None  # every proposer but the plain path has an estimate
                 best, s, rng = best_draft_len(kind, acc, sm.cost, sm.draft_ratio or 0.0,
                                               _k_max(kind, self.k_max))
             return Candidate(kind, True, s, best, rng, acc, mem,
@@ -264,7 +266,7 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
          kernel: KernelConfig | None = None, exact: bool = False, exact_cap: int | None = None,
          proposer: str = AUTO, n_gpu_layers: int | None = None,
          target_name: str | None = None, draft_name: str | None = None,
-         calibrations: Mapping[str, object] | None = None,
+         calibrations: Mapping[str, Calibration | None] | None = None,
          suffix_cap: int = SUFFIX_CACHE_CAP, base: EngineConfig | None = None) -> Plan:
     """Choose proposer, draft length, offload, context and kernel for ``target`` on ``device``.
 
@@ -310,12 +312,18 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
     reasons = explain_choice(best, cands, dev, budgets, target, draft, ctx, explicit_ctx,
                              budget is not None, kernel, label)
     return Plan(
-        target=target.path, draft=draft.path if chosen_draft is not None else None,
+        target=target.path, draft=chosen_draft.path if chosen_draft is not None else None,
         proposer=best.proposer, draft_len=draft_len, n_gpu_layers=cfg["n_gpu_layers"],
         draft_gpu_layers=cfg["draft_gpu_layers"], n_ctx=cfg["n_ctx"], kernel=cfg["kernel"],
-        predicted_speedup=best.speedup, memory=best.memory, budget_host=budgets[0],
+        predicted_speedup=best.speedup, memory=_fitting_memory(best), budget_host=budgets[0],
         budget_device=budgets[1], device=dev, candidates=tuple(cands), speed=cfg["speed"],
         reasons=tuple(reasons), config=config)
+
+
+def _fitting_memory(c: Candidate) -> MemoryEstimate:
+    """A fitting candidate's memory (estimated wherever it fits)."""
+    assert c.memory is not None
+    return c.memory
 
 
 def _checked(target: ModelFacts, kernel: KernelConfig, kv_type: str | None,
@@ -343,17 +351,18 @@ def _candidates(search: _Search, proposer: str, configs: Sequence[tuple[int, Ker
     target, draft = search.target, search.draft
     cands: list[Candidate] = []
     for kind, costly in _kinds(proposer, draft is not None, target.nextn_predict_layers):
-        if proposer == AUTO and costly and _bridged(kind) and _sizes_pair(target, draft):
+        if proposer == AUTO and costly and _bridged(kind) and draft is not None \
+                and _sizes_pair(target, draft):
             continue  # a draft sharing the vocabulary needs no bridge: not a choice to weigh
         acc = acceptance_for(kind, target_name, draft_name) if kind != PLAIN else None
-        bad = _draft_incompatibility(target, draft, kind) if costly else ""
+        bad = _draft_incompatibility(target, draft, kind) if costly and draft is not None else ""
         cands.append(Candidate(kind, False, acceptance=acc, note=bad) if bad else
                      search.evaluate(kind, costly, configs, acc))
     return cands
 
 
 def _best(cands: Sequence[Candidate], fitting: Sequence[Candidate]
-          ) -> tuple[Candidate, int, list[Candidate]]:
+          ) -> tuple[Candidate, tuple[int, int], list[Candidate]]:
     """The winner, the draft length to run and the free proposers that fit."""
     # Highest predicted speedup wins; on a tie the cheaper one (plain, free, then costly).
     order = {c.proposer: i for i, c in enumerate(cands)}

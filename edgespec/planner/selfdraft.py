@@ -20,11 +20,11 @@ def self_draft_facts(target: ModelFacts, layers: Sequence[int]) -> ModelFacts:
                           key=lambda t: t.offset)
     # the written file holds them back to back (GGUF's 32-byte alignment): the mapping the
     # memory model spans is this file's, not the target's with holes
-    tensors, at = [], 0
+    placed, at = [], 0
     for t in kept_tensors:
-        tensors.append(replace(t, offset=at))
+        placed.append(replace(t, offset=at))
         at += -(-t.nbytes // GGUF_DEFAULT_ALIGNMENT) * GGUF_DEFAULT_ALIGNMENT
-    tensors = tuple(tensors)
+    tensors = tuple(placed)
     layer_bytes = tuple(target.layer_bytes[i] for i in kept if i < len(target.layer_bytes))
     weight = sum(layer_bytes) + target.token_embd_bytes + target.output_bytes + target.other_bytes
     share = weight / target.weight_bytes if target.weight_bytes else 1.0

@@ -14,7 +14,7 @@ reports the range of k within a few percent of that best.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..api.labels import PLAIN
 from ..runtime.device import Device
@@ -135,12 +135,13 @@ def bridged(sm: SpeedModel) -> SpeedModel:
                      f"step = {over:.3f} of a target step, measured apart from draft inference")
 
 
-def curve_from_points(points: Mapping) -> Callable[[float], float]:
+def curve_from_points(points: Mapping[Any, Any]) -> Callable[[float], float]:
     cal = Calibration.from_costs({int(k): float(v) for k, v in points.items()}, step_seconds=1.0)
     return cal.cost
 
 
-def _blend(cpu: Callable[[float], float], gpu: Callable[[float], float], cpu_time_share: float):
+def _blend(cpu: Callable[[float], float], gpu: Callable[[float], float],
+           cpu_time_share: float) -> Callable[[float], float]:
     return lambda n: cpu_time_share * cpu(n) + (1 - cpu_time_share) * gpu(n)
 
 
@@ -156,7 +157,8 @@ def cpu_time_share(facts: ModelFacts, n_gpu_layers: int) -> float:
 
 def speed_model(dev: Device, target: ModelFacts, draft: ModelFacts | None, *,
                 n_gpu_layers: int, draft_gpu_layers: int,
-                target_cal=None, draft_cal=None) -> SpeedModel:
+                target_cal: Calibration | None = None,
+                draft_cal: Calibration | None = None) -> SpeedModel:
     """Pick the best available source for the cost curve and the draft's per-token cost."""
     speed = dict(dev.speed or {})
     gpu_curve = Calibration.linear(0.02).cost
@@ -168,7 +170,9 @@ def speed_model(dev: Device, target: ModelFacts, draft: ModelFacts | None, *,
     if target_cal is not None and not trusted_t:
         notes.append(f"ignored the cached calibration of the target: {why_t}; re-measure on a quiet "
                      "machine with `edgespec plan --recalibrate`")
-    if trusted_t:
+    cost: Callable[[float], float]
+    step: float | None
+    if trusted_t and target_cal is not None:  # trusted: never None
         cost, step, source = target_cal.cost, target_cal.step_seconds, \
             f"calibration measured on this device ({target_cal.source})"
         if why_t:
@@ -192,7 +196,7 @@ def speed_model(dev: Device, target: ModelFacts, draft: ModelFacts | None, *,
     if draft is not None:
         if "draft_step_ratio" in speed:
             ratio, dsrc = float(speed["draft_step_ratio"]), "the device description's draft_step_ratio"
-        elif trusted_t and calibration_trust(
+        elif trusted_t and target_cal is not None and draft_cal is not None and calibration_trust(
                 draft_cal, cpu_step * draft.weight_bytes / max(target.weight_bytes, 1))[0]:
             ratio = draft_cal.step_seconds / target_cal.step_seconds
             dsrc = "measured step times of both models"

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import statistics
+
 from ..calibration.cpu import BUSY_LIMIT
+from ..calibration.curve import Calibration
 
 #: Repeats of one pass on a quiet machine agree within a few percent; far more spread means
 #: other work held the cores while it was measured, and the curve's shape is noise.
 MAX_CALIBRATION_SPREAD = 0.10
 
 
-def calibration_trust(cal, expected_step: float) -> tuple[bool, str]:
+def calibration_trust(cal: Calibration | None, expected_step: float) -> tuple[bool, str]:
     """(usable, remark) for a cached calibration: refuse ones timed under heavy load.
 
     The spread is the median over batch sizes of the repeats' median absolute deviation
@@ -43,10 +45,10 @@ def calibration_trust(cal, expected_step: float) -> tuple[bool, str]:
 MAX_USABLE_SPREAD = 0.25
 
 
-def _spread(cal) -> float:
+def _spread(cal: Calibration) -> float:
     """Median over pass sizes of the repeats' median absolute deviation relative to their
     median (0.0 without repeats)."""
-    spreads = []
+    spreads: list[float] = []
     for samples in (getattr(cal, "samples", None) or {}).values():
         if len(samples) >= 3:
             m = statistics.median(samples)
@@ -55,7 +57,7 @@ def _spread(cal) -> float:
     return statistics.median(spreads) if spreads else 0.0
 
 
-def usable_shape(cal, expected_step: float) -> bool:
+def usable_shape(cal: Calibration | None, expected_step: float) -> bool:
     """Whether an untrusted calibration still prices passes better than the CPU prior: a
     measured curve, not timed under load, whose repeats vary by at most
     :data:`MAX_USABLE_SPREAD` and whose step is within 10x of what the model's size
