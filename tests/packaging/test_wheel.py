@@ -79,6 +79,20 @@ def test_the_installed_package_is_not_the_checkout(installed):
     assert str(ROOT) not in r.stdout and "site-packages" in r.stdout
 
 
+def test_the_tui_ships_inside_the_package_with_its_stylesheet(installed):
+    """edgespec.tui is part of the wheel (textual is the [tui] extra, not installed here, so
+    the files are looked at rather than imported); no top-level package but edgespec."""
+    bindir, env = installed
+    r = _run([str(bindir / "python"), "-c",
+              "import edgespec, importlib.util, sys; from pathlib import Path; "
+              "tui = Path(edgespec.__file__).parent / 'tui'; "
+              "print((tui / 'app.tcss').is_file(), (tui / 'app.py').is_file(), "
+              "importlib.util.find_spec('tui') is None, 'textual' in sys.modules)"],
+             cwd="/tmp", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True", "True", "False"]
+
+
 def test_models_list_reads_the_shipped_registry(installed):
     r = edgespec(installed, "models", "list")
     assert r.returncode == 0, r.stderr
