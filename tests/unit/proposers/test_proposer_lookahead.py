@@ -276,7 +276,7 @@ def test_the_module_s_examples_hold():
 def test_the_engine_builds_it_only_when_asked(label, options, built):
     from contextlib import ExitStack
 
-    from edgespec.engine.config import EngineConfig
+    from edgespec.config import EngineConfig
     from edgespec.engine.build import _build_proposers
     config = EngineConfig(target="fake.gguf", proposer=label, proposer_options=options)
     with ExitStack() as stack:
