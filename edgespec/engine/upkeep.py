@@ -42,9 +42,8 @@ class Upkeep:
         """This device's verify-cost curve for the target (measured once, cached on disk);
         the guard prices the plain path with its step time from then on."""
         if self.curve is None:
-            assert self._config.kernel is not None  # an engine's config always names one
             self.curve = trusted_calibration(self._target, threads or self._n_threads,
-                                             self._config.kernel)
+                                             self._config.layout())
             self._guard.plain_seconds_prior = self.curve.step_seconds
         return self.curve
 

@@ -85,3 +85,23 @@ def test_a_built_engine_closes_once_in_reverse_order(world):
     assert eng.default_proposer == "ngram" and "suffix" in eng.proposers
     eng.close()
     assert closed == ["ctx:target.gguf", "model:target.gguf"]
+
+
+def test_exact_mode_shrinks_a_default_draft_length_before_the_engine_exists(world, monkeypatch):
+    """The probed cap settles the control settings in the builder: the engine is built with
+    them (and the cap), nothing is assigned to it afterwards."""
+    probes = []
+    monkeypatch.setattr("edgespec.calibration.cache.exact_cap",
+                        lambda model, kernel, n_threads: probes.append(1) or 2)
+    with Engine.from_config(cfg(exact=True)) as eng:
+        assert eng.control.draft_length == 2 and eng.config.control == eng.control
+        assert eng.exact_max_draft() == 2 and eng.upkeep.exact_cap == 2
+    assert probes == [1]  # probed once, by the builder; the engine reuses it
+
+
+def test_a_default_engine_probes_no_exact_cap(world, monkeypatch):
+    def never(*a, **k):
+        raise AssertionError("the default mode probes no exact cap at load")
+    monkeypatch.setattr("edgespec.calibration.cache.exact_cap", never)
+    with Engine.from_config(cfg()) as eng:
+        assert eng.upkeep.exact_cap is None and eng.control.draft_length == 3
