@@ -155,6 +155,94 @@ def test_no_import_cycle_among_edgespec_modules():
         f"{' <-> '.join(c)}\n{_describe(graph, c)}" for c in cycles)
 
 
+def test_no_import_cycle_counting_type_checking_imports():
+    # An import under `if TYPE_CHECKING:` never runs, but it is still an arrow a reader and
+    # mypy follow: two modules that name each other's types are one module in two files.
+    graph = _graph(type_checking=True)
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles among edgespec modules, TYPE_CHECKING included:\n" + \
+        "\n\n".join(f"{' <-> '.join(c)}\n{_describe(graph, c)}" for c in cycles)
+
+
+#: The floors of the package, bottom up (docs/architecture.md): a module imports its own
+#: floor and the floors below, never a higher one, TYPE_CHECKING imports included. Packages
+#: on one floor do not depend on each other's floor order (identity and registry read each
+#: other's modules; no module cycle, test above). "" is the package's face, edgespec/__init__.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("errors", "paths", "_version", "_native", "statefile"),
+    ("api",),            # the neutral types (one allowance: API_GRAMMAR_CHECK, below)
+    ("runtime",),        # the llama.cpp boundary
+    ("decoding",),       # pure pieces: sampling, verify, trees, KV prefixes, text
+    ("grammar", "proposers"),
+    ("identity", "registry"),
+    ("calibration", "chat"),
+    ("control", "agents"),
+    ("config",),         # EngineConfig: what the planner and the engine read
+    ("loop",),           # one request's loop: drives proposers and the controller
+    ("planner",),
+    ("engine",),
+    ("serving",),
+    ("protocol",),
+    ("apps",),
+    ("server", "tui"),
+    ("cli", ""),
+)
+#: the lab measures the product from beside it: it stands on the engine (and everything
+#: below), and only the front ends above it (the CLI) import it
+LAB = ("lab",)
+LAB_STANDS_ON = "engine"
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def _floor(pkg: str) -> float:
+    """The package's floor; one that has none is test_every_package_has_a_floor's to report."""
+    if pkg in LAB:
+        return next(i for i, f in enumerate(FLOORS) if LAB_STANDS_ON in f) + 0.5
+    return next((i for i, f in enumerate(FLOORS) if pkg in f), -1)
+
+
+def _upward(graph: dict[str, dict[str, int]]) -> list[str]:
+    front = min(i for i, f in enumerate(FLOORS) if "server" in f)
+    found = []
+    for m, edges in sorted(graph.items()):
+        a = _package(m)
+        for t, line in sorted(edges.items()):
+            b = _package(t)
+            if a == b or (m, t) == API_GRAMMAR_CHECK:
+                continue
+            # a product floor between the lab and the front ends is not under the lab
+            beside = b in LAB and a not in LAB and _floor(a) < front
+            if _floor(b) > _floor(a) or beside:
+                found.append(f"{m}:{line} imports {t} (floor {a or 'edgespec'} < {b})")
+    return found
+
+
+def test_every_package_has_a_floor():
+    packages = {_package(m) for m in _modules()}
+    placed = {p for f in FLOORS for p in f} | set(LAB)
+    assert sorted(packages - placed) == [], "place the new package in FLOORS"
+    assert sorted(placed - packages) == [], "FLOORS names a package that is gone"
+
+
+def test_no_module_imports_a_higher_floor():
+    upward = _upward(_graph(type_checking=True))
+    assert upward == [], "imports that point up a floor:\n" + "\n".join(upward)
+
+
+def test_the_floor_check_finds_an_upward_import():
+    graph = {"edgespec.runtime.model": {"edgespec.engine.engine": 3},
+             "edgespec.engine.engine": {"edgespec.runtime.model": 1},
+             "edgespec.serving.pool": {"edgespec.lab.bench": 7},
+             "edgespec.cli.bench": {"edgespec.lab.bench": 2},
+             "edgespec.lab.bench": {"edgespec.engine.engine": 5}}
+    assert _upward(graph) == [
+        "edgespec.runtime.model:3 imports edgespec.engine.engine (floor runtime < engine)",
+        "edgespec.serving.pool:7 imports edgespec.lab.bench (floor serving < lab)"]
+
+
 def _offenders(prefix: str, allowed: tuple[str, ...], graph) -> list[str]:
     def ok(target: str) -> bool:
         return any(target == a or target.startswith(a + ".") for a in allowed)
