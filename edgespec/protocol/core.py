@@ -26,7 +26,7 @@ import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 
 from ..api.events import Event, Finished, Step
 from ..errors import ContextOverflowError, EdgespecError
@@ -267,7 +267,7 @@ class Running:
         """What every choice starts with before the engine speaks (echo's prompt text)."""
         return [e for r in self.readers for e in r.start()]
 
-    async def __aiter__(self) -> AsyncIterator[CoreEvent]:
+    async def __aiter__(self) -> AsyncGenerator[CoreEvent, None]:  # aclose(): cancel
         complete = False
         ended = 0
         try:

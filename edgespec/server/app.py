@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import time
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._version import __version__
 from ..errors import EdgespecError
-from ..serving import ModelPool
+from ..serving import ModelPool, Scheduler
 from ..protocol import Core
 from . import auth, guard, info, web
 from .dialects import openai_chat, openai_completions
@@ -35,8 +37,11 @@ from .errors import install_handlers
 from .metrics import Accounting, ServerMetrics
 from .settings import ServerSettings
 
+if TYPE_CHECKING:
+    from ..engine.engine import Engine
 
-def create_app(scheduler, engine, settings: ServerSettings) -> FastAPI:
+
+def create_app(scheduler: Scheduler, engine: Engine, settings: ServerSettings) -> FastAPI:
     """One preloaded model; the caller releases the engine after the app has stopped."""
     return create_pool_app(ModelPool.single(settings.served_model, settings.aliases, engine,
                                             scheduler), settings)
@@ -53,7 +58,7 @@ def create_pool_app(pool: ModelPool, settings: ServerSettings) -> FastAPI:
     first.engine.identity  # computed once (Engine caches it), before a request needs it
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         # uvicorn has stopped accepting and waited for open requests; whatever is still
         # admitted finishes before the engines are released
@@ -95,10 +100,10 @@ class _Preflight:
     Access-Control-Allow-Origin: the browser then refuses the call itself, instead of the
     server answering 405 to a request it does serve."""
 
-    def __init__(self, app, cors: bool) -> None:
+    def __init__(self, app: ASGIApp, cors: bool) -> None:
         self.app, self.cors = app, cors
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("method") == "OPTIONS" and not self.cors:
             headers = dict(scope.get("headers") or ())
             if b"access-control-request-method" in headers:

@@ -17,10 +17,13 @@ import os
 import stat
 from pathlib import Path
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from ..errors import InvalidInputError
 from ..protocol.errors import ProtocolError
 from .errors import APIError
 from .guard import answer
+from .metrics import ServerMetrics
 from .web.routes import PUBLIC_PATHS
 
 #: paths whose minimal answer needs no key (see the module doc)
@@ -52,7 +55,7 @@ _MESSAGE = ("missing or invalid API key: send 'Authorization: Bearer KEY' (or 'x
             "--api-key-file)")
 
 
-def read_key_file(path: str | os.PathLike) -> tuple[str, str | None]:
+def read_key_file(path: str | os.PathLike[str]) -> tuple[str, str | None]:
     """The key in ``path`` (its first line, surrounding whitespace removed) and a warning when
     other users may read the file (None when they may not)."""
     p = Path(path).expanduser()
@@ -80,12 +83,12 @@ class Middleware:
     """Pure ASGI middleware that runs the key check (streaming responses and disconnects
     pass through untouched); a refusal is counted in ``metrics``."""
 
-    def __init__(self, app, api_key: str | None, metrics) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, metrics: ServerMetrics) -> None:
         self.app = app
         self.api_key = api_key
         self.metrics = metrics
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.api_key is not None:
             headers = dict(scope.get("headers") or ())
             ok = authorized(self.api_key, headers.get(b"authorization", b"").decode("latin-1"),
@@ -112,7 +115,7 @@ def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
-async def _liveness(send) -> None:
+async def _liveness(send: Send) -> None:
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(_LIVENESS)).encode())]})

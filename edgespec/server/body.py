@@ -8,7 +8,7 @@ import logging
 from fastapi import Request
 
 from .errors import APIError
-from .schemas import parse_request
+from .schemas import R, parse_request
 from .settings import ServerSettings
 
 log = logging.getLogger("edgespec.server")
@@ -22,7 +22,7 @@ _DISCARD_BYTES = 16 * 1024 * 1024
 OFF_LOOP_BYTES = 64 * 1024
 
 
-async def parsed(model, request: Request, settings: ServerSettings):
+async def parsed(model: type[R], request: Request, settings: ServerSettings) -> R:
     """The validated request of schema ``model``, read from ``request``."""
     text = await read(request, settings)
     if len(text) >= OFF_LOOP_BYTES:
@@ -30,7 +30,7 @@ async def parsed(model, request: Request, settings: ServerSettings):
     return parse(model, text, settings, request)
 
 
-def parse(model, body: str, settings: ServerSettings, request: Request):
+def parse(model: type[R], body: str, settings: ServerSettings, request: Request) -> R:
     """The validated request; unknown fields are dropped and named in one log line (or,
     with --strict, refused by parse_request)."""
     req, ignored = parse_request(model, body, strict=settings.strict)

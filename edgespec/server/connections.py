@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Iterable, Protocol
 
 from ..errors import InvalidInputError
 
@@ -96,7 +96,7 @@ class Connections:
         if not mine:
             del self._by_client[client]
 
-    def _evict(self, candidates) -> bool:
+    def _evict(self, candidates: Iterable[Connection]) -> bool:
         """Close the oldest idle connection among ``candidates``; False if all are busy."""
         for c in list(candidates):
             if c.idle():
@@ -111,7 +111,8 @@ class Throttled:
     """Say a recurring problem once per ``interval`` seconds, with how often it recurred
     meanwhile (an accept loop out of file descriptors fails on every attempt)."""
 
-    def __init__(self, say, interval: float = 10.0, clock=time.monotonic) -> None:
+    def __init__(self, say: Callable[[str], None], interval: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.say = say
         self.interval = interval
         self.clock = clock

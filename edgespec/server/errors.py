@@ -10,12 +10,14 @@ serving. :class:`APIError` is a ProtocolError that names its OpenAI ``type`` its
 from __future__ import annotations
 
 import logging
+from typing import Any, Callable, Mapping, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 
 from ..errors import ContextOverflowError, EdgespecError
 from ..protocol import errors as protocol
@@ -44,7 +46,7 @@ def openai_type(e: ProtocolError) -> str:
     return _TYPES.get(e.kind, "invalid_request_error")
 
 
-def body(e: ProtocolError) -> dict:
+def body(e: ProtocolError) -> dict[str, Any]:
     """The OpenAI error body of any ProtocolError."""
     return {"error": {"message": e.message, "type": openai_type(e), "param": e.param,
                       "code": e.code}}
@@ -64,7 +66,7 @@ class APIError(ProtocolError):
         super().__init__(status, message, kind=kind, param=param, code=code, headers=headers)
         self.type = type
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         return body(self)
 
     def response(self) -> JSONResponse:
@@ -90,7 +92,7 @@ def from_edgespec(e: EdgespecError) -> ProtocolError:
     return protocol.from_edgespec(e)
 
 
-def from_validation(errors: list[dict]) -> APIError:
+def from_validation(errors: Sequence[Mapping[str, Any]]) -> ProtocolError:
     """pydantic's first error, as a sentence naming the field (OpenAI reports one)."""
     if not errors:
         return bad_request("the request body is not valid")
@@ -118,7 +120,7 @@ def from_validation(errors: list[dict]) -> APIError:
                        code="invalid_type" if kind.endswith("_type") else "invalid_value")
 
 
-def _field_path(errors: list[dict]) -> list[str]:
+def _field_path(errors: Sequence[Mapping[str, Any]]) -> list[str]:
     """The path of the field the first error is about. A value that fits no member of a
     union gets one error per member, each with the member's name appended to the path
     (``stop.str``, ``stop.list[str]``); their common prefix is the field itself."""
@@ -133,7 +135,8 @@ def _field_path(errors: list[dict]) -> list[str]:
     return first[:n]
 
 
-def install_handlers(app: FastAPI, on_error=lambda status, code: None) -> None:
+def install_handlers(app: FastAPI, on_error: Callable[[int, str | None], None] = (
+        lambda status, code: None)) -> None:
     """Answer every failure OpenAI-shaped; ``on_error(status, code)`` counts it."""
 
     def answer(e: ProtocolError) -> JSONResponse:
@@ -141,23 +144,23 @@ def install_handlers(app: FastAPI, on_error=lambda status, code: None) -> None:
         return response(e)
 
     @app.exception_handler(ProtocolError)
-    async def _api(request: Request, e: ProtocolError):
+    async def _api(request: Request, e: ProtocolError) -> Response:
         return answer(e)
 
     @app.exception_handler(EdgespecError)
-    async def _edgespec(request: Request, e: EdgespecError):
+    async def _edgespec(request: Request, e: EdgespecError) -> Response:
         return answer(from_edgespec(e))
 
     @app.exception_handler(ValidationError)
-    async def _pydantic(request: Request, e: ValidationError):
+    async def _pydantic(request: Request, e: ValidationError) -> Response:
         return answer(from_validation(e.errors()))
 
     @app.exception_handler(RequestValidationError)
-    async def _fastapi(request: Request, e: RequestValidationError):
+    async def _fastapi(request: Request, e: RequestValidationError) -> Response:
         return answer(from_validation(list(e.errors())))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, e: StarletteHTTPException):
+    async def _http(request: Request, e: StarletteHTTPException) -> Response:
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         message = (f"no route {request.method} {request.url.path}; see GET /v1/models and "
                    "docs/server.md" if e.status_code in (404, 405) else str(e.detail))
@@ -165,7 +168,7 @@ def install_handlers(app: FastAPI, on_error=lambda status, code: None) -> None:
         return answer(APIError(e.status_code, message, type=kind, code=code))
 
     @app.exception_handler(Exception)
-    async def _bug(request: Request, e: Exception):
+    async def _bug(request: Request, e: Exception) -> Response:
         log.exception("unhandled error serving %s", request.url.path)
         return answer(APIError(500, f"internal error ({type(e).__name__}); the server keeps "
                                     "serving, please report this with the server log",

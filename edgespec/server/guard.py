@@ -26,7 +26,10 @@ import ipaddress
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, Callable
 from urllib.parse import urlsplit
+
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..protocol.errors import ProtocolError
 
@@ -104,7 +107,7 @@ def refusal(path: str, err: ProtocolError) -> tuple[int, list[tuple[bytes, bytes
     Ollama's ``{"error": "..."}`` under ``/api/``, Anthropic's under ``/v1/messages``,
     OpenAI's elsewhere (llama.cpp's native routes use OpenAI's, as llama-server does)."""
     if path.startswith("/api/"):
-        body: dict = {"error": err.message}
+        body: dict[str, Any] = {"error": err.message}
     elif path.startswith("/v1/messages"):
         body = {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(err.kind, "api_error"),
                                            "message": err.message}}
@@ -129,7 +132,7 @@ _ANTHROPIC_TYPES = {"invalid_request": "invalid_request_error", "unsupported":
                     "timeout": "invalid_request_error"}
 
 
-async def answer(scope, send, err: ProtocolError) -> None:
+async def answer(scope: Scope, send: Send, err: ProtocolError) -> None:
     """Send ``err`` as the whole response, in the shape of the route's dialect."""
     status, headers, body = refusal(scope.get("path", ""), err)
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -141,14 +144,15 @@ class Middleware:
     with ``on_refusal(status, code)``. ``hosts`` None skips the Host check (an app built
     in-process, e.g. under a test client; ``edgespec serve`` always sets it)."""
 
-    def __init__(self, app, hosts: HostPolicy | None, cors_origins: tuple[str, ...] = (),
-                 on_refusal=lambda status, code: None) -> None:
+    def __init__(self, app: ASGIApp, hosts: HostPolicy | None, cors_origins: tuple[str, ...] = (),
+                 on_refusal: Callable[[int, str | None], None] = lambda status, code: None
+                 ) -> None:
         self.app = app
         self.hosts = hosts
         self.cors_origins = tuple(cors_origins)
         self.on_refusal = on_refusal
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             err = self.check(scope)
             if err is not None:
@@ -157,7 +161,7 @@ class Middleware:
                 return
         await self.app(scope, receive, send)
 
-    def check(self, scope) -> ProtocolError | None:
+    def check(self, scope: Scope) -> ProtocolError | None:
         headers = _headers(scope)
         host = headers.get(b"host")
         host_text = host.decode("latin-1") if host is not None else None
@@ -191,7 +195,7 @@ class Middleware:
         return None
 
 
-def _headers(scope) -> dict[bytes, bytes]:
+def _headers(scope: Scope) -> dict[bytes, bytes]:
     """The first value of each header (names are lowercase in ASGI)."""
     out: dict[bytes, bytes] = {}
     for k, v in scope.get("headers") or ():

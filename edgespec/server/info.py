@@ -1,6 +1,8 @@
 """The information routes: ``GET /v1/models`` (and one model), ``/health``, ``/metrics``."""
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI
 from fastapi.responses import Response
 
@@ -14,32 +16,33 @@ def register(app: FastAPI, pool: ModelPool, settings: ServerSettings, metrics: S
              started: int) -> None:
     """Add the information routes to ``app``; ``started`` is the models' ``created`` time."""
 
-    @app.get("/v1/models")
-    @app.get("/models")  # llama-server answers both
-    async def models():
+    # response_model=None: the routes answer plain dicts, which FastAPI writes as they are
+    @app.get("/v1/models", response_model=None)
+    @app.get("/models", response_model=None)  # llama-server answers both
+    async def models() -> dict[str, Any]:
         return {"object": "list", "data": model_list(pool, started)}
 
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str):
+    @app.get("/v1/models/{model_id:path}", response_model=None)
+    async def model(model_id: str) -> dict[str, Any]:
         for entry in model_list(pool, started):
             if entry["id"] == model_id:
                 return entry
         raise APIError(404, f"no model {model_id!r} (GET /v1/models lists them)",
                        param="model", code="model_not_found")
 
-    @app.get("/health")
-    async def health():
+    @app.get("/health", response_model=None)
+    async def health() -> dict[str, Any]:
         load = pool.load()
         return {"status": "ok", "model": settings.served_model, "queued": load.queued,
                 "running": load.running, "slots": load.slots, "max_queue": load.max_queue,
                 "models": {m.name: m.state for m in pool.entries()}}
 
     @app.get("/metrics")
-    async def prometheus():
+    async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
 
-def model_list(pool: ModelPool, started: int) -> list[dict]:
+def model_list(pool: ModelPool, started: int) -> list[dict[str, Any]]:
     """Exactly the models this server answers for, each with its state (loaded, loading,
     unloaded: loaded on its first request)."""
     out = []

@@ -20,13 +20,20 @@ from __future__ import annotations
 
 import threading
 from contextvars import ContextVar
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Info,
                                generate_latest)
 from prometheus_client.core import GaugeMetricFamily
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._version import __version__
 from ..api.events import Control, Finished
+from ..api.stats import RequestStats
+from ..serving.tickets import Delivery, QueueLoad
+
+if TYPE_CHECKING:
+    from ..engine.engine import Engine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -34,8 +41,14 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.
                     2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 
 
+class _Loaded(Protocol):
+    """What the queue gauges read: a scheduler or a pool of them."""
+
+    def load(self) -> QueueLoad: ...
+
+
 class ServerMetrics:
-    def __init__(self, scheduler, engine, served_model: str) -> None:
+    def __init__(self, scheduler: _Loaded, engine: Engine, served_model: str) -> None:
         self.registry = r = CollectorRegistry()
         p = "edgespec_"
         self.num_drafts = Counter(p + "spec_decode_num_drafts", "Verify passes that held at "
@@ -100,7 +113,7 @@ class ServerMetrics:
         context is (on the loop) and hand it to whatever reports from elsewhere."""
         return _CURRENT.get()
 
-    def observe(self, event, outcome: "Outcome | None" = None) -> None:
+    def observe(self, event: Delivery, outcome: "Outcome | None" = None) -> None:
         """Called for every engine event (on the scheduler thread: cheap, never blocks);
         ``outcome``: the request's, so that its end is counted once."""
         if isinstance(event, Control):
@@ -113,7 +126,7 @@ class ServerMetrics:
             if _first(outcome):
                 self.failed.inc()
 
-    def observe_stats(self, s, stop_reason: str | None) -> None:
+    def observe_stats(self, s: RequestStats, stop_reason: str | None) -> None:
         """One run's statistics; ``stop_reason`` (not None) also counts it as finished."""
         self.num_drafts.inc(s.verify_passes)
         self.num_draft_tokens.inc(s.drafted)
@@ -179,11 +192,11 @@ class Accounting:
     ``receive`` while the response is unfinished), and counts as rejected an error answer
     (4xx/5xx) that no route counted."""
 
-    def __init__(self, app, metrics: ServerMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
         self.app = app
         self.metrics = metrics
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -191,7 +204,7 @@ class Accounting:
         token = _CURRENT.set(outcome)
         state = {"status": 0, "complete": False}
 
-        async def receiving():
+        async def receiving() -> Message:
             message = await receive()
             if message["type"] == "http.disconnect" and not state["complete"] \
                     and not outcome.disconnected:
@@ -199,7 +212,7 @@ class Accounting:
                 self.metrics.disconnects.inc()
             return message
 
-        async def sending(message):
+        async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
                 state["status"] = message["status"]
             elif message["type"] == "http.response.body" and not message.get("more_body"):
@@ -219,10 +232,10 @@ class _CanaryCollector:
     improvement over the plain path with its lower confidence bound (NaN until both arms
     have requests)."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def collect(self):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         enabled = GaugeMetricFamily("edgespec_canary_speculation_enabled", "1 while "
                                     "speculation is on for the traffic slice.", labels=["slice"])
         improvement = GaugeMetricFamily("edgespec_canary_goodput_improvement", "Goodput of "
@@ -244,9 +257,9 @@ class _CanaryCollector:
         yield improvement
         yield lower
 
-    def describe(self):
+    def describe(self) -> list[GaugeMetricFamily]:
         return []
 
 
-def _num(x) -> float:
+def _num(x: float | None) -> float:
     return float("nan") if x is None else float(x)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from ..api.events import TokenLogprob
 from ..protocol.events import (ChoiceDone, CoreEvent, ReasoningDelta, TextDelta, TokenPiece,
@@ -22,7 +22,7 @@ def finish_reason(done: ChoiceDone) -> str:
     return _FINISH.get(done.finish, done.finish)
 
 
-def extension(done: ChoiceDone, identity: str) -> dict:
+def extension(done: ChoiceDone, identity: str) -> dict[str, Any]:
     s = done.stats
     return {
         "proposer": s.proposer,
@@ -43,7 +43,7 @@ def extension(done: ChoiceDone, identity: str) -> dict:
     }
 
 
-def usage(dones: list[ChoiceDone]) -> dict:
+def usage(dones: list[ChoiceDone]) -> dict[str, Any]:
     """The request's usage: each prompt once (the n choices of a prompt share it), every
     completion."""
     firsts = {d.request: d for d in reversed(dones)}.values()
@@ -54,7 +54,7 @@ def usage(dones: list[ChoiceDone]) -> dict:
             "prompt_tokens_details": {"cached_tokens": sum(d.prompt_cached for d in firsts)}}
 
 
-def origins(tokens: tuple[TokenPiece, ...]) -> dict:
+def origins(tokens: tuple[TokenPiece, ...]) -> dict[str, Any]:
     """The per-token origins extension of a stream chunk (stream_options.include_origins)."""
     return {"tokens": [{"text": t.text, "origin": t.origin, "drafted": t.drafted,
                         "position": t.position} for t in tokens]}
@@ -72,13 +72,14 @@ class Shape:
     include_usage: bool = False
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
-    offsets: dict = field(default_factory=dict)  # choice -> characters emitted (text_offset)
+    # choice -> characters emitted (text_offset)
+    offsets: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         prefix = "chatcmpl-" if self.kind == "chat" else "cmpl-"
         self.id = self.id or prefix + uuid.uuid4().hex
 
-    def _head(self, obj: str) -> dict:
+    def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint}
 
@@ -87,7 +88,7 @@ class Shape:
         raw = bytes(self.piece(tok))
         return raw.decode("utf-8", "replace"), list(raw)
 
-    def logprobs(self, lps: tuple[TokenLogprob, ...], at: int = 0) -> dict | None:
+    def logprobs(self, lps: tuple[TokenLogprob, ...], at: int = 0) -> dict[str, Any] | None:
         """Chat's ``content`` list, or completions' parallel lists (``at``: the text offset
         of the first token)."""
         if not lps:
@@ -114,14 +115,15 @@ class Shape:
                 "top_logprobs": tops, "text_offset": offsets}
 
     # --- whole responses ------------------------------------------------------------------
-    def whole(self, dones: list[ChoiceDone], echoed: dict[int, str] | None = None) -> dict:
+    def whole(self, dones: list[ChoiceDone],
+              echoed: dict[int, str] | None = None) -> dict[str, Any]:
         """The whole body of a request's choices (``echoed``: per choice, the prompt text
         its completion starts with, outside the logprobs' offsets)."""
         choices = []
         for d in dones:
             lps = self.logprobs(d.logprobs, len((echoed or {}).get(d.index, "")))
             if self.kind == "chat":
-                msg: dict = {"role": "assistant",
+                msg: dict[str, Any] = {"role": "assistant",
                              "content": d.text if d.text or not d.tool_calls else None}
                 if d.reasoning:
                     msg["reasoning_content"] = d.reasoning
@@ -145,8 +147,8 @@ class Shape:
         return body
 
     # --- stream chunks --------------------------------------------------------------------
-    def chunk(self, index: int, *, text: str = "", delta: dict | None = None,
-              lps: tuple[TokenLogprob, ...] = (), finish: str | None = None) -> dict:
+    def chunk(self, index: int, *, text: str = "", delta: dict[str, Any] | None = None,
+              lps: tuple[TokenLogprob, ...] = (), finish: str | None = None) -> dict[str, Any]:
         """One choice's chunk: chat's ``delta`` (default: ``text`` as content), or
         completions' ``text``."""
         if self.kind == "chat":
@@ -164,11 +166,11 @@ class Shape:
             body["usage"] = None
         return body
 
-    def first(self, index: int) -> dict:
+    def first(self, index: int) -> dict[str, Any]:
         """A chat choice's opening chunk (the role); completions have none."""
         return self.chunk(index, delta={"role": "assistant", "content": ""})
 
-    def event(self, ev: CoreEvent) -> list[dict]:
+    def event(self, ev: CoreEvent) -> list[dict[str, Any]]:
         """The stream chunks of one core event."""
         if isinstance(ev, TextDelta):
             if not (ev.text or ev.logprobs or ev.tokens):
@@ -186,7 +188,7 @@ class Shape:
                 return [self.chunk(ev.index, text=ev.text)]
             return [self.chunk(ev.index, delta={"reasoning_content": ev.text})]
         if isinstance(ev, ToolCallDelta):
-            call: dict = {"index": ev.call}
+            call: dict[str, Any] = {"index": ev.call}
             if ev.id is not None:
                 call.update(id=ev.id, type="function",
                             function={"name": ev.name, "arguments": ev.arguments})
@@ -200,7 +202,7 @@ class Shape:
             return [body]
         return []
 
-    def usage_chunk(self, dones: list[ChoiceDone]) -> dict:
+    def usage_chunk(self, dones: list[ChoiceDone]) -> dict[str, Any]:
         body = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
         body.update(choices=[], usage=usage(dones), timings=dones[0].timings)
         return body

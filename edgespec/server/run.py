@@ -32,11 +32,19 @@ import sys
 import threading
 import time
 from http import HTTPStatus
-from typing import Callable, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import InvalidInputError
 from ..runtime.netaddr import is_loopback  # noqa: F401 (cli/serve imports it from here)
 from .connections import ConnectionLimits, Connections, Throttled
+
+if TYPE_CHECKING:
+    import socket
+
+    import uvicorn
+    from starlette.types import ASGIApp
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("edgespec.server")
 
@@ -55,8 +63,9 @@ def check_bind(host: str, allow_remote: bool) -> None:
                                 "keep the default 127.0.0.1")
 
 
-def serve(app, host: str, port: int, *, drain_seconds: float = 10.0,
-          log_level: str = "info", on_started=None, read_seconds: float = 30.0,
+def serve(app: ASGIApp, host: str, port: int, *, drain_seconds: float = 10.0,
+          log_level: str = "info", on_started: Callable[[int | None], None] | None = None,
+          read_seconds: float = 30.0,
           keep_alive_seconds: float = 5.0, limits: ConnectionLimits | None = None,
           abort: Callable[[], None] | None = None, more_ports: Sequence[int] = (),
           say: Callable[[str], None] | None = None,
@@ -75,13 +84,17 @@ def serve(app, host: str, port: int, *, drain_seconds: float = 10.0,
     limits = (limits or ConnectionLimits()).validate()
     _raise_fd_limit(limits.total + _FD_RESERVE, say)
     # sse-starlette ends open streams on the first shutdown signal by default; we drain
-    # them instead, then end them with an error (abort)
-    AppStatus.disable_automatic_graceful_drain()
+    # them instead, then end them with an error (abort). (sse-starlette leaves this one
+    # unannotated.)
+    AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             # the watchdog (_Stopping) ends the process first, without
                             # uvicorn's cancellation tracebacks
-                            timeout_graceful_shutdown=drain_seconds + EXIT_GRACE + 5,
-                            lifespan="on", timeout_keep_alive=keep_alive_seconds,
+                            # uvicorn annotates both timeouts int; it hands them to asyncio,
+                            # which takes fractions of a second too
+                            timeout_graceful_shutdown=drain_seconds  # type: ignore[arg-type]
+                            + EXIT_GRACE + 5, lifespan="on",
+                            timeout_keep_alive=keep_alive_seconds,  # type: ignore[arg-type]
                             http=_protocol(read_seconds, Connections(limits),
                                            _refusals_counter(app)))
     sockets = [config.bind_socket()]
@@ -91,7 +104,8 @@ def serve(app, host: str, port: int, *, drain_seconds: float = 10.0,
     server = uvicorn.Server(config)
     _on_startup(server, on_started, on_ports)
     stopping = _Stopping(server, drain_seconds, abort, say)
-    server.handle_exit = stopping.signal  # what uvicorn's capture_signals installs
+    # what uvicorn's capture_signals installs (a method, replaced on this one server)
+    setattr(server, "handle_exit", stopping.signal)
     server.run(sockets=sockets)
     if stopping.first is not None:
         # uvicorn restored the handlers it replaced: while the caller releases the models, a
@@ -104,14 +118,15 @@ class _Stopping:
     """The signal handler: the first signal starts the shutdown (module doc), a second one
     exits at once."""
 
-    def __init__(self, server, drain_seconds: float, abort, say) -> None:
+    def __init__(self, server: uvicorn.Server, drain_seconds: float,
+                 abort: Callable[[], None] | None, say: Callable[[str], None]) -> None:
         self.server = server
         self.drain_seconds = drain_seconds
         self.abort = abort
         self.say = say
         self.first: float | None = None
 
-    def signal(self, sig: int, frame) -> None:
+    def signal(self, sig: int, frame: FrameType | None) -> None:
         name = signal.Signals(sig).name
         if self.first is not None:
             self.say(f"edgespec serve: {name} again, exiting now")
@@ -131,13 +146,14 @@ class _Stopping:
                 self.abort()
             except Exception:  # the watchdog below still bounds the exit
                 log.exception("ending the open requests failed")
+        assert self.first is not None  # set by the signal that started this thread
         time.sleep(max(0.0, self.first + self.drain_seconds + EXIT_GRACE - time.monotonic()))
         self.say(f"edgespec serve: still stopping {self.drain_seconds + EXIT_GRACE:g} s after "
                  "the signal; exiting now")
         os._exit(1)
 
 
-def _raise_fd_limit(needed: int, say) -> None:
+def _raise_fd_limit(needed: int, say: Callable[[str], None]) -> None:
     """Open files: the soft limit raised toward ``needed`` (up to the hard limit), so the
     connection cap, not the descriptor table, is what bounds connections."""
     try:
@@ -159,7 +175,7 @@ def _raise_fd_limit(needed: int, say) -> None:
                 f"{needed - _FD_RESERVE} needs {needed} (raise `ulimit -n` or lower it)")
 
 
-def _refusals_counter(app) -> Callable[[int, str], None]:
+def _refusals_counter(app: ASGIApp) -> Callable[[int, str], None]:
     """``count(status, code)`` for the refusals answered below the app (malformed HTTP, a
     connection over the cap): in the app's metrics (edgespec.server.metrics), if it has
     them, like every refusal a route answers."""
@@ -169,7 +185,8 @@ def _refusals_counter(app) -> Callable[[int, str], None]:
 
 
 def _protocol(read_seconds: float, connections: Connections,
-              count: Callable[[int, str], None] = lambda status, code: None):
+              count: Callable[[int, str], None] = lambda status, code: None
+              ) -> type[H11Protocol]:
     """uvicorn's h11 protocol with a header deadline, the connection caps and JSON errors
     for malformed HTTP (see the module doc)."""
     # deferred: the [server] extra, imported only by `edgespec serve`
@@ -180,21 +197,22 @@ def _protocol(read_seconds: float, connections: Connections,
         _headers_deadline: asyncio.TimerHandle | None = None
         _bad_request: h11.RemoteProtocolError | None = None
 
-        def __init__(self, *args, **kwargs) -> None:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             next_event = self.conn.next_event
 
-            def remembering_next_event():
+            def remembering_next_event() -> Any:
                 try:
                     return next_event()
                 except h11.RemoteProtocolError as e:
                     self._bad_request = e  # for send_400_response, which is not told
                     raise
 
-            self.conn.next_event = remembering_next_event
+            setattr(self.conn, "next_event", remembering_next_event)  # this connection's
 
         # --- the connection caps ----------------------------------------------------------
-        def connection_made(self, transport) -> None:
+        # uvicorn's own override narrows asyncio's BaseTransport to Transport, as this does
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             client = self.client[0] if self.client else "?"
             if not connections.admit(self, client):
@@ -238,7 +256,7 @@ def _protocol(read_seconds: float, connections: Connections,
             if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
                 self._await_headers()  # the next request on this connection
 
-        def connection_lost(self, exc) -> None:
+        def connection_lost(self, exc: Exception | None) -> None:
             connections.release(self)
             self._stop_waiting()
             super().connection_lost(exc)
@@ -282,12 +300,13 @@ def _protocol(read_seconds: float, connections: Connections,
     return _Protocol
 
 
-def _on_startup(server, callback, on_ports=None) -> None:
+def _on_startup(server: uvicorn.Server, callback: Callable[[int | None], None] | None,
+                on_ports: Callable[[list[int]], None] | None = None) -> None:
     """Once uvicorn listens: accept errors throttled, ``on_ports(ports)`` (every bound
     port) and ``callback(port)`` (the bound port, so --port 0 works)."""
     startup = server.startup
 
-    async def startup_then_notify(sockets=None):
+    async def startup_then_notify(sockets: list[socket.socket] | None = None) -> None:
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(_accept_errors_throttled(loop))
         await startup(sockets=sockets)
@@ -298,16 +317,17 @@ def _on_startup(server, callback, on_ports=None) -> None:
                          for s in srv.sockets), None)
             callback(port)
 
-    server.startup = startup_then_notify
+    setattr(server, "startup", startup_then_notify)  # this server's startup, wrapped
 
 
-def _accept_errors_throttled(loop):
+def _accept_errors_throttled(loop: asyncio.AbstractEventLoop
+                             ) -> Callable[[asyncio.AbstractEventLoop, dict[str, Any]], None]:
     """The loop's exception handler: an accept that failed for want of file descriptors
     (asyncio retries it every second, per listening socket) is logged once per 10 s;
     everything else as asyncio would."""
     say = Throttled(log.error, interval=10.0)
 
-    def handler(loop_, context) -> None:
+    def handler(loop_: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
         if isinstance(exc, OSError) and exc.errno in _ACCEPT_ERRNOS:
             say(f"cannot accept connections: {exc.strerror} (errno {exc.errno}); lower "

@@ -60,7 +60,7 @@ class ResponseFormat(_Strict):
     json_schema: JsonSchemaFormat | None = None
 
 
-class _Common(_Strict):
+class CommonRequest(_Strict):
     """What chat and completions requests share."""
 
     model: str | None = None  # none: the server's default model
@@ -82,7 +82,7 @@ class _Common(_Strict):
     repeat_penalty: float | None = Field(default=None, gt=0.0)
 
 
-class ChatCompletionRequest(_Common):
+class ChatCompletionRequest(CommonRequest):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
@@ -110,7 +110,7 @@ class ChatCompletionRequest(_Common):
     service_tier: str | None = None
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(CommonRequest):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
@@ -138,7 +138,7 @@ def parse_request(model: type[R], body: str, *, strict: bool) -> tuple[R, list[s
     return model.model_validate_json(json.dumps(data)), dropped
 
 
-def _drop(data: Any, loc: tuple) -> str | None:
+def _drop(data: Any, loc: tuple[Any, ...]) -> str | None:
     """Remove the field at pydantic's ``loc`` from ``data``; its dotted path, or None when
     it is not there. A union adds its member's name to the path (``list[TextPart]``):
     names not in the data are skipped."""

@@ -75,6 +75,7 @@ from .tickets import (DONE, Choices, Delivery, QueueLoad, QueueFullError, Shutti
 
 if TYPE_CHECKING:
     from ..loop.state import Pass
+    from ..control.guard import Route
     from ..engine.engine import Engine, Prepared
 
 #: prompt positions a loading request adds to a pass that others decode in: small enough
@@ -93,7 +94,7 @@ class _Slot:
 class _Active:
     ticket: Ticket
     req: Request
-    route: object  # the engine's route for it (open_request), handed back to its canary
+    route: Route  # the engine's route for it (open_request), handed back to its canary
     slot: _Slot
     yielding: bool = False  # its drafts are held back by the load (a load_yield was sent)
     prefill: PrefillStart | None = None  # while its prompt loads

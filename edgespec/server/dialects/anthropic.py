@@ -29,18 +29,21 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, AsyncIterator, Iterable
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
+from starlette.responses import Response
 
 from ...api.params import GenerationParams
 from ...protocol import limits
+from ...protocol.core import Core, Running
 from ...protocol.events import ChoiceDone, CoreEvent, ReasoningDelta, TextDelta, ToolCallDelta
 from ...protocol.plan import plan
 from ...protocol.request import CoreRequest
 from ..body import read
+from ..settings import ServerSettings
 from .fields import (ToolShape, check, function_tools, get, invalid, load_object, number,
                      strings, unsupported)
 from .refusal import counted, refusing, to_protocol
@@ -59,7 +62,8 @@ KNOWN = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences"
 
 
 # --- parsing ---------------------------------------------------------------------------------
-def parse(text: str, settings, *, count_only: bool = False) -> tuple[CoreRequest, bool]:
+def parse(text: str, settings: ServerSettings, *,
+          count_only: bool = False) -> tuple[CoreRequest, bool]:
     """The request body -> (CoreRequest, stream). ``count_only`` (count_tokens) needs no
     ``max_tokens``."""
     body = load_object(text)
@@ -96,9 +100,9 @@ def parse(text: str, settings, *, count_only: bool = False) -> tuple[CoreRequest
                        chat_template_kwargs=template_kwargs), stream
 
 
-def _messages(body: dict) -> list[dict]:
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     """Anthropic's system and messages -> OpenAI-shaped chat messages."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     system = body.get("system")
     if system is not None:
         out.append({"role": "system", "content": _text_of(system, "system")})
@@ -126,7 +130,7 @@ def _messages(body: dict) -> list[dict]:
     return out
 
 
-def _assistant(blocks: list, where: str, calls: set[str]) -> dict:
+def _assistant(blocks: list[Any], where: str, calls: set[str]) -> dict[str, Any]:
     texts, tool_calls = [], []
     for j, b in enumerate(blocks):
         at = f"{where}.content.{j}"
@@ -145,14 +149,14 @@ def _assistant(blocks: list, where: str, calls: set[str]) -> dict:
         else:
             raise unsupported(f"{at}: a {kind!r} block is not supported in an assistant "
                               "message; send text and tool_use blocks", f"{at}.type")
-    msg: dict = {"role": "assistant", "content": "".join(texts) if texts or not tool_calls
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not tool_calls
                  else None}
     if tool_calls:
         msg["tool_calls"] = tool_calls
     return msg
 
 
-def _user(blocks: list, where: str, calls: set[str]) -> list[dict]:
+def _user(blocks: list[Any], where: str, calls: set[str]) -> list[dict[str, Any]]:
     """A user message's blocks: its tool results first (each a ``tool`` message, in order),
     then its text as one user message."""
     out, texts = [], []
@@ -182,7 +186,8 @@ def _user(blocks: list, where: str, calls: set[str]) -> list[dict]:
 
 def _block_type(block: Any, at: str) -> str:
     check(block, dict, at)
-    return get(block, "type", str, at, required=True)
+    kind: str = get(block, "type", str, at, required=True)
+    return kind
 
 
 def _text_of(value: Any, where: str) -> str:
@@ -208,7 +213,7 @@ _TOOLS = ToolShape(kind="custom", default_kind="custom",
                    schema="input_schema", schema_required=True, strict=False)
 
 
-def _tool_choice(body: dict, tools: list[dict]) -> tuple[Any, bool | None]:
+def _tool_choice(body: dict[str, Any], tools: list[dict[str, Any]]) -> tuple[Any, bool | None]:
     """Anthropic's tool_choice -> (OpenAI tool_choice, parallel_tool_calls)."""
     choice = get(body, "tool_choice", dict)
     if choice is None:
@@ -229,7 +234,7 @@ def _tool_choice(body: dict, tools: list[dict]) -> tuple[Any, bool | None]:
                   param="tool_choice.type")
 
 
-def _thinking(body: dict) -> tuple[str | None, dict | None]:
+def _thinking(body: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
     """``thinking`` -> (reasoning_format, chat_template_kwargs)."""
     thinking = get(body, "thinking", dict)
     if thinking is None:
@@ -243,7 +248,7 @@ def _thinking(body: dict) -> tuple[str | None, dict | None]:
     raise invalid(f"thinking.type {kind!r}; use 'enabled' or 'disabled'", param="thinking.type")
 
 
-def _output_format(body: dict) -> dict:
+def _output_format(body: dict[str, Any]) -> dict[str, Any]:
     """``output_config.format`` (structured output) -> GenerationParams' json_schema;
     ``output_config.effort`` is accepted without effect (the model's own effort)."""
     config = get(body, "output_config", dict, default={})
@@ -280,15 +285,15 @@ def matched_stop(done: ChoiceDone, stops: tuple[str, ...]) -> str | None:
     return None
 
 
-def usage(done: ChoiceDone) -> dict:
+def usage(done: ChoiceDone) -> dict[str, Any]:
     """Anthropic counts prompt tokens read from a cache apart from ``input_tokens``."""
     reused = min(done.prompt_cached, done.prompt_tokens)
     return {"input_tokens": done.prompt_tokens - reused, "output_tokens": done.completion_tokens,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": reused}
 
 
-def content_blocks(done: ChoiceDone) -> list[dict]:
-    blocks: list[dict] = []
+def content_blocks(done: ChoiceDone) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
     if done.reasoning:
         blocks.append({"type": "thinking", "thinking": done.reasoning, "signature": ""})
     if done.text or not done.tool_calls:
@@ -299,7 +304,8 @@ def content_blocks(done: ChoiceDone) -> list[dict]:
     return blocks
 
 
-def message(done: ChoiceDone, model: str, stops: tuple[str, ...], msg_id: str = "") -> dict:
+def message(done: ChoiceDone, model: str, stops: tuple[str, ...],
+            msg_id: str = "") -> dict[str, Any]:
     """The whole (non-streamed) answer."""
     return {"id": msg_id or new_id(), "type": "message", "role": "assistant", "model": model,
             "content": content_blocks(done), "stop_reason": stop_reason(done),
@@ -307,7 +313,7 @@ def message(done: ChoiceDone, model: str, stops: tuple[str, ...], msg_id: str = 
             "timings": done.timings}
 
 
-def _arguments(arguments: str) -> dict:
+def _arguments(arguments: str) -> dict[str, Any]:
     try:
         value = json.loads(arguments) if arguments.strip() else {}
     except ValueError:
@@ -330,7 +336,7 @@ class MessageStream:
     _open: str | None = None  # "thinking" | "text" | "tool_use"
     _call: int | None = None  # the open tool_use block's call number
 
-    def start(self) -> list[tuple[str, dict]]:
+    def start(self) -> list[tuple[str, dict[str, Any]]]:
         # input_tokens is known once the prompt is tokenized: message_delta's usage has it
         msg: dict[str, Any] = {
             "id": self.id, "type": "message", "role": "assistant", "model": self.model,
@@ -339,7 +345,7 @@ class MessageStream:
         return [("message_start", {"type": "message_start", "message": msg}),
                 ("ping", {"type": "ping"})]
 
-    def feed(self, event: CoreEvent) -> list[tuple[str, dict]]:
+    def feed(self, event: CoreEvent) -> list[tuple[str, dict[str, Any]]]:
         if isinstance(event, ReasoningDelta):
             return self._delta("thinking", {"type": "thinking", "thinking": "", "signature": ""},
                                {"type": "thinking_delta", "thinking": event.text}, event.text)
@@ -352,7 +358,7 @@ class MessageStream:
             return self.finish(event)
         return []
 
-    def finish(self, done: ChoiceDone) -> list[tuple[str, dict]]:
+    def finish(self, done: ChoiceDone) -> list[tuple[str, dict[str, Any]]]:
         out = self._close()
         if self._index < 0:  # nothing was generated: one empty text block, as Anthropic sends
             out += self._open_block("text", {"type": "text", "text": ""}) + self._close()
@@ -365,7 +371,8 @@ class MessageStream:
         return out
 
     # --- pieces ---------------------------------------------------------------------------
-    def _delta(self, kind: str, start: dict, delta: dict, text: str) -> list[tuple[str, dict]]:
+    def _delta(self, kind: str, start: dict[str, Any], delta: dict[str, Any],
+               text: str) -> list[tuple[str, dict[str, Any]]]:
         if not text:
             return []
         out = [] if self._open == kind else self._close() + self._open_block(kind, start)
@@ -373,8 +380,8 @@ class MessageStream:
                                             "index": self._index, "delta": delta}))
         return out
 
-    def _tool(self, ev: ToolCallDelta) -> list[tuple[str, dict]]:
-        out: list[tuple[str, dict]] = []
+    def _tool(self, ev: ToolCallDelta) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
         if self._open != "tool_use" or self._call != ev.call:
             out += self._close() + self._open_block(
                 "tool_use", {"type": "tool_use", "id": ev.id or "", "name": ev.name or "",
@@ -386,13 +393,13 @@ class MessageStream:
                 "delta": {"type": "input_json_delta", "partial_json": ev.arguments}}))
         return out
 
-    def _open_block(self, kind: str, block: dict) -> list[tuple[str, dict]]:
+    def _open_block(self, kind: str, block: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         self._index += 1
         self._open = kind
         return [("content_block_start", {"type": "content_block_start", "index": self._index,
                                          "content_block": block})]
 
-    def _close(self) -> list[tuple[str, dict]]:
+    def _close(self) -> list[tuple[str, dict[str, Any]]]:
         if self._open is None:
             return []
         self._open, self._call = None, None
@@ -400,22 +407,22 @@ class MessageStream:
 
 
 # --- errors ----------------------------------------------------------------------------------
-def error_body(status: int, message: str) -> dict:
+def error_body(status: int, message: str) -> dict[str, Any]:
     kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def events_text(pairs: Iterable[tuple[str, dict]]) -> str:
+def events_text(pairs: Iterable[tuple[str, dict[str, Any]]]) -> str:
     """SSE text of (event, data) pairs (what the route streams; tests read it back)."""
     return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in pairs)
 
 
 # --- routes ----------------------------------------------------------------------------------
-def register(app, core, settings) -> None:
+def register(app: FastAPI, core: Core, settings: ServerSettings) -> None:
     """``POST /v1/messages`` and ``/v1/messages/count_tokens`` on ``core``."""
     @app.post("/v1/messages")
     @refusing(_refusal)
-    async def messages(request: Request):
+    async def messages(request: Request) -> Response:
         req, stream = parse(await read(request, settings), settings)
         model = req.model or settings.served_model
         if stream:
@@ -427,12 +434,12 @@ def register(app, core, settings) -> None:
 
     @app.post("/v1/messages/count_tokens")
     @refusing(_refusal)
-    async def messages_count_tokens(request: Request):
+    async def messages_count_tokens(request: Request) -> Response:
         req, _ = parse(await read(request, settings), settings, count_only=True)
         return JSONResponse({"input_tokens": await count_tokens(core, req)})
 
 
-async def _sse(run, stream: MessageStream):
+async def _sse(run: Running, stream: MessageStream) -> AsyncIterator[dict[str, str]]:
     complete = False
     try:
         for name, data in stream.start():
@@ -451,7 +458,7 @@ async def _sse(run, stream: MessageStream):
 
 
 
-async def count_tokens(core, req: CoreRequest) -> int:
+async def count_tokens(core: Core, req: CoreRequest) -> int:
     """The prompt tokens ``req`` would take: its turn planned (template, tools) and
     tokenized as the engine tokenizes it, on a worker thread."""
     fmt = getattr(core.settings, "reasoning_format", "auto")

@@ -24,19 +24,25 @@ import asyncio
 import base64
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.requests import Request
+from starlette.responses import Response
 
 from ...errors import ContextOverflowError, EdgespecError
 from ...protocol.errors import ProtocolError, bad_request, context_overflow, from_edgespec, \
     unsupported
+from ...protocol.core import Core
 from ...runtime.embedding import POOLING_NAMES
 from .. import body as wire_body
 from ..settings import ServerSettings
 from .refusal import counted
+
+if TYPE_CHECKING:
+    from ...engine.embedding import Embeddings
 
 OPENAI_ROUTES = ("/v1/embeddings", "/embeddings")
 #: inputs one request may hold (OpenAI's own limit)
@@ -46,10 +52,10 @@ MAX_INPUTS = 2048
 REQUEST_POOLINGS = tuple(p for p in POOLING_NAMES if p != "none")
 
 
-def register(app: Any, core: Any, settings: ServerSettings) -> None:
+def register(app: FastAPI, core: Core, settings: ServerSettings) -> None:
     """Add the embedding routes to ``app`` over ``core`` (an edgespec.protocol.Core)."""
 
-    async def openai(request: Request):
+    async def openai(request: Request) -> Response:
         try:
             req = parse_openai(await _json(request, settings))
             async with core.held(req["model"]) as held:
@@ -64,16 +70,16 @@ def register(app: Any, core: Any, settings: ServerSettings) -> None:
         app.add_api_route(path, openai, methods=["POST"])
 
     @app.post("/api/embed")
-    async def ollama_embed(request: Request):
+    async def ollama_embed(request: Request) -> Response:
         return await _ollama(request, core, settings, legacy=False)
 
     @app.post("/api/embeddings")
-    async def ollama_embeddings(request: Request):
+    async def ollama_embeddings(request: Request) -> Response:
         return await _ollama(request, core, settings, legacy=True)
 
 
 # --- OpenAI ---------------------------------------------------------------------------------
-def parse_openai(body: Any) -> dict:
+def parse_openai(body: Any) -> dict[str, Any]:
     """The request's fields, checked: model, inputs (strings or token-id lists), pooling,
     encoding_format, dimensions."""
     if not isinstance(body, dict):
@@ -122,8 +128,8 @@ def openai_inputs(value: Any) -> list[str | list[int]]:
     return out
 
 
-def render_openai(out, model: str, encoding_format: str = "float",
-                  dimensions: int | None = None) -> dict:
+def render_openai(out: Embeddings, model: str, encoding_format: str = "float",
+                  dimensions: int | None = None) -> dict[str, Any]:
     """OpenAI's embedding list for an :class:`edgespec.engine.embedding.Embeddings`."""
     n_embd = out.vectors[0].shape[-1] if out.vectors else 0
     if dimensions is not None and dimensions != n_embd:
@@ -139,7 +145,7 @@ def render_openai(out, model: str, encoding_format: str = "float",
 
 
 # --- Ollama ---------------------------------------------------------------------------------
-async def _ollama(request: Request, core: Any, settings: ServerSettings, legacy: bool):
+async def _ollama(request: Request, core: Any, settings: ServerSettings, legacy: bool) -> Response:
     from .ollama import resolve  # Ollama's model names (name:latest is name)
 
     t0 = time.perf_counter()
@@ -163,7 +169,7 @@ async def _ollama(request: Request, core: Any, settings: ServerSettings, legacy:
         return JSONResponse({"error": err.message}, status_code=err.status, headers=err.headers)
 
 
-def parse_ollama(body: Any, legacy: bool) -> dict:
+def parse_ollama(body: Any, legacy: bool) -> dict[str, Any]:
     """``/api/embed``'s ``{"model", "input", "truncate"}`` or ``/api/embeddings``'
     ``{"model", "prompt"}``."""
     if not isinstance(body, dict):
@@ -197,7 +203,8 @@ def parse_ollama(body: Any, legacy: bool) -> dict:
 
 
 # --- shared ---------------------------------------------------------------------------------
-def _embed(engine: Any, inputs: list, pooling: str, normalize: bool, truncate: bool):
+def _embed(engine: Any, inputs: list[Any], pooling: str, normalize: bool,
+           truncate: bool) -> Embeddings:
     from ...engine.embedding import embedder  # the engine's embedding context, opened once
 
     return embedder(engine, pooling).embed(inputs, normalize=normalize, truncate=truncate)

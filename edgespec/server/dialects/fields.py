@@ -28,7 +28,7 @@ def unsupported(message: str, param: str) -> ProtocolError:
                          code="unsupported_parameter")
 
 
-def load_object(text: str) -> dict:
+def load_object(text: str) -> dict[str, Any]:
     """The body as a JSON object."""
     try:
         body = json.loads(text)
@@ -44,7 +44,7 @@ def join(where: str, key: str | int) -> str:
     return f"{where}.{key}" if where else str(key)
 
 
-def get(obj: dict, key: str, kind: type | tuple[type, ...], where: str = "", *,
+def get(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str = "", *,
         required: bool = False, default: Any = None) -> Any:
     """``obj[key]`` checked to be of ``kind``; ``default`` when absent or null (unless
     ``required``)."""
@@ -76,7 +76,7 @@ def check(value: Any, kind: type | tuple[type, ...], path: str) -> None:
         raise invalid(f"{path} must be a finite number", param=path, code="invalid_value")
 
 
-def number(obj: dict, key: str, where: str, lo: float, hi: float, *,
+def number(obj: dict[str, Any], key: str, where: str, lo: float, hi: float, *,
            integer: bool = False) -> Any:
     """An optional number within [lo, hi]."""
     value = get(obj, key, int if integer else float, where)
@@ -86,7 +86,7 @@ def number(obj: dict, key: str, where: str, lo: float, hi: float, *,
     return value
 
 
-def strings(obj: dict, key: str, where: str = "") -> tuple[str, ...]:
+def strings(obj: dict[str, Any], key: str, where: str = "") -> tuple[str, ...]:
     """An optional list of strings."""
     values = get(obj, key, list, where, default=[])
     for i, v in enumerate(values):

@@ -16,20 +16,23 @@ import asyncio
 import json
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
-from fastapi import Request  # module level: FastAPI reads the annotations
+from fastapi import FastAPI, Request  # module level: FastAPI reads the annotations
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
+from starlette.responses import Response
 
 from ..._version import __version__
 from ...api.params import GenerationParams, SamplingParams
+from ...protocol.core import Core, Running
 from ...protocol.request import CoreRequest
 from ...protocol.errors import ProtocolError
 from ...protocol.events import ChoiceDone, TextDelta
 from ...protocol.fim import fim_prompt
 from ...protocol.plan import apply_template
 from ..body import read
+from ..settings import ServerSettings
 from .fields import check, get, invalid, load_object
 from .refusal import counted, refusing
 from .refusal import to_protocol as refusal_to_protocol
@@ -37,17 +40,22 @@ from .llamacpp_wire import (DEFAULTS, Completion, Shape, as_token_prompt, error_
                             generation_settings, infill_tokens, parse_completion, parse_infill,
                             token_pieces, with_vocab)
 
+if TYPE_CHECKING:
+    from ...engine.engine import Engine
+    from ...runtime.model import Model
+    from ...serving.scheduler import SlotState
+
 log = logging.getLogger("edgespec.server")
 
 
-def register(app, core, settings) -> None:
+def register(app: FastAPI, core: Core, settings: ServerSettings) -> None:
     """llama-server's native routes on ``app``."""
 
-    async def body_of(request: Request) -> dict:
+    async def body_of(request: Request) -> dict[str, Any]:
         return load_object(await read(request, settings))
 
     @refusing(refusal)
-    async def generation(request: Request, infill: bool):
+    async def generation(request: Request, infill: bool) -> Response:
         body = await body_of(request)
         c = (parse_infill if infill else parse_completion)(body, settings.max_tokens_limit)
         async with core.held(c.core.model) as held:
@@ -69,16 +77,16 @@ def register(app, core, settings) -> None:
         return JSONResponse(shape.final(done, whole=True))
 
     @app.post("/completion")
-    async def completion(request: Request):
+    async def completion(request: Request) -> Response:
         return await generation(request, infill=False)
 
     @app.post("/infill")
-    async def infill(request: Request):
+    async def infill(request: Request) -> Response:
         return await generation(request, infill=True)
 
     @app.post("/tokenize")
     @refusing(refusal)
-    async def tokenize(request: Request):
+    async def tokenize(request: Request) -> Response:
         body = await body_of(request)
         content = body.get("content")
         add_special = get(body, "add_special", bool, default=False)
@@ -95,7 +103,7 @@ def register(app, core, settings) -> None:
 
     @app.post("/detokenize")
     @refusing(refusal)
-    async def detokenize(request: Request):
+    async def detokenize(request: Request) -> Response:
         body = await body_of(request)
         tokens = get(body, "tokens", list, default=[])
         for i, t in enumerate(tokens):
@@ -111,7 +119,7 @@ def register(app, core, settings) -> None:
 
     @app.post("/apply-template")
     @refusing(refusal)
-    async def apply_template_route(request: Request):
+    async def apply_template_route(request: Request) -> Response:
         body = await body_of(request)
         messages = get(body, "messages", list, required=True)
         tools = get(body, "tools", list)
@@ -126,13 +134,13 @@ def register(app, core, settings) -> None:
 
     @app.get("/props")
     @refusing(refusal)
-    async def props(request: Request):
+    async def props(request: Request) -> Response:
         async with core.held(request.query_params.get("model")) as held:
             return JSONResponse(await asyncio.to_thread(_props, held, core, settings))
 
     @app.get("/slots")
     @refusing(refusal)
-    async def slots(request: Request):
+    async def slots(request: Request) -> Response:
         async with core.held(request.query_params.get("model")) as held:
             states = held.scheduler.slots()
             n_ctx = held.engine.config.n_ctx
@@ -144,13 +152,13 @@ def register(app, core, settings) -> None:
         return JSONResponse([_slot(s, n_ctx, speculative) for s in states])
 
     @app.get("/v1/health")
-    async def health_v1():
+    async def health_v1() -> Response:
         load = core.pool.load()
         return JSONResponse({"status": "ok", "slots_idle": load.slots - load.running,
                              "slots_processing": load.running})
 
 
-def _infill_prompt(engine, c: Completion, name: str) -> Completion:
+def _infill_prompt(engine: Engine, c: Completion, name: str) -> Completion:
     """/infill with a ``prompt`` after the middle token: the FIM prompt as token ids (the
     core's FIM request has no text after the middle token)."""
     if not c.middle:
@@ -163,7 +171,7 @@ def _infill_prompt(engine, c: Completion, name: str) -> Completion:
     return as_token_prompt(c, infill_tokens(ids, middle))
 
 
-def _prompt_text(engine, c: Completion) -> tuple[str, int]:
+def _prompt_text(engine: Engine, c: Completion) -> tuple[str, int]:
     """The answer's ``prompt`` field (the text the model read, special tokens shown) and
     the prompt's length in tokens."""
     p = c.core.prompt
@@ -180,7 +188,7 @@ def _prompt_text(engine, c: Completion) -> tuple[str, int]:
     return target.detokenize(ids, special=True).decode("utf-8", "replace"), len(ids)
 
 
-def _tokenize(target, content: Any, add_special: bool, parse_special: bool) -> list[int]:
+def _tokenize(target: Model, content: Any, add_special: bool, parse_special: bool) -> list[int]:
     """llama-server's tokenize_mixed: text, or a list of texts and token ids."""
     if isinstance(content, str):
         return target.tokenize(content, add_special=add_special, parse_special=parse_special)
@@ -200,7 +208,7 @@ def _tokenize(target, content: Any, add_special: bool, parse_special: bool) -> l
     return out
 
 
-def _template_messages(messages: list) -> list[dict]:
+def _template_messages(messages: list[Any]) -> list[dict[str, Any]]:
     """OpenAI messages for the template: content parts joined into text."""
     out = []
     for i, m in enumerate(messages):
@@ -219,7 +227,7 @@ def _template_messages(messages: list) -> list[dict]:
     return out
 
 
-def _props(held, core, settings) -> dict:
+def _props(held: Any, core: Core, settings: ServerSettings) -> dict[str, Any]:
     """llama-server's /props for the held model, with an ``edgespec`` object beside it."""
     engine = held.engine
     target = engine.target
@@ -227,14 +235,15 @@ def _props(held, core, settings) -> dict:
     defaults = GenerationParams(max_tokens=settings.max_tokens_limit, chat=False,
                                 sampling=SamplingParams(
                                     temperature=DEFAULTS["temperature"],
-                                    top_k=DEFAULTS["top_k"], top_p=DEFAULTS["top_p"],
+                                    top_k=int(DEFAULTS["top_k"]), top_p=DEFAULTS["top_p"],
                                     min_p=DEFAULTS["min_p"]))
     c = Completion(CoreRequest(model=None, params=defaults, prompt=" "), stream=False)
     gen = generation_settings(defaults, c, metrics_only=True)
     template = target.chat_template() or ""
 
     def special(tok: int) -> str:
-        return target.detokenize([tok], special=True).decode("utf-8", "replace")
+        text: str = target.detokenize([tok], special=True).decode("utf-8", "replace")
+        return text
 
     return {
         "default_generation_settings": {"params": gen, "n_ctx": cfg.n_ctx},
@@ -251,7 +260,7 @@ def _props(held, core, settings) -> dict:
                      "identity": engine.identity.hash}}
 
 
-def _slot(s, n_ctx: int, speculative: bool) -> dict:
+def _slot(s: SlotState, n_ctx: int, speculative: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"id": s.id, "n_ctx": n_ctx, "speculative": speculative,
                            "is_processing": s.processing}
     if s.processing and s.params is not None:
@@ -267,7 +276,7 @@ def _slot(s, n_ctx: int, speculative: bool) -> dict:
     return out
 
 
-async def _sse(run, shape: Shape):
+async def _sse(run: Running, shape: Shape) -> AsyncIterator[str]:
     complete = False
     try:
         async for ev in run:
@@ -293,7 +302,7 @@ def to_protocol(e: BaseException) -> ProtocolError:
     return err
 
 
-def refusal(request, e: BaseException):
+def refusal(request: Request, e: BaseException) -> Response:
     """llama-server's error answer, counted."""
     err = to_protocol(e)
     counted(request, err)

@@ -16,8 +16,9 @@ accepted and change nothing; other unknown fields are ignored, as llama-server d
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable, Sequence
 
+from ...api.events import TokenLogprob
 from ...api.params import GenerationParams
 from ...protocol import limits
 from ...protocol.errors import ProtocolError
@@ -51,12 +52,12 @@ class Completion:
 
 
 # --- requests ------------------------------------------------------------------------------
-def parse_completion(body: dict, max_tokens_limit: int) -> Completion:
+def parse_completion(body: dict[str, Any], max_tokens_limit: int) -> Completion:
     prompt = _prompt(body.get("prompt"))
     return _completion(body, max_tokens_limit, prompt=prompt)
 
 
-def parse_infill(body: dict, max_tokens_limit: int) -> Completion:
+def parse_infill(body: dict[str, Any], max_tokens_limit: int) -> Completion:
     prefix = get(body, "input_prefix", str, required=True)
     suffix = get(body, "input_suffix", str, required=True)
     extra = get(body, "input_extra", list, default=[])
@@ -92,7 +93,8 @@ def _prompt(value: Any) -> str | tuple[int, ...]:
     raise invalid("prompt must be a string or a list of token ids", "prompt", "invalid_type")
 
 
-def _completion(body: dict, max_tokens_limit: int, *, prompt: str | tuple[int, ...] | None = None,
+def _completion(body: dict[str, Any], max_tokens_limit: int, *,
+                prompt: str | tuple[int, ...] | None = None,
                 fim: Fim | None = None, middle: str = "") -> Completion:
     for key, off in _NO_OP.items():
         value = body.get(key)
@@ -104,7 +106,7 @@ def _completion(body: dict, max_tokens_limit: int, *, prompt: str | tuple[int, .
     if body.get("multimodal_data"):
         raise unsupported("multimodal data needs a vision model; edgespec serves text models",
                           "multimodal_data")
-    values = {}
+    values: dict[str, Any] = {}
     for key, default in DEFAULTS.items():
         kind = int if key in ("top_k", "repeat_last_n") else float
         value = get(body, key, kind)
@@ -218,7 +220,7 @@ _NOT_METRICS = ("stop", "logit_bias", "grammar", "grammar_lazy", "grammar_trigge
 
 
 def generation_settings(params: GenerationParams, c: Completion, *, metrics_only: bool = False
-                        ) -> dict:
+                        ) -> dict[str, Any]:
     """llama-server's ``generation_settings`` (its task_params.to_json keys, in its order)
     with the values this request ran with; samplers edgespec does not have report their
     no-op value. ``metrics_only``: the subset /props reports."""
@@ -254,12 +256,12 @@ class Shape:
     c: Completion
     model: str
     prompt_text: str
-    settings: dict
+    settings: dict[str, Any]
     prompt_tokens: int = 0  # the prompt's length, for the streamed pieces
     piece: Any = None  # token id -> bytes, for completion_probabilities
     predicted: int = 0  # tokens streamed so far
 
-    def chunk(self, text: str, n_tokens: int) -> dict:
+    def chunk(self, text: str, n_tokens: int) -> dict[str, Any]:
         """A streamed piece (llama-server: content, tokens, stop false); the piece's token
         ids are not reported (``tokens`` stays empty; the final object has them with
         return_tokens)."""
@@ -268,7 +270,7 @@ class Shape:
                 "id_slot": -1, "tokens_predicted": self.predicted,
                 "tokens_evaluated": self.prompt_tokens}
 
-    def final(self, done: ChoiceDone, whole: bool) -> dict:
+    def final(self, done: ChoiceDone, whole: bool) -> dict[str, Any]:
         text = done.text if whole else ""
         body = {
             "index": 0, "content": text,
@@ -293,10 +295,11 @@ class Shape:
         return stops[0] if done.stop_reason == "stop" and len(stops) == 1 else ""
 
 
-def probabilities(lps, piece) -> list[dict]:
+def probabilities(lps: Sequence[TokenLogprob], piece: Callable[[int], bytes] | None
+                  ) -> list[dict[str, Any]]:
     """llama-server's ``completion_probabilities``: per token its id, logprob, text, bytes
     and the top alternatives."""
-    def entry(tok: int, lp: float) -> dict:
+    def entry(tok: int, lp: float) -> dict[str, Any]:
         raw = bytes(piece(tok)) if piece is not None else b""
         return {"id": tok, "token": raw.decode("utf-8", "replace"), "bytes": list(raw),
                 "logprob": lp}
@@ -305,7 +308,7 @@ def probabilities(lps, piece) -> list[dict]:
              "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in lps]
 
 
-def project(body: dict, fields: tuple[str, ...]) -> dict:
+def project(body: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
     """llama-server's ``response_fields``: only those fields; ``a/b`` lifts ``b`` out of
     ``a`` under the name ``a/b``; missing fields are left out."""
     if not fields:
@@ -322,7 +325,7 @@ def project(body: dict, fields: tuple[str, ...]) -> dict:
     return out
 
 
-def token_pieces(tokens: list[int], piece) -> list[dict]:
+def token_pieces(tokens: list[int], piece: Callable[[int], bytes]) -> list[dict[str, Any]]:
     """/tokenize's ``with_pieces``: each id with its text, or its bytes where they are not
     valid UTF-8 on their own."""
     out = []
@@ -336,7 +339,7 @@ def token_pieces(tokens: list[int], piece) -> list[dict]:
     return out
 
 
-def error_body(err: ProtocolError) -> dict:
+def error_body(err: ProtocolError) -> dict[str, Any]:
     """llama-server's error shape (OpenAI's, with the status as ``code``)."""
     kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
             404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error"}

@@ -15,15 +15,20 @@ import json
 import logging
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, AsyncIterator, Callable
 
-from fastapi import Request  # module level: FastAPI reads the annotations
+from fastapi import FastAPI, Request  # module level: FastAPI reads the annotations
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ...protocol.core import Core, Running
 from ...protocol.errors import ProtocolError
 from ...protocol.events import ChoiceDone, ReasoningDelta, TextDelta
-from ...serving import ModelNotServedError
+from ...protocol.request import CoreRequest
+from ...serving import ModelNotServedError, ModelPool
 from ..body import read
+from ..settings import ServerSettings
 from . import ollama_models
 from .fields import load_object
 from .refusal import counted, refusing, to_protocol
@@ -33,17 +38,19 @@ from .ollama_wire import (API_VERSION, OllamaRequest, Renderer, Timing, check_nu
 log = logging.getLogger("edgespec.server")
 
 NDJSON = "application/x-ndjson"
+#: parse_chat or parse_generate: (body, max_tokens_limit, reasoning default) -> request
+Parser = Callable[[dict[str, Any], int, str], OllamaRequest]
 RUNNING = "Ollama is running"
 
 
-def register(app, core, settings) -> None:
+def register(app: FastAPI, core: Core, settings: ServerSettings) -> None:
     """Ollama's routes on ``app``; ``app.state.ollama_ports`` holds the ports whose ``/``
     answers as Ollama does (``edgespec serve --ollama-port`` adds its port once bound)."""
     app.state.ollama_ports = set()
     app.add_middleware(OllamaRoot, ports=app.state.ollama_ports)
 
     @refusing(refusal)
-    async def generation(request: Request, parse) -> Any:
+    async def generation(request: Request, parse: Parser) -> Response:
         t0 = time.monotonic()
         body = load_object(await read(request, settings))
         req: OllamaRequest = parse(body, settings.max_tokens_limit,
@@ -67,28 +74,28 @@ def register(app, core, settings) -> None:
         return JSONResponse(out.final(done, timing, whole=True))
 
     @app.post("/api/chat")
-    async def chat(request: Request):
+    async def chat(request: Request) -> Response:
         return await generation(request, parse_chat)
 
     @app.post("/api/generate")
-    async def generate(request: Request):
+    async def generate(request: Request) -> Response:
         return await generation(request, parse_generate)
 
     @app.get("/api/tags")
     @refusing(refusal)
-    async def tags(request: Request):
+    async def tags(request: Request) -> Response:
         return JSONResponse({"models": await asyncio.to_thread(
             ollama_models.tags, core.pool)})
 
     @app.get("/api/ps")
     @refusing(refusal)
-    async def ps(request: Request):
+    async def ps(request: Request) -> Response:
         return JSONResponse({"models": await asyncio.to_thread(
             ollama_models.running, core.pool)})
 
     @app.post("/api/show")
     @refusing(refusal)
-    async def show(request: Request):
+    async def show(request: Request) -> Response:
         body = load_object(await read(request, settings))
         asked = body.get("model", body.get("name"))
         if not isinstance(asked, str) or not asked:
@@ -98,18 +105,19 @@ def register(app, core, settings) -> None:
         return JSONResponse(await asyncio.to_thread(ollama_models.show, entry))
 
     @app.get("/api/version")
-    async def version():
+    async def version() -> Response:
         return JSONResponse({"version": API_VERSION})
 
 
-def resolve(core, name: str) -> str:
+def resolve(core: Core, name: str) -> str:
     """The served model a client's name reaches: Ollama names carry a tag (``name:latest``
     is ``name``); unknown is a 404 in Ollama's words."""
     for candidate in (name, name[:-len(":latest")] if name.endswith(":latest") else None):
         if candidate is None:
             continue
         try:
-            return core.resolve(candidate)
+            found: str = core.resolve(candidate)
+            return found
         except ModelNotServedError:
             continue
     served = ", ".join(repr(m.name) for m in core.pool.entries())
@@ -118,18 +126,18 @@ def resolve(core, name: str) -> str:
                         code="model_not_found")
 
 
-def _named(req, name: str):
+def _named(req: CoreRequest, name: str) -> CoreRequest:
     return replace(req, model=name)  # the served id the client's name reached
 
 
-def _loaded(core, name: str) -> bool:
+def _loaded(core: Core, name: str) -> bool:
     try:
         return core.pool.find(name).engine is not None
     except ModelNotServedError:
         return False
 
 
-async def lifecycle(core, req: OllamaRequest, name: str) -> dict:
+async def lifecycle(core: Core, req: OllamaRequest, name: str) -> dict[str, Any]:
     """An empty prompt or no messages: load the model, or (keep_alive 0) unload it."""
     out = Renderer(req.endpoint, req.model)
     if req.keep_alive is not None and req.keep_alive == 0:
@@ -141,7 +149,7 @@ async def lifecycle(core, req: OllamaRequest, name: str) -> dict:
     return out.lifecycle("load")
 
 
-async def after(core, req: OllamaRequest, name: str) -> None:
+async def after(core: Core, req: OllamaRequest, name: str) -> None:
     """The request's keep_alive, applied once it has finished."""
     if req.keep_alive is not None and req.keep_alive == 0:
         await asyncio.to_thread(_unload, core.pool, name)
@@ -149,20 +157,20 @@ async def after(core, req: OllamaRequest, name: str) -> None:
         _keep(core.pool, name, req.keep_alive)
 
 
-def _unload(pool, name: str) -> None:
+def _unload(pool: ModelPool, name: str) -> None:
     unload = getattr(pool, "unload", None)
     if unload is None or not unload(name, wait=5.0):
         log.info("keep_alive 0: %s stays loaded (it is busy or cannot be loaded again)", name)
 
 
-def _keep(pool, name: str, seconds: float | None) -> None:
+def _keep(pool: ModelPool, name: str, seconds: float | None) -> None:
     keep = getattr(pool, "keep", None)
     if seconds is not None and keep is not None:
         keep(name, seconds)
 
 
-async def _ndjson(run, out: Renderer, timing: Timing, t0: float, core, req: OllamaRequest,
-                  name: str):
+async def _ndjson(run: Running, out: Renderer, timing: Timing, t0: float, core: Core,
+                  req: OllamaRequest, name: str) -> AsyncIterator[bytes]:
     complete = False
     try:
         done: ChoiceDone | None = None
@@ -188,11 +196,11 @@ async def _ndjson(run, out: Renderer, timing: Timing, t0: float, core, req: Olla
             run.cancel()
 
 
-def _line(obj: dict) -> bytes:
+def _line(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def refusal(request, e: BaseException):
+def refusal(request: Request, e: BaseException) -> Response:
     """Ollama's error answer: ``{"error": "..."}`` with the status, counted."""
     err = counted(request, e)
     return JSONResponse(error_body(err.message), status_code=err.status, headers=err.headers)
@@ -202,11 +210,11 @@ class OllamaRoot:
     """``GET``/``HEAD /`` on an Ollama port: "Ollama is running" (clients probe it to find
     an Ollama server); on every other port the request goes on to the app (the web page)."""
 
-    def __init__(self, app, ports: set[int]) -> None:
+    def __init__(self, app: ASGIApp, ports: set[int]) -> None:
         self.app = app
         self.ports = ports
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("path") == "/" \
                 and scope.get("method") in ("GET", "HEAD") \
                 and (scope.get("server") or (None, None))[1] in self.ports:

@@ -55,7 +55,7 @@ def model_path(entry: Any) -> Path | None:
 
 
 @lru_cache(maxsize=32)
-def _file_facts(path: str, mtime_ns: int, size: int, name: str) -> dict:
+def _file_facts(path: str, mtime_ns: int, size: int, name: str) -> dict[str, Any]:
     """What the listings say of one file (cached by path, mtime and size)."""
     from ...identity.identity import model_component  # deferred: hashing on first use
     from ...runtime.gguf_facts import read_facts  # deferred: reads the gguf package
@@ -92,7 +92,7 @@ def _size(n: int) -> str:
     return f"{n / 1e6:.1f}M"
 
 
-def facts(entry: Any) -> dict | None:
+def facts(entry: Any) -> dict[str, Any] | None:
     path = model_path(entry)
     if path is None:
         return None
@@ -104,7 +104,7 @@ def facts(entry: Any) -> dict | None:
         return None
 
 
-def card(entry: Any) -> dict:
+def card(entry: Any) -> dict[str, Any]:
     """One model as /api/tags lists it."""
     f = facts(entry) or {}
     return {"name": tag(entry.name), "model": tag(entry.name),
@@ -115,11 +115,11 @@ def card(entry: Any) -> dict:
                                          "quantization_level": ""})}
 
 
-def tags(pool: Any) -> list[dict]:
+def tags(pool: Any) -> list[dict[str, Any]]:
     return [card(m) for m in pool.entries()]
 
 
-def running(pool: Any) -> list[dict]:
+def running(pool: Any) -> list[dict[str, Any]]:
     """The loaded models as /api/ps lists them (CPU memory: ``size_vram`` 0)."""
     out = []
     now_wall, now = datetime.now(timezone.utc), time.monotonic()
@@ -140,7 +140,7 @@ def running(pool: Any) -> list[dict]:
     return out
 
 
-def show(entry: Any) -> dict:
+def show(entry: Any) -> dict[str, Any]:
     """One model as /api/show describes it; ``template`` is the GGUF's Jinja chat template
     (Ollama's own models carry a Go template there)."""
     f = facts(entry)
@@ -172,7 +172,7 @@ def show(entry: Any) -> dict:
     return body
 
 
-def _fim(entry: Any, f: dict) -> bool:
+def _fim(entry: Any, f: dict[str, Any]) -> bool:
     """FIM tokens: the loaded vocabulary's (as llama.cpp finds them), else the header's."""
     engine = entry.engine
     if engine is not None:

@@ -32,8 +32,9 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable, Sequence
 
+from ...api.events import TokenLogprob
 from ...api.params import GenerationParams
 from ...protocol import limits
 from ...protocol.errors import ProtocolError
@@ -82,7 +83,7 @@ class OllamaRequest:
 
 
 # --- requests ------------------------------------------------------------------------------
-def parse_chat(body: dict, max_tokens_limit: int, reasoning_default: str = "auto"
+def parse_chat(body: dict[str, Any], max_tokens_limit: int, reasoning_default: str = "auto"
                ) -> OllamaRequest:
     model = _model(body)
     messages = get(body, "messages", list, default=[])
@@ -99,7 +100,7 @@ def parse_chat(body: dict, max_tokens_limit: int, reasoning_default: str = "auto
                          params.logprobs is not None)
 
 
-def parse_generate(body: dict, max_tokens_limit: int, reasoning_default: str = "auto"
+def parse_generate(body: dict[str, Any], max_tokens_limit: int, reasoning_default: str = "auto"
                    ) -> OllamaRequest:
     model = _model(body)
     prompt = get(body, "prompt", str, default="")
@@ -144,24 +145,26 @@ def parse_generate(body: dict, max_tokens_limit: int, reasoning_default: str = "
                          params.logprobs is not None)
 
 
-def _model(body: dict) -> str:
-    model = get(body, "model", str, required=True)
+def _model(body: dict[str, Any]) -> str:
+    model: str = get(body, "model", str, required=True)
     if not model.strip():
         raise invalid("model is empty; send a model name (GET /api/tags lists them)", "model")
     return model
 
 
-def _stream(body: dict) -> bool:
-    return get(body, "stream", bool, default=True)
+def _stream(body: dict[str, Any]) -> bool:
+    stream: bool = get(body, "stream", bool, default=True)
+    return stream
 
 
-def _no_images(obj: dict, path: str) -> None:
+def _no_images(obj: dict[str, Any], path: str) -> None:
     if get(obj, "images", list):
         raise unsupported(f"{path}: images need a vision model; edgespec serves text models",
                           path)
 
 
-def _params(body: dict, max_tokens_limit: int, chat: bool) -> tuple[GenerationParams, int | None]:
+def _params(body: dict[str, Any], max_tokens_limit: int,
+            chat: bool) -> tuple[GenerationParams, int | None]:
     opts = get(body, "options", dict, default={})
     for key, value in opts.items():
         if key in _SAMPLING or key in ("seed", "stop", "num_predict", "num_ctx"):
@@ -219,7 +222,7 @@ def _params(body: dict, max_tokens_limit: int, chat: bool) -> tuple[GenerationPa
     return params, num_ctx
 
 
-def _format(body: dict) -> dict:
+def _format(body: dict[str, Any]) -> dict[str, Any]:
     fmt = body.get("format")
     if fmt is None or fmt == "":
         return {}
@@ -230,7 +233,7 @@ def _format(body: dict) -> dict:
     raise invalid(f"format must be \"json\" or a JSON schema object, not {fmt!r}", "format")
 
 
-def _think(value: Any, default: str) -> tuple[str | None, dict | None, bool]:
+def _think(value: Any, default: str) -> tuple[str | None, dict[str, Any] | None, bool]:
     """(reasoning_format, chat_template_kwargs, thinking asked) for Ollama's ``think``."""
     if value is None:
         return None, None, default != "none"
@@ -289,10 +292,10 @@ def parse_keep_alive(value: Any) -> float | None:
     return sign * total
 
 
-def chat_messages(messages: list) -> tuple[dict, ...]:
+def chat_messages(messages: list[Any]) -> tuple[dict[str, Any], ...]:
     """Ollama chat messages -> OpenAI-shaped ones: tool call arguments as JSON text with an
     id each (Ollama's own, or one made up), tool results tied to their call."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     open_calls: list[tuple[str, str]] = []  # (id, name) of calls not answered yet
     for i, m in enumerate(messages):
         where = f"messages.{i}"
@@ -340,7 +343,7 @@ def _answer(open_calls: list[tuple[str, str]], call_id: str | None, name: str | 
     return None
 
 
-def _history_call(where: str, call: Any, made_id: str) -> dict:
+def _history_call(where: str, call: Any, made_id: str) -> dict[str, Any]:
     check(call, dict, where)
     fn = get(call, "function", dict, where, required=True)
     name = get(fn, "name", str, f"{where}.function", required=True)
@@ -372,7 +375,7 @@ class Timing:
     load: float = 0.0  # loading the model, where this request loaded it
 
 
-def metrics(done: ChoiceDone, timing: Timing) -> dict:
+def metrics(done: ChoiceDone, timing: Timing) -> dict[str, Any]:
     """Ollama's final-object fields, in nanoseconds, from the engine's measured times."""
     t = done.timings
     return {"total_duration": int(timing.total * 1e9),
@@ -388,7 +391,7 @@ def done_reason(done: ChoiceDone) -> str:
     return "length" if done.finish == "length" else "stop"
 
 
-def tool_calls(calls: tuple[ToolCall, ...]) -> list[dict]:
+def tool_calls(calls: tuple[ToolCall, ...]) -> list[dict[str, Any]]:
     """Calls as Ollama writes them: arguments as an object."""
     out = []
     for i, c in enumerate(calls):
@@ -400,9 +403,10 @@ def tool_calls(calls: tuple[ToolCall, ...]) -> list[dict]:
     return out
 
 
-def logprobs(lps, piece) -> list[dict]:
+def logprobs(lps: Sequence[TokenLogprob], piece: Callable[[int], bytes]
+             ) -> list[dict[str, Any]]:
     """Ollama's ``logprobs``: per token its text, logprob, bytes and top alternatives."""
-    def entry(tok: int, lp: float) -> dict:
+    def entry(tok: int, lp: float) -> dict[str, Any]:
         raw = bytes(piece(tok))
         return {"token": raw.decode("utf-8", "replace"), "logprob": lp, "bytes": list(raw)}
 
@@ -420,10 +424,11 @@ class Renderer:
     model: str
     piece: Any = None
 
-    def _head(self) -> dict:
+    def _head(self) -> dict[str, Any]:
         return {"model": self.model, "created_at": created_at()}
 
-    def delta(self, text: str = "", thinking: str = "", lps=()) -> dict:
+    def delta(self, text: str = "", thinking: str = "",
+              lps: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
         body = self._head()
         if self.endpoint == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -439,13 +444,13 @@ class Renderer:
             body["logprobs"] = logprobs(lps, self.piece)
         return body
 
-    def calls(self, calls: tuple[ToolCall, ...]) -> dict:
+    def calls(self, calls: tuple[ToolCall, ...]) -> dict[str, Any]:
         """The turn's tool calls in one chunk (Ollama sends each call whole)."""
         body = self.delta()
         body["message"]["tool_calls"] = tool_calls(calls)
         return body
 
-    def final(self, done: ChoiceDone, timing: Timing, whole: bool) -> dict:
+    def final(self, done: ChoiceDone, timing: Timing, whole: bool) -> dict[str, Any]:
         """The last object; ``whole`` (stream: false) carries the whole answer."""
         text = done.text if whole else ""
         thinking = (done.reasoning or "") if whole else ""
@@ -458,13 +463,13 @@ class Renderer:
         body["timings"] = done.timings
         return body
 
-    def lifecycle(self, reason: str) -> dict:
+    def lifecycle(self, reason: str) -> dict[str, Any]:
         """The answer to a request with nothing to generate: "load" or "unload"."""
         body = self.delta()
         body.update(done=True, done_reason=reason)
         return body
 
 
-def error_body(message: str) -> dict:
+def error_body(message: str) -> dict[str, Any]:
     """Ollama's error shape: one string."""
     return {"error": message}

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import FastAPI
 from starlette.requests import Request
+from starlette.responses import Response
 
 from ...api.params import GenerationParams
 from ...protocol import limits
+from ...protocol.core import Core
 from ...protocol.errors import bad_request, unsupported
 from ...protocol.request import CoreRequest
 from ..schemas import ChatCompletionRequest, Message
@@ -24,8 +27,8 @@ from .openai_common import answer, common_sampling, refuse_common
 ROUTES = ("/v1/chat/completions", "/chat/completions")
 
 
-def register(app: Any, core: Any, settings: ServerSettings) -> None:
-    async def chat_completions(request: Request):
+def register(app: FastAPI, core: Core, settings: ServerSettings) -> None:
+    async def chat_completions(request: Request) -> Response:
         return await answer(request, core, settings, ChatCompletionRequest, "chat",
                             lambda req, n_vocab: [parse(req, settings, n_vocab)])
 
@@ -67,7 +70,7 @@ def parse(req: ChatCompletionRequest, settings: ServerSettings, n_vocab: int) ->
         param_prompt="messages")
 
 
-def _response_format(req: ChatCompletionRequest) -> dict:
+def _response_format(req: ChatCompletionRequest) -> dict[str, Any]:
     rf = req.response_format
     if rf is None or rf.type == "text":
         return {}
@@ -79,7 +82,7 @@ def _response_format(req: ChatCompletionRequest) -> dict:
     return {"json_schema": rf.json_schema.schema_}
 
 
-def _message(i: int, m: Message) -> dict:
+def _message(i: int, m: Message) -> dict[str, Any]:
     """One message, OpenAI-shaped; its tool calls and tool-result ids are checked with the
     turn (edgespec.agents), which knows the whole conversation."""
     where = f"messages.{i}"
@@ -88,7 +91,7 @@ def _message(i: int, m: Message) -> dict:
     text = None if m.content is None else (
         m.content if isinstance(m.content, str) else "\n".join(p.text for p in m.content))
     role = "system" if m.role == "developer" else m.role
-    msg: dict = {"role": role, "content": text}
+    msg: dict[str, Any] = {"role": role, "content": text}
     if m.tool_calls:
         msg["tool_calls"] = m.tool_calls
     if m.tool_call_id is not None:

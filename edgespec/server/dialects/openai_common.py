@@ -3,10 +3,10 @@ common to both, and the answer (whole JSON or an SSE stream) rendered from core 
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from sse_starlette import EventSourceResponse
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from ...api.params import SamplingParams
 from ...protocol import limits
@@ -17,16 +17,21 @@ from ...protocol.request import CoreRequest
 from .. import body
 from ..errors import body as error_body
 from ..responses import Shape
+from ..schemas import CommonRequest
 from ..settings import ServerSettings
 
+#: the request schema of a route (chat or completions)
+Req = TypeVar("Req", bound=CommonRequest)
 
-def refuse_common(req: Any) -> None:
+
+def refuse_common(req: CommonRequest) -> None:
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed with stream: true",
                           param="stream_options")
 
 
-def common_sampling(req: Any, settings: ServerSettings, n_vocab: int) -> SamplingParams:
+def common_sampling(req: CommonRequest, settings: ServerSettings, n_vocab: int
+                    ) -> SamplingParams:
     return limits.sampling(
         temperature=req.temperature, default_temperature=settings.default_temperature,
         top_p=req.top_p, top_k=req.top_k, min_p=req.min_p, repeat_penalty=req.repeat_penalty,
@@ -34,8 +39,8 @@ def common_sampling(req: Any, settings: ServerSettings, n_vocab: int) -> Samplin
         bias=limits.logit_bias(req.logit_bias, n_vocab), seed=req.seed)
 
 
-async def answer(request: Any, core: Core, settings: ServerSettings, schema: type, kind: str,
-                 parse: Callable[[Any, int], list[CoreRequest]]) -> Any:
+async def answer(request: Any, core: Core, settings: ServerSettings, schema: type[Req], kind: str,
+                 parse: Callable[[Req, int], list[CoreRequest]]) -> Response:
     """Read ``request`` as ``schema``, parse it into core requests (with the model's
     vocabulary size), run them and answer whole or streamed."""
     req = await body.parsed(schema, request, settings)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastapi import FastAPI
 from starlette.requests import Request
+from starlette.responses import Response
 
 from ...api.params import GenerationParams
 from ...protocol import limits
+from ...protocol.core import Core
 from ...protocol.errors import bad_request, unsupported
 from ...protocol.request import CoreRequest, Fim
 from ..schemas import CompletionRequest
@@ -26,8 +29,8 @@ ROUTES = ("/v1/completions", "/completions")
 MAX_PROMPTS = 16
 
 
-def register(app: Any, core: Any, settings: ServerSettings) -> None:
-    async def completions(request: Request):
+def register(app: FastAPI, core: Core, settings: ServerSettings) -> None:
+    async def completions(request: Request) -> Response:
         return await answer(request, core, settings, CompletionRequest, "completion",
                             lambda req, n_vocab: parse(req, settings, n_vocab))
 

@@ -28,19 +28,22 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse
+from starlette.responses import Response
 
 from ...api.params import GenerationParams
 from ...protocol import limits
+from ...protocol.core import Core, Running
 from ...protocol.errors import ProtocolError
 from ...protocol.events import ChoiceDone, CoreEvent, ReasoningDelta, TextDelta, ToolCallDelta
 from ...protocol.request import CoreRequest
 from ..body import read
 from ..errors import response as openai_error
+from ..settings import ServerSettings
 from .fields import (ToolShape, check, function_tools, get, invalid, load_object, number,
                      unsupported)
 from .refusal import counted, refusing, to_protocol
@@ -63,12 +66,13 @@ class Parsed:
     core: CoreRequest
     stream: bool
     store: bool
-    echo: dict  # the request's fields a response object repeats
-    conversation: tuple[dict, ...]  # the messages before the answer, instructions excluded
+    echo: dict[str, Any]  # the request's fields a response object repeats
+    # the messages before the answer, instructions excluded
+    conversation: tuple[dict[str, Any], ...]
 
 
 # --- parsing ---------------------------------------------------------------------------------
-def parse(text: str, settings, store: ResponseStore) -> Parsed:
+def parse(text: str, settings: ServerSettings, store: ResponseStore) -> Parsed:
     body = load_object(text)
     ignored = sorted(set(body) - KNOWN)
     if ignored:
@@ -81,7 +85,7 @@ def parse(text: str, settings, store: ResponseStore) -> Parsed:
                           "wait for it (or stream it)", "background")
     instructions = get(body, "instructions", str)
     previous = get(body, "previous_response_id", str)
-    history: list[dict] = []
+    history: list[dict[str, Any]] = []
     if previous is not None:
         stored = store.get(previous)
         if stored is None:
@@ -130,7 +134,7 @@ def parse(text: str, settings, store: ResponseStore) -> Parsed:
     return Parsed(core, stream, keep, echo, tuple(conversation))
 
 
-def _input(body: dict, history: list[dict]) -> list[dict]:
+def _input(body: dict[str, Any], history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     value = body.get("input")
     if value is None:
         raise invalid("input is required: a string or a list of items",
@@ -141,7 +145,7 @@ def _input(body: dict, history: list[dict]) -> list[dict]:
     if not value and not history:
         raise invalid("input is empty; send at least one message", param="input")
     calls = {c["id"] for m in history for c in m.get("tool_calls") or ()}
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     for i, item in enumerate(value):
         where = f"input.{i}"
         check(item, dict, where)
@@ -212,7 +216,7 @@ _TOOLS = ToolShape(kind="function", default_kind=None,
                    schema="parameters", schema_required=False, strict=True)
 
 
-def _tool_choice(body: dict) -> Any:
+def _tool_choice(body: dict[str, Any]) -> Any:
     choice = body.get("tool_choice")
     if choice is None or isinstance(choice, str):
         return choice  # auto / none / required: checked by the core with the tools
@@ -225,7 +229,7 @@ def _tool_choice(body: dict) -> Any:
             "function": {"name": get(choice, "name", str, "tool_choice", required=True)}}
 
 
-def _text(body: dict) -> tuple[dict, dict]:
+def _text(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``text.format`` -> (the text config echoed, GenerationParams' structured fields)."""
     cfg = get(body, "text", dict, default={})
     fmt = get(cfg, "format", dict, "text", default={"type": "text"})
@@ -247,7 +251,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def usage(done: ChoiceDone | None) -> dict | None:
+def usage(done: ChoiceDone | None) -> dict[str, Any] | None:
     if done is None:
         return None
     return {"input_tokens": done.prompt_tokens,
@@ -258,8 +262,9 @@ def usage(done: ChoiceDone | None) -> dict | None:
             "total_tokens": done.prompt_tokens + done.completion_tokens}
 
 
-def response_object(rid: str, echo: dict, created: int, status: str, output: list[dict],
-                    done: ChoiceDone | None = None) -> dict:
+def response_object(rid: str, echo: dict[str, Any], created: int, status: str,
+                    output: list[dict[str, Any]],
+                    done: ChoiceDone | None = None) -> dict[str, Any]:
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     body = {"id": rid, "object": "response", "created_at": created, "status": status,
             "error": None, "incomplete_details": incomplete, **echo, "output": output,
@@ -273,28 +278,28 @@ def status_of(done: ChoiceDone) -> str:
     return "incomplete" if done.finish == "length" else "completed"
 
 
-def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     return {"type": "reasoning", "id": item_id, "summary": [],
             "content": [{"type": "reasoning_text", "text": text}], "status": status}
 
 
-def message_item(item_id: str, text: str, status: str = "completed") -> dict:
+def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     content = [] if status == "in_progress" else [_text_part(text)]
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": content}
 
 
 def call_item(item_id: str, call_id: str, name: str, arguments: str,
-              status: str = "completed") -> dict:
+              status: str = "completed") -> dict[str, Any]:
     return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name,
             "arguments": arguments, "status": status}
 
 
-def _text_part(text: str) -> dict:
+def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def output_items(done: ChoiceDone) -> list[dict]:
+def output_items(done: ChoiceDone) -> list[dict[str, Any]]:
     """A whole answer's output items."""
     items = []
     if done.reasoning:
@@ -306,14 +311,14 @@ def output_items(done: ChoiceDone) -> list[dict]:
     return items
 
 
-def answer_message(output: list[dict]) -> dict:
+def answer_message(output: list[dict[str, Any]]) -> dict[str, Any]:
     """The output as the assistant message a follow-up's conversation continues from."""
     text = "".join(p["text"] for it in output if it["type"] == "message"
                    for p in it["content"])
     calls = [{"id": it["call_id"], "type": "function",
               "function": {"name": it["name"], "arguments": it["arguments"]}}
              for it in output if it["type"] == "function_call"]
-    msg: dict = {"role": "assistant", "content": text if text or not calls else None}
+    msg: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
     if calls:
         msg["tool_calls"] = calls
     return msg
@@ -329,7 +334,7 @@ class _Item:
     call_id: str = ""
     name: str = ""
 
-    def whole(self, status: str = "completed") -> dict:
+    def whole(self, status: str = "completed") -> dict[str, Any]:
         if self.kind == "reasoning":
             return reasoning_item(self.id, self.text, status)
         if self.kind == "message":
@@ -345,20 +350,20 @@ class ResponseStream:
     and are done before the next one is added; ``output`` ends as the items the final
     ``response.completed`` carries (the same ids as streamed)."""
 
-    echo: dict
+    echo: dict[str, Any]
     id: str = field(default_factory=lambda: new_id("resp"))
     created: int = field(default_factory=lambda: int(time.time()))
-    output: list[dict] = field(default_factory=list)
-    response: dict | None = None  # the final response object, once finished
+    output: list[dict[str, Any]] = field(default_factory=list)
+    response: dict[str, Any] | None = None  # the final response object, once finished
     _seq: int = 0
     _open: _Item | None = None
 
-    def start(self) -> list[tuple[str, dict]]:
+    def start(self) -> list[tuple[str, dict[str, Any]]]:
         shell = response_object(self.id, self.echo, self.created, "in_progress", [])
         return [self._event("response.created", response=shell),
                 self._event("response.in_progress", response=shell)]
 
-    def feed(self, event: CoreEvent) -> list[tuple[str, dict]]:
+    def feed(self, event: CoreEvent) -> list[tuple[str, dict[str, Any]]]:
         if isinstance(event, ReasoningDelta) and event.text:
             out = self._ensure("reasoning")
             item = self._item()
@@ -395,7 +400,7 @@ class ResponseStream:
             return self.finish(event)
         return []
 
-    def finish(self, done: ChoiceDone) -> list[tuple[str, dict]]:
+    def finish(self, done: ChoiceDone) -> list[tuple[str, dict[str, Any]]]:
         out = self._close()
         status = status_of(done)
         final = response_object(self.id, self.echo, self.created, status, self.output, done)
@@ -403,7 +408,8 @@ class ResponseStream:
         self.response = final
         return out + [self._event(kind, response=final)]
 
-    def error(self, code: str | None, message: str, param: str | None) -> tuple[str, dict]:
+    def error(self, code: str | None, message: str,
+              param: str | None) -> tuple[str, dict[str, Any]]:
         return self._event("error", code=code, message=message, param=param)
 
     # --- pieces ---------------------------------------------------------------------------
@@ -411,12 +417,12 @@ class ResponseStream:
         assert self._open is not None
         return self._open
 
-    def _event(self, kind: str, **data: Any) -> tuple[str, dict]:
+    def _event(self, kind: str, **data: Any) -> tuple[str, dict[str, Any]]:
         body = {"type": kind, "sequence_number": self._seq, **data}
         self._seq += 1
         return kind, body
 
-    def _ensure(self, kind: str) -> list[tuple[str, dict]]:
+    def _ensure(self, kind: str) -> list[tuple[str, dict[str, Any]]]:
         if self._open is not None and self._open.kind == kind:
             return []
         out = self._close()
@@ -430,7 +436,7 @@ class ResponseStream:
                                output_index=item.index, content_index=0, part=part))
         return out
 
-    def _close(self) -> list[tuple[str, dict]]:
+    def _close(self) -> list[tuple[str, dict[str, Any]]]:
         item = self._open
         if item is None:
             return []
@@ -458,7 +464,8 @@ class ResponseStream:
 
 
 # --- routes ----------------------------------------------------------------------------------
-def register(app: FastAPI, core, settings, store: ResponseStore | None = None) -> None:
+def register(app: FastAPI, core: Core, settings: ServerSettings,
+             store: ResponseStore | None = None) -> None:
     """``POST /v1/responses``, ``GET`` and ``DELETE /v1/responses/{id}`` on ``core``, the
     answers kept in ``store`` (a new one of STORE_LIMIT responses by default)."""
     store = store if store is not None else ResponseStore(STORE_LIMIT)
@@ -466,7 +473,7 @@ def register(app: FastAPI, core, settings, store: ResponseStore | None = None) -
 
     @app.post("/v1/responses")
     @refusing(_refusal)
-    async def responses(request: Request):
+    async def responses(request: Request) -> Response:
         parsed = parse(await read(request, settings), settings, store)
         if parsed.stream:
             run = await core.start(request, parsed.core)
@@ -480,14 +487,14 @@ def register(app: FastAPI, core, settings, store: ResponseStore | None = None) -
         return JSONResponse(body)
 
     @app.get("/v1/responses/{response_id}")
-    async def get_response(request: Request, response_id: str):
+    async def get_response(request: Request, response_id: str) -> Response:
         stored = store.get(response_id)
         if stored is None:
             return _refusal(request, _unknown(response_id))
         return JSONResponse(stored.response)
 
     @app.delete("/v1/responses/{response_id}")
-    async def delete_response(request: Request, response_id: str):
+    async def delete_response(request: Request, response_id: str) -> Response:
         if not store.delete(response_id):
             return _refusal(request, _unknown(response_id))
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
@@ -504,13 +511,14 @@ def _unknown(response_id: str) -> ProtocolError:
                          code="response_not_found")
 
 
-def _keep(store: ResponseStore, parsed: Parsed, body: dict) -> None:
+def _keep(store: ResponseStore, parsed: Parsed, body: dict[str, Any]) -> None:
     if parsed.store:
         store.put(body["id"], Stored(body, parsed.conversation
                                      + (answer_message(body["output"]),)))
 
 
-async def _sse(run, stream: ResponseStream, parsed: Parsed, store: ResponseStore):
+async def _sse(run: Running, stream: ResponseStream, parsed: Parsed,
+               store: ResponseStore) -> AsyncIterator[dict[str, str]]:
     complete = False
     try:
         for name, data in stream.start():

@@ -6,12 +6,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
 class Stored:
-    response: dict  # the response object as answered
-    conversation: tuple[dict, ...]  # OpenAI-shaped messages up to and including its output
+    response: dict[str, Any]  # the response object as answered
+    # OpenAI-shaped messages up to and including its output
+    conversation: tuple[dict[str, Any], ...]
     # (instructions excluded: a follow-up's own instructions replace them, as OpenAI's do)
 
 

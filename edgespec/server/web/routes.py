@@ -45,7 +45,7 @@ def register(app: FastAPI, pool: ModelPool, settings: ServerSettings) -> None:
     (``edgespec serve --no-web``)."""
 
     @app.get("/v1/edgespec/status", include_in_schema=False)
-    async def edgespec_status():
+    async def edgespec_status() -> Response:
         return JSONResponse(status(pool, settings))
 
     if not settings.web:
@@ -53,15 +53,15 @@ def register(app: FastAPI, pool: ModelPool, settings: ServerSettings) -> None:
     files = load_assets()
 
     @app.get("/", include_in_schema=False)
-    async def page():
+    async def page() -> Response:
         return Response(files[PAGE], media_type="text/html; charset=utf-8", headers=HEADERS)
 
     @app.get("/favicon.ico", include_in_schema=False)
-    async def favicon():  # what browsers ask for by default, beside the page's own link
+    async def favicon() -> Response:  # what browsers ask for by default, beside the page's own link
         return Response(files["favicon.svg"], media_type=ASSETS["favicon.svg"], headers=HEADERS)
 
     @app.get("/web/{name}", include_in_schema=False)
-    async def asset(name: str):
+    async def asset(name: str) -> Response:
         if name not in ASSETS:
             raise APIError(404, f"no web asset {name!r}", code="not_found")
         return Response(files[name], media_type=ASSETS[name], headers=HEADERS)

@@ -9,13 +9,16 @@ a curve here would stall the model's requests for seconds.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._version import __version__
 from ...api.labels import PLAIN
 from ...errors import EdgespecError
-from ...serving import ModelPool
+from ...serving import ModelPool, PoolModel
 from ..settings import ServerSettings
+
+if TYPE_CHECKING:
+    from ...engine.engine import Engine
 
 
 def status(pool: ModelPool, settings: ServerSettings) -> dict[str, Any]:
@@ -34,7 +37,7 @@ def status(pool: ModelPool, settings: ServerSettings) -> dict[str, Any]:
     }
 
 
-def _model(m) -> dict[str, Any]:
+def _model(m: PoolModel) -> dict[str, Any]:
     engine, scheduler = m.engine, m.scheduler
     out: dict[str, Any] = {"id": m.name, "aliases": list(m.aliases), "state": m.state,
                            "loaded": engine is not None, "loads": m.loads,
@@ -53,7 +56,7 @@ def _model(m) -> dict[str, Any]:
     return out
 
 
-def plain_rate(engine) -> dict[str, Any] | None:
+def plain_rate(engine: Engine) -> dict[str, Any] | None:
     """The plain path's single-sequence decode rate from the engine's loaded calibration,
     or None when it loaded none (see the module docstring)."""
     if not engine.control.adaptive:
