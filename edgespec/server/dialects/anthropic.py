@@ -46,7 +46,8 @@ from ..body import read
 from ..settings import ServerSettings
 from .fields import (ToolShape, check, function_tools, get, invalid, load_object, number,
                      strings, unsupported)
-from .refusal import counted, refusing, to_protocol
+from .named_sse import named_events
+from .refusal import counted, refusing
 
 log = logging.getLogger("edgespec.server")
 
@@ -439,22 +440,9 @@ def register(app: FastAPI, core: Core, settings: ServerSettings) -> None:
         return JSONResponse({"input_tokens": await count_tokens(core, req)})
 
 
-async def _sse(run: Running, stream: MessageStream) -> AsyncIterator[dict[str, str]]:
-    complete = False
-    try:
-        for name, data in stream.start():
-            yield {"event": name, "data": json.dumps(data)}
-        async for ev in run:
-            for name, data in stream.feed(ev):
-                yield {"event": name, "data": json.dumps(data)}
-        complete = True
-    except Exception as e:  # the answer cannot continue: Anthropic's in-stream error event
-        complete = True
-        err = to_protocol(e)
-        yield {"event": "error", "data": json.dumps(error_body(err.status, err.message))}
-    finally:
-        if not complete:  # the client went away (sse-starlette cancels this generator)
-            run.cancel()
+def _sse(run: Running, stream: MessageStream) -> AsyncIterator[dict[str, str]]:
+    # a failure mid-stream: Anthropic's in-stream error event
+    return named_events(run, stream, lambda err: ("error", error_body(err.status, err.message)))
 
 
 

@@ -23,7 +23,6 @@ its ``type``.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -46,7 +45,8 @@ from ..errors import response as openai_error
 from ..settings import ServerSettings
 from .fields import (ToolShape, check, function_tools, get, invalid, load_object, number,
                      unsupported)
-from .refusal import counted, refusing, to_protocol
+from .named_sse import named_events
+from .refusal import counted, refusing
 from .responses_store import ResponseStore, Stored
 
 log = logging.getLogger("edgespec.server")
@@ -517,26 +517,15 @@ def _keep(store: ResponseStore, parsed: Parsed, body: dict[str, Any]) -> None:
                                      + (answer_message(body["output"]),)))
 
 
-async def _sse(run: Running, stream: ResponseStream, parsed: Parsed,
-               store: ResponseStore) -> AsyncIterator[dict[str, str]]:
-    complete = False
-    try:
-        for name, data in stream.start():
-            yield {"event": name, "data": json.dumps(data)}
-        async for ev in run:
-            for name, data in stream.feed(ev):
-                yield {"event": name, "data": json.dumps(data)}
-        complete = True
+def _sse(run: Running, stream: ResponseStream, parsed: Parsed,
+         store: ResponseStore) -> AsyncIterator[dict[str, str]]:
+    def finished() -> None:  # the whole response, kept for previous_response_id
         if stream.response is not None:
             _keep(store, parsed, stream.response)
-    except Exception as e:  # the answer cannot continue: the stream's error event
-        complete = True
-        err = to_protocol(e)
-        name, data = stream.error(err.code, err.message, err.param)  # OpenAI's shape
-        yield {"event": name, "data": json.dumps(data)}
-    finally:
-        if not complete:  # the client went away (sse-starlette cancels this generator)
-            run.cancel()
+
+    # a failure mid-stream: the stream's error event, in OpenAI's shape
+    return named_events(run, stream, lambda err: stream.error(err.code, err.message, err.param),
+                        finished)
 
 
 def _refusal(request: Request, e: BaseException) -> JSONResponse:
