@@ -123,8 +123,9 @@ class Shape:
         for d in dones:
             lps = self.logprobs(d.logprobs, len((echoed or {}).get(d.index, "")))
             if self.kind == "chat":
-                msg: dict[str, Any] = {"role": "assistant",
-                             "content": d.text if d.text or not d.tool_calls else None}
+                msg: dict[str, Any] = {
+                    "role": "assistant",
+                    "content": d.text if d.text or not d.tool_calls else None}
                 if d.reasoning:
                     msg["reasoning_content"] = d.reasoning
                 if d.tool_calls:

@@ -150,8 +150,8 @@ def _assistant(blocks: list[Any], where: str, calls: set[str]) -> dict[str, Any]
         else:
             raise unsupported(f"{at}: a {kind!r} block is not supported in an assistant "
                               "message; send text and tool_use blocks", f"{at}.type")
-    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not tool_calls
-                 else None}
+    msg: dict[str, Any] = {"role": "assistant",
+                           "content": "".join(texts) if texts or not tool_calls else None}
     if tool_calls:
         msg["tool_calls"] = tool_calls
     return msg
