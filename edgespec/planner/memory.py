@@ -45,7 +45,7 @@ from ..runtime.kernel import KV_GGML_TYPE, KV_TYPES, KernelConfig  # noqa: F401 
 from ..runtime.device import Device, fmt_size, parse_size
 from ..runtime.gguf_facts import ModelFacts
 from . import repack as repackmod
-from .heads import nextn_range, trunk
+from .nextn_head import nextn_range, trunk
 from dataclasses import replace
 
 # --- measured constants (llama-cpp-python 0.3.36, CPython 3.11; docs/planner.md) ------------

@@ -20,7 +20,7 @@ from ..api.labels import PLAIN
 from ..runtime.device import Device
 from ..runtime.gguf_facts import ModelFacts
 from .acceptance import Acceptance
-from .heads import head_step_ratio, trunk
+from .nextn_head import head_step_ratio, trunk
 from .memory import weight_bytes
 from .trust import calibration_trust
 from ..calibration.curve import Calibration, prior_step_seconds

@@ -36,7 +36,7 @@ from gguf import GGMLQuantizationType
 from ..api.params import SamplingParams
 from ..errors import InvalidInputError
 from ..runtime.gguf_facts import ModelFacts, read_facts
-from .heads import HeadContext, HeadProposer, HeadSession
+from .head_base import HeadContext, HeadProposer, HeadSession
 
 #: GGUF architectures whose graph publishes every layer's input (``res->t_layer_inp``);
 #: llama.cpp aborts on a layer-input request for any other (src/models/*.cpp, 0.3.36)

@@ -32,7 +32,7 @@ from typing import Any
 from ..api.params import SamplingParams
 from ..errors import InvalidInputError
 from ..runtime.gguf_facts import read_facts
-from .heads import HeadContext, HeadProposer, HeadSession
+from .head_base import HeadContext, HeadProposer, HeadSession
 
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import EdgespecError
 from .backend import ll as _ll, recent_log
 from .context import Context
-from .heads import HeadRunner, head_params
+from .head_context import HeadRunner, head_params
 from .model import Model
 from .staging import FloatP as _FloatP, staging as _staging
 from .taps import RowTap

@@ -1,5 +1,5 @@
 """A fake head and fake target rows for the proposers fed by the target's verify pass
-(``mtp``, ``eagle3``, :mod:`edgespec.proposers.heads`): the head records what its cache
+(``mtp``, ``eagle3``, :mod:`edgespec.proposers.head_base`): the head records what its cache
 holds at each position, so a test can check it stays in step with the accepted sequence.
 
     head, tap = FakeHead(), FakeTap(N_EMBD)      # mtp: rows as wide as the head
@@ -68,7 +68,7 @@ class FakeTap:
 def in_step(head: FakeHead, session) -> None:
     """The head's cache holds positions 0..kv_len-1, position P the token ``seq[P + lead]``
     with the target's row of position ``P + lead - 1`` (zeros before the start): what
-    :mod:`edgespec.proposers.heads` promises after every step."""
+    :mod:`edgespec.proposers.head_base` promises after every step."""
     lead = session.lead
     assert sorted(head.kv) == list(range(session.kv_len))
     for p, (tok, tag) in head.kv.items():

@@ -3,7 +3,7 @@
 exactly what a from-scratch catch-up on the accepted sequence would give.
 
 The two kinds differ only in how far the cache reaches (``session.lead``,
-edgespec/proposers/heads.py), which each test asserts itself; the capture of the last
+edgespec/proposers/head_base.py), which each test asserts itself; the capture of the last
 session and the from-scratch comparison are one piece here.
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 from edgespec import registry
 from edgespec.api.labels import AUTO
 from edgespec.calibration.curve import Calibration, prior_step_seconds
-from edgespec.planner import heads
+from edgespec.planner import nextn_head
 from edgespec.planner.memory import estimate_memory, layer_kv_bytes, pad_ctx
 from edgespec.planner.search import BudgetError, _kinds, plan
 from edgespec.planner.speed import head_speed, speed_model
@@ -36,7 +36,7 @@ def test_the_trunk_leaves_out_the_head_and_the_head_is_counted_only_for_mtp():
     assert plain["target KV cache"].host == estimate_memory(
         facts(layers=28), n_ctx=4096, kernel=k).items[4].host
     assert with_head["mtp KV cache"].host == int(layer_kv_bytes(NEXTN, 28, pad_ctx(4096), k.kv_type))
-    assert heads.trunk(QWEN_15) is QWEN_15  # no NextN layers: unchanged
+    assert nextn_head.trunk(QWEN_15) is QWEN_15  # no NextN layers: unchanged
 
 
 def test_plan_with_mtp_shows_the_head_and_refuses_what_does_not_fit():
@@ -78,7 +78,7 @@ def test_auto_picks_mtp_only_where_the_speed_model_says_it_pays():
 
 
 def test_mtp_drafts_are_priced_with_the_head_cost_measured_at_calibration():
-    expected = prior_step_seconds(heads.trunk(NEXTN).weight_bytes)
+    expected = prior_step_seconds(nextn_head.trunk(NEXTN).weight_bytes)
     cal = replace(Calibration.prior_cpu(step_seconds=expected), source="measured",
                   mtp_step_seconds=expected / 10)
     sm = speed_model(cpu(synthetic=False), NEXTN, None, n_gpu_layers=0, draft_gpu_layers=0,
@@ -86,7 +86,7 @@ def test_mtp_drafts_are_priced_with_the_head_cost_measured_at_calibration():
     measured = head_speed(sm, NEXTN, cal)
     assert measured.draft_ratio == pytest.approx(0.1) and "measured" in measured.draft_source
     prior = head_speed(sm, NEXTN, replace(cal, mtp_step_seconds=None))
-    assert prior.draft_ratio == pytest.approx(heads.head_step_ratio(NEXTN))
+    assert prior.draft_ratio == pytest.approx(nextn_head.head_step_ratio(NEXTN))
     assert prior.draft_source.startswith("prior")
     busy = head_speed(sm, NEXTN, replace(cal, busy=0.9))  # an untrusted calibration: the prior
     assert busy.draft_ratio == prior.draft_ratio
@@ -107,7 +107,7 @@ def test_a_qualification_record_replaces_the_acceptance_prior(monkeypatch):
 
 
 def test_the_head_prior_reads_the_output_matrix_unless_the_head_has_its_own():
-    ratio = heads.head_step_ratio(NEXTN)
+    ratio = nextn_head.head_step_ratio(NEXTN)
     assert ratio == pytest.approx((NEXTN.mtp_bytes + NEXTN.output_bytes)
                                   / (NEXTN.weight_bytes - NEXTN.mtp_bytes))
     assert 0 < ratio < 1 and MiB < NEXTN.mtp_bytes

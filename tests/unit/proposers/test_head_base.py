@@ -1,4 +1,4 @@
-"""What the proposers fed by the target's verify pass share (edgespec/proposers/heads.py),
+"""What the proposers fed by the target's verify pass share (edgespec/proposers/head_base.py),
 checked once on each kind with a fake head and fake target rows: one request at a time,
 close releases both contexts, a repeated proposal decodes the last position again, and
 sampling returns the distributions it drew from."""
