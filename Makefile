@@ -8,10 +8,10 @@ EDGESPEC := $(VENV)/bin/edgespec
 LLAMA_CPP_VERSION := 0.3.36
 
 # llama.cpp is built for the ISA extensions this CPU reports, never AMX (some VMs report it
-# and fault on it): edgespec/runtime/build.py. Your own CMAKE_ARGS (CUDA, Metal, Vulkan) win:
+# and fault on it): edgespec/runtime/llama_build.py. Your own CMAKE_ARGS (CUDA, Metal, Vulkan) win:
 # `CMAKE_ARGS="-DGGML_CUDA=on" make install`. The RPC backend is built in (it changes no
 # kernel; `--rpc host:port,...` splits a target across machines): keep -DGGML_RPC=ON in yours.
-DEFAULT_CMAKE_ARGS := $(shell $(PYTHON) edgespec/runtime/build.py) -DGGML_RPC=ON
+DEFAULT_CMAKE_ARGS := $(shell $(PYTHON) edgespec/runtime/llama_build.py) -DGGML_RPC=ON
 LLAMA_CMAKE_ARGS := $(if $(CMAKE_ARGS),$(CMAKE_ARGS),$(DEFAULT_CMAKE_ARGS))
 # pip's wheel cache keys a source build by the sdist alone, not by its CMAKE_ARGS, so a wheel
 # built for another CPU or backend would be reused. We keep our own wheels, keyed by the flags
@@ -29,7 +29,7 @@ $(VENV)/bin/activate:
 	$(PIP) install -q --upgrade pip
 
 # Rebuilt when the package metadata or the native sources change.
-$(VENV)/.installed: $(VENV)/bin/activate Makefile pyproject.toml setup.py edgespec/runtime/build.py $(wildcard native/*.c native/*.h)
+$(VENV)/.installed: $(VENV)/bin/activate Makefile pyproject.toml setup.py edgespec/runtime/llama_build.py $(wildcard native/*.c native/*.h)
 	@if ! ls $(LLAMA_WHEEL_DIR)/llama_cpp_python-*.whl >/dev/null 2>&1; then \
 	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) (CMAKE_ARGS=$(LLAMA_CMAKE_ARGS)); first build takes ~5 min"; \
 	  mkdir -p $(LLAMA_WHEEL_DIR).tmp && \

@@ -6,7 +6,7 @@
 Under greedy decoding the target's output does not depend on how it was speculated
 (edgespec.lab.replay.generations), so a recorded generation says which tokens each pass would keep.
 At every step the proposer session proposes a tree (``propose_tree``); the sizing
-(edgespec.control.tree.size_tree) chooses, on each cost curve, either a tree or the
+(edgespec.control.tree_sizing.size_tree) chooses, on each cost curve, either a tree or the
 best linear cut of its first branch. Two policies are replayed on the same proposals:
 ``linear`` (always the linear cut) and ``tree`` (what the sizing chooses). A pass emits
 its accepted path plus the target's token and costs ``cal.cost(nodes + 1)`` steps; the
@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec.calibration.curve import Calibration  # noqa: E402
-from edgespec.control.tree import size_tree  # noqa: E402
+from edgespec.control.tree_sizing import size_tree  # noqa: E402
 from edgespec.api.params import SamplingParams  # noqa: E402
 from edgespec.proposers.ngram import NgramProposer  # noqa: E402
 from edgespec.proposers.suffix import SuffixProposer  # noqa: E402

@@ -18,7 +18,7 @@ def doctor_command(as_json: bool) -> None:
     backends, RPC) with what this machine offers, and print the command that rebuilds
     llama-cpp-python for it where they disagree. Exits 1 when the build would crash here."""
     from ..runtime import backend  # deferred: it loads llama.cpp
-    from ..runtime.build import Host, diagnose  # deferred: `edgespec` starts without what other commands need
+    from ..runtime.llama_build import Host, diagnose  # deferred: `edgespec` starts without what other commands need
 
     build, host = backend.build_facts(), Host.local()
     d = diagnose(build, host)

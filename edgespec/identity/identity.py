@@ -37,8 +37,8 @@ from .._version import __version__
 from ..errors import EdgespecError
 from . import digests
 from ..proposers.bridge import BRIDGE_VERSION
-from ..runtime.build import _cpuinfo
-from ..runtime.build import cmake_args as default_args
+from ..runtime.llama_build import _cpuinfo
+from ..runtime.llama_build import cmake_args as default_args
 from ..runtime.device import probe
 from ..runtime.gguf_facts import read_facts
 from importlib import metadata
@@ -274,12 +274,12 @@ def edgespec_component() -> dict:
 def cmake_args() -> dict:
     """The CMake flags llama-cpp-python was built with, as far as this machine can tell:
     $CMAKE_ARGS when set, else what `make install` passes by default
-    (edgespec/runtime/build.py); ``wheel_cached`` says whether the Makefile's wheel cache
+    (edgespec/runtime/llama_build.py); ``wheel_cached`` says whether the Makefile's wheel cache
     holds a wheel keyed by exactly these flags (the Makefile's own key)."""
     version = _dist_version("llama_cpp_python")
     args, source = os.environ.get("CMAKE_ARGS"), "env CMAKE_ARGS"
     if not args:
-        args, source = default_args(_cpuinfo()[1]), "edgespec/runtime/build.py"
+        args, source = default_args(_cpuinfo()[1]), "edgespec/runtime/llama_build.py"
     if not args:
         return {"args": None, "source": None, "wheel_cached": None}
     key = hashlib.sha256(f"{version} {args} {tuple(sys.version_info[:2])}".encode()).hexdigest()[:16]

@@ -21,7 +21,7 @@ from ..api.arrays import FloatArray
 from ..api.events import Step
 from ..api.params import SamplingParams
 from ..control import Outcome
-from ..control.tree import size_tree
+from ..control.tree_sizing import size_tree
 from ..decoding import sampling, verify
 from ..decoding.kvcache import common_prefix
 from ..decoding.tree import DraftTree, commit, prepare, release

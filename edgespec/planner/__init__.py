@@ -28,7 +28,7 @@ results when they exist.
 """
 from __future__ import annotations
 
-from .acceptance import DEFAULT_ACCEPTANCE, Acceptance, acceptance_for
+from .acceptance_priors import DEFAULT_ACCEPTANCE, Acceptance, acceptance_for
 from .entry import UNPROBED_EXACT_CAP, plan_engine, plan_for, resolve_rpc
 from .lookup import cached_calibration, registered_draft, resolve_model
 from ..runtime.kernel import KV_GGML_TYPE, KV_TYPES

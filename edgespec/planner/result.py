@@ -10,7 +10,7 @@ from ..calibration.breakeven import needed_acceptance
 from ..config import EngineConfig
 from ..runtime.kernel import KernelConfig
 from ..runtime.device import Device
-from .acceptance import Acceptance
+from .acceptance_priors import Acceptance
 from .memory import MemoryEstimate, kernel_note
 from .remote import RpcPlacement
 from .speed import SpeedModel

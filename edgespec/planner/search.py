@@ -20,7 +20,7 @@ from ..runtime.kernel import KV_TYPES, KernelConfig
 from ..runtime.device import Device, fmt_size
 from ..errors import EdgespecError, InvalidInputError
 from ..runtime.gguf_facts import ModelFacts
-from .acceptance import Acceptance, acceptance_for
+from .acceptance_priors import Acceptance, acceptance_for
 from .memory import (SUFFIX_CACHE_CAP, MemoryEstimate, default_budgets,
                      estimate_memory)
 from .reasons import explain_choice

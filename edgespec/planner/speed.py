@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 from ..api.labels import PLAIN
 from ..runtime.device import Device
 from ..runtime.gguf_facts import ModelFacts
-from .acceptance import Acceptance
+from .acceptance_priors import Acceptance
 from .nextn_head import head_step_ratio, trunk
 from .memory import weight_bytes
 from .trust import calibration_trust

@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any, Callable
 
 from ..errors import EdgespecError
-from .build import Build
+from .llama_build import Build
 from .rpc import lost_server_message
 import sys
 import psutil

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import EdgespecError, InvalidInputError
-from .build import _cpuinfo
+from .llama_build import _cpuinfo
 import psutil
 
 # The ISA features llama.cpp's CPU kernels dispatch on; the rest of /proc/cpuinfo is noise here.

@@ -20,6 +20,6 @@ def qualification_records(data: Mapping, config: str, m, evidence: str) -> dict[
         "evidence": evidence,
     }
     # "acceptance": per drafted token, the figure the planner weighs for --proposer auto
-    # (edgespec.planner.acceptance reads it; the report calls it acceptance_rate)
+    # (edgespec.planner.acceptance_priors reads it; the report calls it acceptance_rate)
     return {s: {**r, "acceptance": r.get("acceptance_rate"), **stamp}
             for s, r in slice_results(data, config).items()}

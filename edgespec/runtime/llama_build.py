@@ -13,7 +13,7 @@ release identity can be tested on any machine:
   matmuls), AMX compiled in, an accelerator the build cannot use, no RPC backend; each
   finding carries the exact command that rebuilds llama-cpp-python for this machine.
 
-Run as a script (``python edgespec/runtime/build.py``) it prints :func:`cmake_args` for
+Run as a script (``python edgespec/runtime/llama_build.py``) it prints :func:`cmake_args` for
 this machine: the Makefile calls it before any virtualenv exists (standard library only).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""edgespec.runtime.build: the build's CMake flags and features against the machine."""
+"""edgespec.runtime.llama_build: the build's CMake flags and features against the machine."""
 from __future__ import annotations
 
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from edgespec.runtime.build import Build, Host, cmake_args, diagnose, parse_system_info
+from edgespec.runtime.llama_build import Build, Host, cmake_args, diagnose, parse_system_info
 
 EPYC = {"avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512vbmi", "avx512_vnni",
         "avx512_bf16", "sse3"}  # AMD: AVX512-VNNI but no AVX-VNNI
@@ -29,7 +29,7 @@ def test_cmake_args_follow_the_cpu_and_never_enable_amx():
 
 
 def test_the_script_prints_the_flags_for_this_cpu():
-    script = Path(__file__).parents[3] / "edgespec" / "runtime" / "build.py"
+    script = Path(__file__).parents[3] / "edgespec" / "runtime" / "llama_build.py"
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True)
     flags = Host.local().cpu_flags
     assert out.stdout.strip() == cmake_args(set(flags))

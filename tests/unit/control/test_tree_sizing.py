@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from edgespec.calibration.curve import Calibration
-from edgespec.control.tree import node_probabilities, size_tree
+from edgespec.control.tree_sizing import node_probabilities, size_tree
 from edgespec.decoding.tree import DraftTree
 
 #: this 2-core CPU, Qwen2.5-1.5B, 2 threads (calibration cache)
