@@ -53,7 +53,8 @@ if TYPE_CHECKING:
     from ..identity.identity import Identity
     from ..planner import Plan
 
-Prompt = str | Sequence[dict[str, Any]]
+#: a request's prompt: text, chat messages, or token ids (a completions or FIM prompt)
+Prompt = str | Sequence[dict[str, Any]] | tuple[int, ...]
 
 
 class Engine:

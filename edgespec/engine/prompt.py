@@ -10,7 +10,8 @@ from ..errors import InvalidInputError, UnsupportedError
 from ..runtime.model import Model
 
 
-def prompt_tokens(target: Model, template: str | None, prompt: str | Sequence[dict[str, Any]],
+def prompt_tokens(target: Model, template: str | None,
+                  prompt: str | Sequence[dict[str, Any]] | tuple[int, ...],
                   params: GenerationParams) -> list[int]:
     """Tokenize a prompt (a string or a list of chat messages) the way a request will;
     ``template`` is the target's chat template (None: it has none)."""
