@@ -29,9 +29,9 @@ def self_draft_command(target, layer_sets, max_tokens, threads, agreement_only, 
     from ..identity.digests import model_identity  # deferred: `edgespec` starts without what other commands need
     from ..engine.engine import Engine  # deferred: it loads llama.cpp
     from ..calibration.cpu import BUSY_LIMIT, CpuWatch  # deferred: `edgespec` starts without what other commands need
-    from ..proposers.layers import LayerSet  # deferred: `edgespec` starts without what other commands need
+    from ..proposers.self_draft_layers import LayerSet  # deferred: `edgespec` starts without what other commands need
     from ..engine.measure_self import candidates, measure, record  # deferred: `edgespec` starts without what other commands need
-    from ..proposers.selfchoice import record_path  # deferred: `edgespec` starts without what other commands need
+    from ..proposers.self_draft_choice import record_path  # deferred: `edgespec` starts without what other commands need
 
     engine = Engine.load(target, proposer="none", adaptive=True, threads=threads)
     try:

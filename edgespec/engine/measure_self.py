@@ -1,7 +1,7 @@
 """Which layers a self-draft should keep, measured in a loaded engine (``edgespec
 self-draft``): each candidate layer set runs as a self-draft, interleaved with the plain
 path on calibration prompts, and the record says which one beat plain by most. The record
-is read below the engine, by edgespec.proposers.selfchoice (``--proposer self``'s default)
+is read below the engine, by edgespec.proposers.self_draft_choice (``--proposer self``'s default)
 and the planner; this module is the only writer.
 
     $EDGESPEC_HOME/calibration/self-<target sha256[:16]>.json
@@ -21,9 +21,9 @@ import numpy as np
 from ..api.params import GenerationParams
 from ..errors import InvalidInputError
 from ..identity.digests import model_identity
-from ..proposers.layers import LayerSet, spread
-from ..proposers.selfchoice import FORMAT, Trial, record_path
-from ..proposers.selfspec import SelfDraftProposer, ensure_self_draft
+from ..proposers.self_draft_layers import LayerSet, spread
+from ..proposers.self_draft_choice import FORMAT, Trial, record_path
+from ..proposers.self_draft import SelfDraftProposer, ensure_self_draft
 
 if TYPE_CHECKING:
     from .engine import Engine

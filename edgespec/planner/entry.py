@@ -139,8 +139,8 @@ def _draft(cfg: EngineConfig, tname: str | None, tsha: str | None, tfacts: Model
     if dfacts is None and "self" in cfg.proposer.split("+"):
         # self-speculation loads a model made of some of the target's blocks: counted as
         # its draft (memory, speed), never loaded as one
-        from ..proposers.selfchoice import layers_for
-        from .selfdraft import self_draft_facts
+        from ..proposers.self_draft_choice import layers_for
+        from .self_draft import self_draft_facts
         layers = layers_for(tsha, tfacts.n_layers,
                             str(cfg.proposer_options.get("self", {}).get("layers", "") or ""))
         dfacts = self_draft_facts(tfacts, layers.layers)

@@ -249,7 +249,7 @@ def _kinds(proposer: str, has_draft: bool, nextn_layers: int = 0) -> list[tuple[
             out.append((n, False))  # the target's own head: no draft model to count
             continue
         # a proposer deriving its own model (self) costs one too when the caller describes
-        # it as the draft (plan_engine does: planner.selfdraft); undescribed, it is weighed
+        # it as the draft (plan_engine does: planner.self_draft); undescribed, it is weighed
         # without one rather than dropped
         if n in _own_model_names():
             out.append((n, has_draft))

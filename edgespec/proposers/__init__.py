@@ -196,8 +196,8 @@ def _draft(ctx: BuildContext, opts: Options) -> Proposer:
 
 
 def _self(ctx: BuildContext, opts: Options) -> Proposer:
-    from .selfchoice import layers_for  # deferred: see _ngram
-    from .selfspec import SelfDraftProposer, ensure_self_draft  # deferred: see _ngram
+    from .self_draft_choice import layers_for  # deferred: see _ngram
+    from .self_draft import SelfDraftProposer, ensure_self_draft  # deferred: see _ngram
     if ctx.target is None or ctx.load_model is None:
         raise InvalidInputError("the self proposer drafts with the loaded target's layers; "
                                 "it cannot be built without one")

@@ -472,7 +472,7 @@ def test_a_jittery_quiet_calibration_keeps_its_shape_but_noise_and_load_do_not()
 
 
 def test_self_speculation_counts_the_derived_model_without_loading_it_as_a_draft():
-    from edgespec.planner.selfdraft import self_draft_facts
+    from edgespec.planner.self_draft import self_draft_facts
     half = self_draft_facts(QWEN_15, range(0, 28, 2))
     assert half.n_layers == 14 and len(half.layer_bytes) == 14
     assert half.weight_bytes == (sum(QWEN_15.layer_bytes) // 2 + QWEN_15.token_embd_bytes
@@ -492,7 +492,7 @@ def test_self_speculation_counts_the_derived_model_without_loading_it_as_a_draft
 
 
 def test_a_self_draft_file_is_laid_out_back_to_back():
-    from edgespec.planner.selfdraft import self_draft_facts
+    from edgespec.planner.self_draft import self_draft_facts
     tensors = tuple(TensorInfo(f"blk.{i}.ffn.weight", (64, 64), 12, i * 1000, 1000)
                     for i in range(4)) + (TensorInfo("output.weight", (64, 64), 12, 4000, 1000),)
     f = _replace(QWEN_15, tensors=tensors, n_layers=4, layer_bytes=(1000,) * 4,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import InvalidInputError
 from ..paths import calibration_dir
-from .layers import LayerSet, spread
+from .self_draft_layers import LayerSet, spread
 
 #: the stored record's format (edgespec.engine.measure_self writes it)
 FORMAT = 1

@@ -1,5 +1,5 @@
 """Self-speculation (``--proposer self``): the target drafts for itself with a subset of its
-own layers (:mod:`.layers`), run as an ordinary same-vocabulary draft model.
+own layers (:mod:`.self_draft_layers`), run as an ordinary same-vocabulary draft model.
 
 The draft file is derived from the target, so it is cached, not registered:
 
@@ -9,7 +9,7 @@ The draft file is derived from the target, so it is cached, not registered:
 A cache entry is used only when its record names the same target digest and layer set and
 the file still has the recorded size, a readable GGUF header and its layer-set key; a
 corrupt, truncated or stale one is rebuilt, with a warning. Which layer set to use is a
-measured choice (:mod:`.selfchoice`); ``layers=...`` overrides it.
+measured choice (:mod:`.self_draft_choice`); ``layers=...`` overrides it.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable
 from ..errors import EdgespecError
 from ..paths import edgespec_home
 from .draft import DraftModelProposer
-from .layers import LayerSet, subset_layers, write_subset
+from .self_draft_layers import LayerSet, subset_layers, write_subset
 
 if TYPE_CHECKING:
     from ..runtime.model import Model

@@ -1,5 +1,5 @@
-"""Self-speculation's layer sets and its cached draft files (edgespec.proposers.layers,
-.selfspec) on a real small model."""
+"""Self-speculation's layer sets and its cached draft files (edgespec.proposers.self_draft_layers,
+.self_draft) on a real small model."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ import json
 import pytest
 
 from edgespec.errors import InvalidInputError
-from edgespec.proposers.layers import LayerSet, block_count, spread, subset_layers, write_subset
-from edgespec.proposers.selfspec import cache_paths, ensure_self_draft, stale_reason
+from edgespec.proposers.self_draft_layers import LayerSet, block_count, spread, subset_layers, write_subset
+from edgespec.proposers.self_draft import cache_paths, ensure_self_draft, stale_reason
 
 
 def test_layer_sets_parse_in_three_forms():
@@ -98,7 +98,7 @@ def test_auto_never_weighs_self_speculation_but_it_can_be_asked_for():
 
 def test_a_recorded_choice_is_used_only_when_it_beat_plain(tmp_path, monkeypatch):
     from edgespec.engine.measure_self import candidates, record
-    from edgespec.proposers.selfchoice import Trial, chosen_layers
+    from edgespec.proposers.self_draft_choice import Trial, chosen_layers
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     sha = "ef" * 32
     assert chosen_layers(sha, 28) is None

@@ -1,5 +1,5 @@
 """The facts of a self-draft before it exists: the target with only some of its blocks
-(:mod:`edgespec.proposers.selfspec` writes that file), for the memory and speed models."""
+(:mod:`edgespec.proposers.self_draft` writes that file), for the memory and speed models."""
 from __future__ import annotations
 
 from dataclasses import replace
