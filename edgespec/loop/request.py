@@ -31,12 +31,12 @@ from ..api.events import Control, Event, Finished, PrefillDone, RequestStarted, 
 from ..api.arrays import FloatArray
 from ..api.params import SamplingParams
 from ..api.stats import StatsSink
-from ..control import Controller, Outcome, StepView
+from ..control import Controller, Outcome, StepView, reproducible
 from ..control.limit import draft_limit
 from ..decoding import sampling, verify
 from ..decoding.kvcache import Prefill, PrefixCache
 from ..proposers import EMPTY_DRAFT, Draft
-from ..proposers.base import ReusesPrefix
+from ..proposers.base import Remembers, ReusesPrefix
 from . import treepass
 from .state import Load, Pass, Request
 
@@ -130,10 +130,15 @@ class Loop:
             # a draft model couples to the request's uniforms: it needs the seed they are
             # keyed by, the fresh one included (sampling's RNG policy)
             opened = replace(opened, seed=req.uniforms().seed)
+        # what other requests taught a proposer must not shape a reproducible request's
+        # passes (base.Remembers); --exact's text is the plain path's whatever they are
+        recall = not reproducible(p.sampling.greedy, p.sampling.seed, req.exact)
         # Opening a session indexes the prompt (a draft model prefills it): part of TTFT.
         for n, prop in req.proposers.items():
             if isinstance(prop, ReusesPrefix):
                 prop.reuse_prefix = req.reuse
+            if isinstance(prop, Remembers):
+                prop.recall = recall
             req.sessions[n] = prop.open(req.tokens, opened)
         t_prefill = time.perf_counter() - req.t0
         req.stats.observe_prefill(req.n_prompt, t_prefill, reused=pre.reused)

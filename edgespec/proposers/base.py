@@ -85,3 +85,16 @@ class ReusesPrefix(Protocol):
     the loop sets ``reuse_prefix`` per request, as the request reuses the target's."""
 
     reuse_prefix: bool
+
+
+@runtime_checkable
+class Remembers(Protocol):
+    """A proposer that learns across requests (the n-gram proposer's dynamic statistics,
+    the suffix proposer's global tree). The loop sets ``recall`` per request, before
+    ``open``: off, the session drafts from its own request's text alone. A greedy or
+    seeded request outside ``--exact`` runs with it off, so what earlier requests (or an
+    earlier run's saved state) taught cannot change its passes, nor, through a verify
+    pass's batch-dependent logits, its text at a near-tie. It still teaches: a finished
+    response is remembered whatever ``recall`` was."""
+
+    recall: bool

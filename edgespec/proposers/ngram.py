@@ -65,6 +65,7 @@ class NgramProposer:
         self.max_draft = check_int("ngram max_draft", max_draft, 1, MAX_DRAFT)
         self.max_bytes = check_int("ngram max_bytes", max_bytes, 64 << 10, 2**62)
         self.dynamic: DynamicStats | None = None
+        self.recall = True  # base.Remembers: the loop sets it per request
         if not self.statistics:
             return
         self.bar = _compile_bar(
@@ -123,7 +124,9 @@ class NgramSession:
         self._p = proposer
         self._context: NgramStats | None = NgramStats(proposer.min_n, proposer.max_n,
                                                       proposer.max_bytes)
-        self._dynamic = proposer.dynamic.table if proposer.dynamic is not None else None
+        # recall off (base.Remembers): the dynamic statistics are taught, not consulted
+        self._dynamic = (proposer.dynamic.table if proposer.dynamic is not None
+                         and proposer.recall else None)
         self._prompt = as_tokens(prompt_tokens)
         self._output: list[int] = []
         self._closed = False

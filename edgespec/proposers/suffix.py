@@ -64,6 +64,7 @@ class SuffixProposer:
         self.cache_path = Path(cache_path).expanduser() if cache_path else None
         self._global: SuffixTree | None = None
         self._dirty = False
+        self.recall = True  # base.Remembers: the loop sets it per request
         if use_global:
             cache_bytes = check_int("suffix cache_bytes", cache_bytes, 64 << 10, 2**62)
             self._global = SuffixTree(self.max_depth, cache_bytes)
@@ -128,7 +129,8 @@ class SuffixSession:
         self._closed = False
         # over its cap the request tree no longer ends where the context does: dropped
         self._request = extend_or_drop(self._request, prompt)
-        if proposer.global_tree is not None:
+        # recall off (base.Remembers): the global tree is taught (close), not consulted
+        if proposer.global_tree is not None and proposer.recall:
             self._cursor = SuffixCursor(proposer.global_tree)
             # the cursor only looks at the last max_depth tokens
             self._cursor.extend(prompt[-proposer.max_depth:])

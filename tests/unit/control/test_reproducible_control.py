@@ -123,3 +123,37 @@ def test_what_the_deterministic_rule_costs_on_a_stale_calibration():
                                        1.05), (LOADED, 1.2)):
         adaptive, det = (_decisions(d, charge)[1].seconds for d in (False, True))
         assert det <= bound * adaptive + 1e-9
+
+
+class _Remembering(ScriptedProposer):
+    """A scripted proposer that learns across requests: records ``recall`` at each open."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model, [3])
+        self.recall = True
+        self.recalled: list[bool] = []
+
+    def open(self, prompt_tokens, sampling):
+        self.recalled.append(self.recall)
+        return super().open(prompt_tokens, sampling)
+
+
+@pytest.mark.parametrize("sampling, exact, recall", [
+    (SamplingParams(), False, False),
+    (SamplingParams(temperature=0.8, seed=3), False, False),
+    (SamplingParams(temperature=0.8), False, True),
+    (SamplingParams(), True, True),
+])
+def test_a_reproducible_request_drafts_from_its_own_text_only(sampling, exact, recall,
+                                                              monkeypatch):
+    # what earlier requests taught a proposer (proposers.base.Remembers) would change the
+    # passes of the same greedy or seeded request sent again; --exact is the plain path's
+    # text whatever the passes, so it keeps what was learnt
+    monkeypatch.setattr(calibration_cache, "exact_cap", lambda model, kernel, n_threads: 3)
+    model = FakeModel()
+    prop = _Remembering(model)
+    eng = fake_engine(model, {"scripted": prop}, control=ControlSettings(), exact=exact)
+    params = GenerationParams(chat=False, max_tokens=4, sampling=sampling)
+    eng.generate("a", params)
+    eng.generate("a", params)
+    assert prop.recalled == [recall, recall]

@@ -71,6 +71,25 @@ def test_dynamic_statistics_learn_across_requests():
     p.close()
 
 
+def test_without_recall_a_session_drafts_from_its_own_text_but_still_teaches():
+    # proposers.base.Remembers: the loop turns recall off for a reproducible request
+    p = NgramProposer(dynamic_count=1, dynamic_share=0.5)
+    answer = [50, 51, 52, 53, 54]
+    generate(p, [1, 2, 3], answer)
+    p.recall = False
+    s = p.open([6, 6, 6], GREEDY)
+    s.accept([50, 51], 0)
+    assert s.propose(4) is EMPTY_DRAFT  # the dynamic statistics know 52 53 54
+    s.accept([70, 71, 72], 0)
+    s.close(completed=True)
+    p.recall = True
+    s = p.open([9, 9], GREEDY)
+    s.accept([70, 71], 0)
+    assert s.propose(4).tokens[:1] == (72,)  # the recall-off request taught this
+    s.close(completed=False)
+    p.close()
+
+
 def test_context_wins_over_dynamic():
     p = NgramProposer(min_n=2, max_n=2, dynamic_count=1, dynamic_share=0.0)
     for _ in range(3):

@@ -58,3 +58,22 @@ def test_scores_are_comparable_with_the_ngram_proposer():
     e = suffix.open([5, 6, 7, 5, 6, 7, 5, 6], GREEDY).propose(4)
     assert c.tokens == e.tokens == (7, 5, 6, 7)
     assert c.score == pytest.approx(4.0) and e.score == pytest.approx(3.5)
+
+
+def test_without_recall_a_session_ignores_the_global_tree_but_still_teaches_it():
+    # proposers.base.Remembers: the loop turns recall off for a reproducible request
+    p = SuffixProposer(factor=1.0, offset=4.0, min_token_prob=0.0)
+    p.remember([40, 41, 42, 43, 44])
+    p.recall = False
+    s = p.open([7, 8, 40, 41], GREEDY)
+    assert len(s.propose(4)) == 0  # only the global tree knows what follows 40 41
+    s.accept([60, 61, 62, 63], 0)
+    s.close(completed=True)
+    p.recall = True
+    s = p.open([5, 40, 41], GREEDY)
+    assert s.propose(3).tokens == (42, 43, 44)
+    s.close(completed=False)
+    s = p.open([5, 60, 61], GREEDY)
+    assert s.propose(2).tokens == (62, 63)  # the recall-off request's response was kept
+    s.close(completed=False)
+    p.close()
