@@ -30,7 +30,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Callable, Iterator, Seque
 
 from ..api.events import Event, Finished, Step
 from ..errors import ContextOverflowError, EdgespecError
-from ..serving import DONE, ModelDoesNotFitError, ModelNotServedError
+from ..serving import DONE, Held, ModelDoesNotFitError, ModelNotServedError
 from .errors import ProtocolError, context_overflow, from_edgespec, from_failure, not_found
 from .events import ChoiceDone, CoreEvent
 from .plan import Plan, plan
@@ -76,12 +76,12 @@ class Core:
         return model
 
     @asynccontextmanager
-    async def held(self, model: str | None) -> AsyncIterator[Any]:
+    async def held(self, model: str | None) -> AsyncIterator[Held]:
         """The model, loaded and held (``.engine``, ``.scheduler``, ``.name``) until the
         block ends; None: the default model."""
         try:
             name = self.resolve(model)
-            held = await asyncio.to_thread(self.pool.acquire, name)
+            held: Held = await asyncio.to_thread(self.pool.acquire, name)
         except ModelNotServedError as e:
             raise not_found(str(e)) from None
         except ModelDoesNotFitError as e:

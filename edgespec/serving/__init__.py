@@ -5,9 +5,9 @@ OpenAI-compatible server and any multi-client app drive.
     tickets.py     what clients hold: Ticket, Choices, QueueLoad, DONE, the refusals
     pool.py        ModelPool: several models served, loaded and evicted by memory
 """
-from .pool import ModelDoesNotFitError, ModelNotServedError, ModelPool, PoolModel
+from .pool import Held, ModelDoesNotFitError, ModelNotServedError, ModelPool, PoolModel
 from .scheduler import Scheduler
 from .tickets import DONE, QueueLoad, QueueFullError, Ticket
 
-__all__ = ["DONE", "QueueLoad", "ModelDoesNotFitError", "ModelNotServedError", "ModelPool",
+__all__ = ["DONE", "Held", "QueueLoad", "ModelDoesNotFitError", "ModelNotServedError", "ModelPool",
            "PoolModel", "QueueFullError", "Scheduler", "Ticket"]

@@ -127,7 +127,7 @@ class ModelPool:
             f"the model {model_id!r} is not served here; this server serves "
             f"{', '.join(repr(m.name) for m in self.models)} (GET /v1/models)")
 
-    def acquire(self, model_id: str) -> "_Held":
+    def acquire(self, model_id: str) -> Held:
         """The model, loaded (blocking while it loads) and held until the returned
         context exits; raises ModelNotServedError / ModelDoesNotFitError."""
         m = self.find(model_id)
@@ -152,7 +152,7 @@ class ModelPool:
             self._drop(m)
             raise
         self._start_reaper()
-        return _Held(self, m)
+        return Held(self, m)
 
     def _drop(self, m: PoolModel) -> None:
         with self._lock:
@@ -285,8 +285,9 @@ class ModelPool:
                 self._unload(engine, scheduler)
 
 
-class _Held:
-    """A held model: ``engine`` and ``scheduler`` stay loaded until the context exits."""
+class Held:
+    """A held model: ``engine`` and ``scheduler`` stay loaded until the context exits;
+    ``name`` is the id it was asked by (protocol.Core sets it: an alias stays the alias)."""
 
     def __init__(self, pool: ModelPool, model: PoolModel) -> None:
         # acquire() loaded the model, and holding it keeps it loaded
@@ -294,6 +295,7 @@ class _Held:
         self.pool, self.model = pool, model
         self.engine: Engine = model.engine
         self.scheduler: Scheduler = model.scheduler
+        self.name = model.name
         self._released = False
 
     def release(self) -> None:
@@ -301,7 +303,7 @@ class _Held:
             self._released = True
             self.pool._drop(self.model)
 
-    def __enter__(self) -> "_Held":
+    def __enter__(self) -> Held:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -453,6 +453,8 @@ async def count_tokens(core: Core, req: CoreRequest) -> int:
     async with core.held(req.model) as held:
         def count() -> int:
             p = plan(held.engine, req, held.name, fmt)
+            if isinstance(p.prompt, tuple):  # token ids (a Messages request plans messages)
+                return len(p.prompt)
             return len(held.engine.prompt_tokens(p.prompt, p.params))
         return await asyncio.to_thread(count)
 

@@ -260,7 +260,7 @@ def _props(held: Any, core: Core, settings: ServerSettings) -> dict[str, Any]:
                      "identity": engine.identity.hash}}
 
 
-def _slot(s: SlotState, n_ctx: int, speculative: bool) -> dict[str, Any]:
+def _slot(s: SlotState, n_ctx: int | None, speculative: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"id": s.id, "n_ctx": n_ctx, "speculative": speculative,
                            "is_processing": s.processing}
     if s.processing and s.params is not None:

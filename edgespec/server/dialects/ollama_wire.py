@@ -246,9 +246,10 @@ def _think(value: Any, default: str) -> tuple[str | None, dict[str, Any] | None,
                   f"{value!r}", "think")
 
 
-def check_num_ctx(asked: int | None, loaded: int, model: str) -> None:
-    """A client's ``num_ctx`` against the context the model was loaded with."""
-    if asked is not None and asked > loaded:
+def check_num_ctx(asked: int | None, loaded: int | None, model: str) -> None:
+    """A client's ``num_ctx`` against the context the model was loaded with (a built
+    engine's config always names it; None: nothing to check against)."""
+    if asked is not None and loaded is not None and asked > loaded:
         raise ProtocolError(
             400, f"options.num_ctx {asked} exceeds the context {model!r} is loaded with "
                  f"({loaded} tokens per request); ask for at most {loaded}, or restart "
