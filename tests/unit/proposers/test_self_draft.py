@@ -94,20 +94,3 @@ def test_auto_never_weighs_self_speculation_but_it_can_be_asked_for():
     assert "self" not in [k for k, _ in _kinds("auto", has_draft=True)]
     assert ("self", False) in _kinds("self", has_draft=False)
     assert ("self", True) in _kinds("self", has_draft=True)  # its derived model described
-
-
-def test_a_recorded_choice_is_used_only_when_it_beat_plain(tmp_path, monkeypatch):
-    from edgespec.engine.measure_self import candidates, record
-    from edgespec.proposers.self_draft_choice import Trial, chosen_layers
-    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
-    sha = "ef" * 32
-    assert chosen_layers(sha, 28) is None
-    assert [c.key for c in candidates(28)] == ["0-3.25-27", "0-4.23-27", "0-6.21-27", "0-8.19-27"]
-    slow = Trial("0-6.21-27", 14, 40, 18, tok_s=20.0, plain_tok_s=25.0)
-    rec = record(sha, [slow], trusted=True)
-    assert rec["chosen"] is None and chosen_layers(sha, 28) is None
-    fast = Trial("0-8.19-27", 17, 40, 36, tok_s=30.0, plain_tok_s=25.0)
-    assert record(sha, [slow, fast], trusted=False)["chosen"] is None  # a busy machine
-    record(sha, [slow, fast], trusted=True)
-    assert chosen_layers(sha, 28).key == "0-8.19-27"
-    assert chosen_layers(sha, 12) is None  # recorded for another layer count: out of range
