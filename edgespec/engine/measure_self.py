@@ -9,9 +9,6 @@ and the planner; this module is the only writer.
 from __future__ import annotations
 
 import json
-import math
-import os
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -19,11 +16,13 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from ..api.params import GenerationParams
+from ..api.stats import geometric_mean
 from ..errors import InvalidInputError
 from ..identity.digests import model_identity
 from ..proposers.self_draft_layers import LayerSet, spread
 from ..proposers.self_draft_choice import FORMAT, Trial, record_path
 from ..proposers.self_draft import SelfDraftProposer, ensure_self_draft
+from ..statefile import atomic_write
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -98,12 +97,8 @@ def record(target_sha: str, trials: Sequence[Trial], trusted: bool) -> dict[str,
     rec = {"format": FORMAT, "chosen": chosen, "trusted": trusted,
            "trials": [{**asdict(t), "acceptance": t.acceptance, "speedup": t.speedup}
                       for t in trials]}
-    path = record_path(target_sha)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(rec, f, indent=1)
-    os.replace(tmp, path)
+    # whole or not at all: a reader never sees half a record (edgespec.statefile)
+    atomic_write(record_path(target_sha), json.dumps(rec, indent=1), what="self-draft record")
     return rec
 
 
@@ -123,5 +118,6 @@ def _agreement(prop: SelfDraftProposer, prompt: Sequence[int], output: Sequence[
 
 
 def _geomean(xs: Sequence[float]) -> float:
-    xs = [x for x in xs if x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0
+    """The geometric mean of the timed rates; 0.0 when none was timed (Trial's "untimed")."""
+    timed = [x for x in xs if x > 0]
+    return geometric_mean(timed) if timed else 0.0
