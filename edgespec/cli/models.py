@@ -139,7 +139,7 @@ def pin_bridge(target: str, draft: str) -> None:
     (`--proposer bridge`; docs/bridge.md): pins both vocabularies' digests and this
     bridge's version as a pair in your registry. Both are registry names (yours or
     shipped); a file whose tokenizer changes later is refused until pinned again."""
-    from ..registry import bridges  # deferred: it loads llama.cpp
+    from ..registry import bridge_pins as bridges  # deferred: it loads llama.cpp
 
     pins, written = bridges.pin_user(target, draft)
     click.echo(f"{target} + bridge:{draft}\t{pins['target_vocab_sha256']}\t"

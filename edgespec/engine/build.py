@@ -22,7 +22,7 @@ from ..errors import InvalidInputError
 from ..identity import digests
 from ..planner import calibration_trust, kernels, usable_shape
 from ..proposers import BuildContext, Proposer
-from ..registry import bridges
+from ..registry import bridge_pins as bridges
 from ..runtime import model as runtime_model
 from ..runtime.context import Context
 from ..runtime.kernel import KernelConfig

@@ -36,7 +36,7 @@ from .. import paths, registry
 from .._version import __version__
 from ..errors import EdgespecError
 from . import digests
-from ..proposers.bridge import BRIDGE_VERSION
+from ..proposers.vocab_bridge import BRIDGE_VERSION
 from ..runtime.llama_build import _cpuinfo
 from ..runtime.llama_build import cmake_args as default_args
 from ..runtime.device import probe

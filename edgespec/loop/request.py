@@ -41,7 +41,7 @@ from . import treepass
 from .state import Load, Pass, Request
 
 if TYPE_CHECKING:
-    from ..proposers.bridged import BridgeTimes
+    from ..proposers.bridged_draft import BridgeTimes
     from ..runtime.context import Context
     from ..runtime.model import Model
 

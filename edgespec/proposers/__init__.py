@@ -72,7 +72,7 @@ class BuildContext:
     #: loads a GGUF file as the engine loads a draft (for a proposer deriving its own model)
     load_model: Callable[[Path], Model] | None = None
     #: the registry's pin check of a cross-tokenizer pair (target, draft, bridge version) ->
-    #: its PairSpec or UnqualifiedBridgeError (edgespec.registry.bridges.check_pair); handed
+    #: its PairSpec or UnqualifiedBridgeError (edgespec.registry.bridge_pins.check_pair); handed
     #: in by the engine so that the proposers need not import the model registry
     check_bridge_pair: Callable[[Model, Model, str], object] | None = None
     #: the target's context (the mtp and eagle3 proposers read its hidden states from the
@@ -226,7 +226,7 @@ def _eagle3(ctx: BuildContext, opts: Options) -> Proposer:
 
 
 def _bridge(ctx: BuildContext, opts: Options) -> Proposer:
-    from .bridged import BridgedDraftProposer  # deferred: see _ngram
+    from .bridged_draft import BridgedDraftProposer  # deferred: see _ngram
     return BridgedDraftProposer(_not_eagle3(_loaded(ctx.draft_model,
                                                     "a draft model (--draft NAME|PATH)",
                                                     "bridge"), "bridge"),

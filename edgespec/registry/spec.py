@@ -82,7 +82,7 @@ class PairSpec:
     draft: str | None = None
     note: str = ""
     # a "bridge" pair (a draft with another tokenizer) is pinned to the bridge's version
-    # and both vocabularies (edgespec.registry.bridges refuses a pair whose pins differ)
+    # and both vocabularies (edgespec.registry.bridge_pins refuses a pair whose pins differ)
     bridge_version: str | None = None
     target_vocab_sha256: str | None = None
     draft_vocab_sha256: str | None = None
@@ -255,7 +255,7 @@ def _parse_bridge_pair(c: _Check, where: str, t: dict, target: str, draft: str |
         value = c.typed(t, key, where, str)
         if value is None:
             raise c.fail(where, f"a bridge pair needs {key} (print the entry with "
-                                f"`python -m edgespec.registry.bridges {target} {draft}`)")
+                                f"`python -m edgespec.registry.bridge_pins {target} {draft}`)")
         if key != "bridge_version" and not _SHA256_RE.match(value):
             raise c.fail(f"{where}.{key}", f"expected 64 lowercase hex digits, got {value!r}")
         pins[key] = value

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from edgespec.lab.analysis import parity as P
-from edgespec.proposers.bridge import BRIDGE_VERSION, Bridge
+from edgespec.proposers.vocab_bridge import BRIDGE_VERSION, Bridge
 from edgespec.api.params import GenerationParams, SamplingParams
 
 TARGET = "qwen-0.5b"
@@ -194,7 +194,7 @@ def test_real_sync_reencodes_only_the_changed_tail(engine):
 # --- the pin: a changed tokenizer is refused ------------------------------------------------
 def test_pair_with_a_changed_tokenizer_is_refused(engine, tmp_path, monkeypatch):
     from edgespec.registry import registry_path
-    from edgespec.registry.bridges import UnqualifiedBridgeError, check_pair
+    from edgespec.registry.bridge_pins import UnqualifiedBridgeError, check_pair
 
     draft, target = _vocabs(engine)
     assert check_pair(target, draft, BRIDGE_VERSION).draft == draft.path.stem

@@ -1,4 +1,4 @@
-"""control.tree.size_tree: trees where extra positions are cheap, linear drafts where not."""
+"""control.tree_sizing.size_tree: trees where extra positions are cheap, linear drafts where not."""
 from __future__ import annotations
 
 import pytest

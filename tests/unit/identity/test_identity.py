@@ -203,6 +203,6 @@ def test_the_draft_model_is_in_the_identity_whichever_proposer_holds_it(home, tm
     b = engine(target, proposers={"bridge": bridged}).identity.components["draft"]
     assert a["sha256"] == b["sha256"] is not None
     # the bridge is a release artifact: its version is part of the identity
-    from edgespec.proposers.bridge import BRIDGE_VERSION
+    from edgespec.proposers.vocab_bridge import BRIDGE_VERSION
     assert b["bridge_version"] == BRIDGE_VERSION and "bridge_version" not in a
     assert engine(target).identity.components["draft"] is None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from edgespec.proposers.bridge import (ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, Bridge, complete_text,
+from edgespec.proposers.vocab_bridge import (ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, Bridge, complete_text,
                                        is_text_token, matched_tokens, retokenize, split_utf8)
 
 

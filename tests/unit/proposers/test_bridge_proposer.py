@@ -13,10 +13,10 @@ import pytest
 from fakes import BOS, EOG, N_VOCAB, FakeModel, fake_engine, fixed
 from fakes.backend import AB, SPECIAL, VOCAB
 
-from edgespec.proposers.bridge import ATTR_CONTROL, ATTR_NORMAL
+from edgespec.proposers.vocab_bridge import ATTR_CONTROL, ATTR_NORMAL
 from edgespec.errors import InvalidInputError
 from edgespec.api.params import GenerationParams, SamplingParams
-from edgespec.proposers.bridged import BridgedDraftProposer
+from edgespec.proposers.bridged_draft import BridgedDraftProposer
 
 
 class OtherVocab(FakeModel):

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from edgespec import registry
-from edgespec.proposers.bridge import BRIDGE_VERSION
+from edgespec.proposers.vocab_bridge import BRIDGE_VERSION
 from edgespec.errors import InvalidInputError, ModelError
-from edgespec.registry import bridges
+from edgespec.registry import bridge_pins
 
 REPO_TOML = Path(__file__).resolve().parents[3] / "edgespec" / "registry" / "models.toml"
 TV, DV = "a" * 64, "b" * 64
@@ -74,8 +74,8 @@ def _check(tmp_path, monkeypatch, digests: dict, version: str = BRIDGE_VERSION):
     path = tmp_path / "models.toml"
     path.write_text(to_toml(_doc()))
     monkeypatch.setenv("EDGESPEC_MODELS_TOML", str(path))
-    monkeypatch.setattr(bridges, "vocab_digest", lambda m: digests[m.path.stem])
-    return bridges.check_pair(_Model("t"), _Model("d"), version)
+    monkeypatch.setattr(bridge_pins, "vocab_digest", lambda m: digests[m.path.stem])
+    return bridge_pins.check_pair(_Model("t"), _Model("d"), version)
 
 
 def test_a_pinned_pair_passes(tmp_path, monkeypatch):
@@ -83,16 +83,16 @@ def test_a_pinned_pair_passes(tmp_path, monkeypatch):
 
 
 def test_a_changed_tokenizer_is_refused_until_requalified(tmp_path, monkeypatch):
-    with pytest.raises(bridges.UnqualifiedBridgeError) as e:
+    with pytest.raises(bridge_pins.UnqualifiedBridgeError) as e:
         _check(tmp_path, monkeypatch, {"t": TV, "d": "c" * 64})
     msg = str(e.value)
     assert "tokenizer of draft d" in msg and "c" * 64 in msg and DV in msg
-    assert "python -m edgespec.registry.bridges t d" in msg
+    assert "python -m edgespec.registry.bridge_pins t d" in msg
     assert isinstance(e.value, InvalidInputError)  # skipped quietly when not asked for
 
 
 def test_another_bridge_version_is_refused(tmp_path, monkeypatch):
-    with pytest.raises(bridges.UnqualifiedBridgeError, match="bridge version 1, this .* 2"):
+    with pytest.raises(bridge_pins.UnqualifiedBridgeError, match="bridge version 1, this .* 2"):
         _check(tmp_path, monkeypatch, {"t": TV, "d": DV}, version="2")
 
 
@@ -103,6 +103,6 @@ def test_an_unknown_pair_is_refused(tmp_path, monkeypatch):
     path = tmp_path / "models.toml"
     path.write_text(to_toml(doc))
     monkeypatch.setenv("EDGESPEC_MODELS_TOML", str(path))
-    monkeypatch.setattr(bridges, "vocab_digest", lambda m: TV)
-    with pytest.raises(bridges.UnqualifiedBridgeError, match="no bridge pair in models.toml"):
-        bridges.check_pair(_Model("t"), _Model("d"), BRIDGE_VERSION)
+    monkeypatch.setattr(bridge_pins, "vocab_digest", lambda m: TV)
+    with pytest.raises(bridge_pins.UnqualifiedBridgeError, match="no bridge pair in models.toml"):
+        bridge_pins.check_pair(_Model("t"), _Model("d"), BRIDGE_VERSION)

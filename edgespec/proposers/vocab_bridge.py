@@ -5,7 +5,7 @@ re-tokenized by the target; after verification the draft's own token sequence is
 back in line with the text the target accepted. Everything here is pure bookkeeping over two
 vocabularies (anything with ``tokenize``, ``token_piece``, ``token_attr``, ``is_eog``, as
 :class:`edgespec.runtime.model.Model` and ``tests/fakes`` have); the draft model's KV cache is
-driven by :mod:`edgespec.proposers.bridged`.
+driven by :mod:`edgespec.proposers.bridged_draft`.
 
 Boundary rules, each a way a careless bridge corrupts text:
 

@@ -1,11 +1,11 @@
 """A GGUF draft model with its own tokenizer, proposing for the target through the
-vocabulary bridge (:mod:`edgespec.proposers.bridge`).
+vocabulary bridge (:mod:`edgespec.proposers.vocab_bridge`).
 
 The draft continues the *text* with its argmax tokens; the bridge turns its new text into
 the target's tokens. The draft has no distribution over target tokens, so every proposal is
 a point mass (``probs=None``): greedy verification accepts the target's argmax, sampling
 accepts a drafted token with the target's own probability of it, which keeps sampling
-lossless (docs/parity.md). Only models.toml-pinned pairs run (edgespec.registry.bridges).
+lossless (docs/parity.md). Only models.toml-pinned pairs run (edgespec.registry.bridge_pins).
 
 Time is kept in two accounts: draft inference (the draft's decodes) and the bridge
 (tokenize, detokenize, alignment), so the bridge's cost is measured on its own; the
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from .bridge import BRIDGE_VERSION, Bridge
+from .vocab_bridge import BRIDGE_VERSION, Bridge
 from ..api.arrays import FloatArray
 from ..errors import InvalidInputError
 from ..api.params import SamplingParams
@@ -64,7 +64,7 @@ class BridgedDraftProposer:
         _refuse_shared_vocabulary(target, model)
         self.pair: object = None  # the pin record the check returned
         if check_pin:
-            # the registry's check (edgespec.registry.bridges.check_pair), through BuildContext
+            # the registry's check (edgespec.registry.bridge_pins.check_pair), through BuildContext
             if pin_check is None:
                 raise InvalidInputError("the bridge runs only for a pair pinned in models.toml, "
                                         "and no pin check was given to check this one")

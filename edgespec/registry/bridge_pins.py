@@ -11,7 +11,7 @@ A vocabulary digest (:func:`edgespec.identity.identity.vocabulary_digest`) cover
 and attributes, so a re-converted GGUF whose tokenizer changed in any token is refused
 until the pair is qualified again (the bridge's tests pass on it) and the pin updated:
 
-    python -m edgespec.registry.bridges qwen-1.5b smollm2-135m    # prints the [[pairs]] entry
+    python -m edgespec.registry.bridge_pins qwen-1.5b smollm2-135m    # prints the [[pairs]] entry
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from ..identity import digests
 from ..errors import IncompatibleDraftError, InvalidInputError
 from ..identity.identity import vocabulary_digest
-from ..proposers.bridge import BRIDGE_VERSION
+from ..proposers.vocab_bridge import BRIDGE_VERSION
 from .pull import resolve
 from .spec import PairSpec, load_registry
 
@@ -53,7 +53,7 @@ def check_pair(target, draft, version: str) -> PairSpec:
            f"of edgespec's own registry: run the bridge's tests on the pair, "
            f"tests/unit/proposers/test_bridge.py and tests/integration/test_bridge_real.py, "
            f"then "
-           f"`python -m edgespec.registry.bridges {tn} {dn}` prints the [[pairs]] entry for "
+           f"`python -m edgespec.registry.bridge_pins {tn} {dn}` prints the [[pairs]] entry for "
            "models.toml)")
     if same:
         raise UnqualifiedBridgeError(
@@ -129,5 +129,5 @@ def _name(path) -> str:
 
 if __name__ == "__main__":  # pragma: no cover - a maintainer's tool
     if len(sys.argv) != 3:
-        sys.exit("usage: python -m edgespec.registry.bridges TARGET DRAFT")
+        sys.exit("usage: python -m edgespec.registry.bridge_pins TARGET DRAFT")
     print(pin_entry(sys.argv[1], sys.argv[2]), end="")
