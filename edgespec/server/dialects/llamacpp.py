@@ -43,6 +43,7 @@ from .llamacpp_wire import (DEFAULTS, Completion, Shape, as_token_prompt, error_
 if TYPE_CHECKING:
     from ...engine.engine import Engine
     from ...runtime.model import Model
+    from ...serving import Held
     from ...serving.scheduler import SlotState
 
 log = logging.getLogger("edgespec.server")
@@ -227,7 +228,7 @@ def _template_messages(messages: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _props(held: Any, core: Core, settings: ServerSettings) -> dict[str, Any]:
+def _props(held: Held, core: Core, settings: ServerSettings) -> dict[str, Any]:
     """llama-server's /props for the held model, with an ``edgespec`` object beside it."""
     engine = held.engine
     target = engine.target
