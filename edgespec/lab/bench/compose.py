@@ -38,6 +38,10 @@ def ints(text: str, what: str) -> tuple[int, ...]:
 
 
 def compose(f: Flags) -> mx.Matrix:
+    if f.no_anchor and f.anchors:
+        # --anchor already replaces the preset's anchors; both at once dropped the ones asked
+        raise InvalidInputError("--no-anchor leaves the preset's anchors out and --anchor "
+                                "replaces them: give one or the other")
     base = presets.preset(f.preset)
     m = presets.load_toml(f.matrix_file, base=base) if f.matrix_file else base
     changes = {k: v for k, v in f.scalars if v is not None}

@@ -8,6 +8,7 @@ import pytest
 
 from edgespec.lab.bench import anchors_build, tools
 from edgespec.lab.bench.anchors import own_plain, parse_anchor
+from edgespec.errors import InvalidInputError
 from edgespec.lab.bench.compose import Flags, compose
 from edgespec.lab.bench.matrix import BASELINE, ConfigSpec, Matrix
 from edgespec.lab.bench.presets import preset
@@ -90,6 +91,11 @@ def test_compose_drops_the_draft_anchor_without_a_draft_and_marks_changes():
     m = compose(Flags(preset="quick", long="1024", categories="none",
                       scalars=(("humanevalfix", 0),)))
     assert m.long == (1024,) and m.spec_bench == ()
+    # --anchor replaces the preset's anchors; with --no-anchor as well it used to drop them
+    m = compose(Flags(preset="grounded-quick", anchors=("llama-completion",)))
+    assert [c.proposer for c in m.configs if c.kind == "anchor"] == ["llama-completion"]
+    with pytest.raises(InvalidInputError, match="one or the other"):
+        compose(Flags(preset="grounded-quick", no_anchor=True, anchors=("llama-completion",)))
 
 
 # --- llama.cpp tools ----------------------------------------------------------------------
