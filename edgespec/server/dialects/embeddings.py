@@ -43,6 +43,7 @@ from .refusal import counted
 
 if TYPE_CHECKING:
     from ...engine.embedding import Embeddings
+    from ...engine.engine import Engine
 
 OPENAI_ROUTES = ("/v1/embeddings", "/embeddings")
 #: inputs one request may hold (OpenAI's own limit)
@@ -145,7 +146,7 @@ def render_openai(out: Embeddings, model: str, encoding_format: str = "float",
 
 
 # --- Ollama ---------------------------------------------------------------------------------
-async def _ollama(request: Request, core: Any, settings: ServerSettings, legacy: bool) -> Response:
+async def _ollama(request: Request, core: Core, settings: ServerSettings, legacy: bool) -> Response:
     from .ollama import resolve  # Ollama's model names (name:latest is name)
 
     t0 = time.perf_counter()
@@ -203,7 +204,7 @@ def parse_ollama(body: Any, legacy: bool) -> dict[str, Any]:
 
 
 # --- shared ---------------------------------------------------------------------------------
-def _embed(engine: Any, inputs: list[Any], pooling: str, normalize: bool,
+def _embed(engine: Engine, inputs: list[Any], pooling: str, normalize: bool,
            truncate: bool) -> Embeddings:
     from ...engine.embedding import embedder  # the engine's embedding context, opened once
 

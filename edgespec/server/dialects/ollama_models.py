@@ -21,6 +21,7 @@ from typing import Any
 
 from ...errors import EdgespecError
 from ...protocol.fim import has_fim
+from ...serving import ModelPool, PoolModel
 
 #: metadata whose size makes no sense in a listing (the template has its own field)
 _SKIP_INFO = frozenset({"tokenizer.chat_template"})
@@ -37,7 +38,7 @@ def _rfc3339(t: datetime) -> str:
     return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def model_path(entry: Any) -> Path | None:
+def model_path(entry: PoolModel) -> Path | None:
     """The GGUF file of a pool entry: the loaded engine's, else its configured target
     resolved without pulling (None when it is not on this machine)."""
     engine = entry.engine
@@ -92,7 +93,7 @@ def _size(n: int) -> str:
     return f"{n / 1e6:.1f}M"
 
 
-def facts(entry: Any) -> dict[str, Any] | None:
+def facts(entry: PoolModel) -> dict[str, Any] | None:
     path = model_path(entry)
     if path is None:
         return None
@@ -104,7 +105,7 @@ def facts(entry: Any) -> dict[str, Any] | None:
         return None
 
 
-def card(entry: Any) -> dict[str, Any]:
+def card(entry: PoolModel) -> dict[str, Any]:
     """One model as /api/tags lists it."""
     f = facts(entry) or {}
     return {"name": tag(entry.name), "model": tag(entry.name),
@@ -115,11 +116,11 @@ def card(entry: Any) -> dict[str, Any]:
                                          "quantization_level": ""})}
 
 
-def tags(pool: Any) -> list[dict[str, Any]]:
+def tags(pool: ModelPool) -> list[dict[str, Any]]:
     return [card(m) for m in pool.entries()]
 
 
-def running(pool: Any) -> list[dict[str, Any]]:
+def running(pool: ModelPool) -> list[dict[str, Any]]:
     """The loaded models as /api/ps lists them (CPU memory: ``size_vram`` 0)."""
     out = []
     now_wall, now = datetime.now(timezone.utc), time.monotonic()
@@ -140,7 +141,7 @@ def running(pool: Any) -> list[dict[str, Any]]:
     return out
 
 
-def show(entry: Any) -> dict[str, Any]:
+def show(entry: PoolModel) -> dict[str, Any]:
     """One model as /api/show describes it; ``template`` is the GGUF's Jinja chat template
     (Ollama's own models carry a Go template there)."""
     f = facts(entry)
@@ -172,7 +173,7 @@ def show(entry: Any) -> dict[str, Any]:
     return body
 
 
-def _fim(entry: Any, f: dict[str, Any]) -> bool:
+def _fim(entry: PoolModel, f: dict[str, Any]) -> bool:
     """FIM tokens: the loaded vocabulary's (as llama.cpp finds them), else the header's."""
     engine = entry.engine
     if engine is not None:

@@ -6,6 +6,7 @@ import json
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 from sse_starlette import EventSourceResponse
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...api.params import SamplingParams
@@ -39,8 +40,8 @@ def common_sampling(req: CommonRequest, settings: ServerSettings, n_vocab: int
         bias=limits.logit_bias(req.logit_bias, n_vocab), seed=req.seed)
 
 
-async def answer(request: Any, core: Core, settings: ServerSettings, schema: type[Req], kind: str,
-                 parse: Callable[[Req, int], list[CoreRequest]]) -> Response:
+async def answer(request: Request, core: Core, settings: ServerSettings, schema: type[Req],
+                 kind: str, parse: Callable[[Req, int], list[CoreRequest]]) -> Response:
     """Read ``request`` as ``schema``, parse it into core requests (with the model's
     vocabulary size), run them and answer whole or streamed."""
     req = await body.parsed(schema, request, settings)
