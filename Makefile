@@ -113,7 +113,7 @@ fuzz-smoke:
 # `edgespec bench --anchor ...` (into $EDGESPEC_HOME/anchors/<version>/bin or $EDGESPEC_ANCHORS;
 # 12 min on this 2-core machine; a second run with the same flags does nothing).
 anchors: install
-	nice $(PY) -m edgespec.lab.bench.anchors_build --cmake-args "$(LLAMA_CMAKE_ARGS)"
+	nice $(PY) -m edgespec.lab.bench.anchors.build --cmake-args "$(LLAMA_CMAKE_ARGS)"
 
 clean:
 	rm -rf build native/build edgespec/*.so $(VENV)

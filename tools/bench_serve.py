@@ -38,7 +38,7 @@ import openai
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edgespec import registry  # noqa: E402
-from edgespec.lab.bench.anchor_paths import anchors_bin_dir  # noqa: E402
+from edgespec.lab.bench.anchors.paths import anchors_bin_dir  # noqa: E402
 from edgespec.lab.bench.prompts import HUMANEVALFIX, load_humanevalfix, load_spec_bench  # noqa: E402
 
 

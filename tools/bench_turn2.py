@@ -15,7 +15,7 @@ llama.cpp's sequence state API) and asks turn 2:
     exact+refresh   --exact after Conversation.settle's refresh of the answer (timed apart:
                     it runs while the user reads the answer, before the next message)
     llama-cpp-python   its own greedy turn 1, then ``reset()`` and turn 2, whose prefix can
-                    only come from LlamaRAMCache (llama_anchors.anchor_ram_cache_llama)
+                    only come from LlamaRAMCache (llama_api.anchor_ram_cache_llama)
 
 The configurations' order rotates per question. ``--check-tokens`` greedy tokens of turn 2 are
 generated for none, default and exact+refresh: exact+refresh must equal none.
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from edgespec import Engine, GenerationParams, registry
-from edgespec.lab.bench import llama_anchors
+from edgespec.lab.bench.anchors import llama_api
 from edgespec.api.events import Finished, Step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -136,7 +136,7 @@ def main() -> None:
 
     eng = Engine.load(a.target, proposer="ngram+suffix", n_ctx=a.ctx, threads=a.threads)
     eng.kv_cache.ram.budget_bytes = 0  # each configuration starts from the turn-1 state only
-    anchor = None if a.no_anchor else llama_anchors.anchor_ram_cache_llama(
+    anchor = None if a.no_anchor else llama_api.anchor_ram_cache_llama(
         registry.resolve(a.target), a.ctx, a.threads)
     modes = [*OURS, *([] if anchor is None else ["llama-cpp-python"])]
     print(f"target {a.target}, threads {eng.ctx.n_threads}, proposer {eng.default_proposer}, "

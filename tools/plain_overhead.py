@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgespec.lab.bench.anchor_paths import anchors_bin_dir
+from edgespec.lab.bench.anchors.paths import anchors_bin_dir
 from edgespec.lab.bench.tools import AnchorsNotBuiltError, check_built, run_tool, setup_from_engine
 from edgespec.engine.engine import Engine
 from edgespec.api.params import GenerationParams

@@ -241,7 +241,7 @@ def json_object_gbnf() -> str:
     return JSON_GBNF
 
 
-# --- llama-cpp-python's high-level API, for the bench's anchors (edgespec.lab.bench.llama_anchors) --
+# --- llama-cpp-python's high-level API, for the bench's anchors (edgespec.lab.bench.anchors.llama_api) --
 def high_level_llama(model_path: str | os.PathLike, n_ctx: int, threads: int,
                      **kwargs: Any) -> Any:
     """llama-cpp-python's ``Llama`` as its users load it (its ValueError or RuntimeError

@@ -154,7 +154,7 @@ def test_rpc_server_refuses_what_it_cannot_serve_safely(servers):
 def test_llama_cpps_own_rpc_server_serves_the_split(model_path):
     """llama.cpp's RPC server tool (`ggml-rpc-server`, built by `make anchors`; slow tier)
     speaks the same protocol: a split onto it gives the local greedy output too."""
-    from edgespec.lab.bench.anchor_paths import anchors_bin_dir
+    from edgespec.lab.bench.anchors.paths import anchors_bin_dir
     exe = anchors_bin_dir() / "ggml-rpc-server"
     assert exe.is_file(), f"{exe} is missing: run `make anchors`"
     port = _free_port()

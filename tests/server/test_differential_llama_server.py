@@ -4,7 +4,7 @@ docs/server.md lists (DOCUMENTED below, each with its reason), and greedy text m
 same.
 
 llama-server is the one `make anchors` builds from the llama.cpp that llama-cpp-python
-vendors (edgespec.lab.bench.anchor_paths), started with edgespec's kernel configuration (flash
+vendors (edgespec.lab.bench.anchors.paths), started with edgespec's kernel configuration (flash
 attention, a Q8_0 KV cache) so that both compute the same logits; without it the test
 skips, saying how to build it.
 """
@@ -20,7 +20,7 @@ import httpx
 import pytest
 from server_env import COUNTING, MODEL, THREADS
 
-from edgespec.lab.bench.anchor_paths import anchors_bin_dir
+from edgespec.lab.bench.anchors.paths import anchors_bin_dir
 
 #: what edgespec adds or leaves out, per endpoint and field path; the reasons are in
 #: docs/server.md ("llama.cpp native: differences from llama-server")

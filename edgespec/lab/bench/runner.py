@@ -39,7 +39,7 @@ from ...errors import EdgespecError, InvalidInputError
 from ...api.events import Finished, Step
 from ...api.params import GenerationParams, SamplingParams
 from . import tools
-from .anchor import trace_to_stats
+from .anchors.trace import trace_to_stats
 from .anchors import ANCHORS
 from . import grounded
 from .engines import control_settings, load_engine, plan_engine, renew_clones
@@ -452,7 +452,7 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
     try:
         pld = [c for c in m.anchor_configs if not ANCHORS[c.proposer].tool]
         if pld:
-            from .llama_anchors import anchor_prompt_lookup  # deferred: it loads llama.cpp
+            from .anchors.llama_api import anchor_prompt_lookup  # deferred: it loads llama.cpp
             n_ctx = anchor_context(m, engine, prompts)
             for cfg in pld:
                 t0 = time.perf_counter()

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ...errors import EdgespecError
-from .anchor_paths import ENV_VAR, anchors_bin_dir
+from .anchors.paths import ENV_VAR, anchors_bin_dir
 
 STDERR_TAIL = 1200  # characters of a failed tool's stderr kept in its error record
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from edgespec.lab.bench import anchors_build, tools
+from edgespec.lab.bench import tools
+from edgespec.lab.bench.anchors import build as anchors_build
 from edgespec.lab.bench.anchors import own_plain, parse_anchor
 from edgespec.errors import InvalidInputError
 from edgespec.lab.bench.compose import Flags, compose

@@ -1,7 +1,7 @@
 """The runner's protocol on a scripted engine: interleaving, warm-up, histories, parity, Ctrl-C."""
 import pytest
 
-from edgespec.lab.bench.anchor import AnchorTrace, trace_to_stats
+from edgespec.lab.bench.anchors.trace import AnchorTrace, trace_to_stats
 from edgespec.lab.bench.matrix import ConfigSpec, Matrix
 from edgespec.lab.bench.prompts import BenchPrompt
 from edgespec.lab.bench.engines import control_settings, plan_engine, renew_clones

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import InvalidInputError
+from ....errors import InvalidInputError
 
 ANCHOR_KIND = "anchor"
 

@@ -1,6 +1,6 @@
 """`make anchors`: build llama.cpp's own tools from the llama.cpp the engine links.
 
-    python -m edgespec.lab.bench.anchors_build --cmake-args "<the Makefile's LLAMA_CMAKE_ARGS>"
+    python -m edgespec.lab.bench.anchors.build --cmake-args "<the Makefile's LLAMA_CMAKE_ARGS>"
 
 The source is the vendored tree of the installed llama-cpp-python's sdist (fetched with
 pip), so the anchors and the engine run the same kernels; the CMake flags are the ones the
@@ -23,8 +23,8 @@ import tarfile
 import time
 from pathlib import Path
 
-from ...errors import EdgespecError
-from .anchor_paths import TOOL_TARGETS, anchors_bin_dir, anchors_root, llama_cpp_python_version
+from ....errors import EdgespecError
+from .paths import TOOL_TARGETS, anchors_bin_dir, anchors_root, llama_cpp_python_version
 
 STAMP = "BUILD.json"
 # Build switches that keep the build to what the tools need; none touches a kernel.
@@ -127,7 +127,7 @@ def build(cmake_args: tuple[str, ...], *, bin_dir: Path | None = None, version: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m edgespec.lab.bench.anchors_build", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m edgespec.lab.bench.anchors.build", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cmake-args", default="", help="the flags llama-cpp-python was built with")
     ap.add_argument("--jobs", type=int, default=None)

@@ -1,6 +1,6 @@
 """llama-cpp-python's own prompt lookup as a benchmark anchor, measured like an engine request.
 
-llama-cpp-python runs the anchor (``bench.llama_anchors.anchor_prompt_lookup``) and returns a raw
+llama-cpp-python runs the anchor (``bench.anchors.llama_api.anchor_prompt_lookup``) and returns a raw
 trace: emitted tokens with their times, and for every target pass the sequence
 length it started from and how many tokens the lookup drafted. That is enough to
 rebuild the same :class:`RequestStats` an engine request produces: pass *i*
@@ -9,8 +9,8 @@ emitted what is left.
 """
 from __future__ import annotations
 
-from ...api.stats import RequestStats
-from .llama_anchors import AnchorTrace  # what the anchor returns
+from ....api.stats import RequestStats
+from .llama_api import AnchorTrace  # what the anchor returns
 
 __all__ = ["AnchorTrace", "trace_to_stats"]
 

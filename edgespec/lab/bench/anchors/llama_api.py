@@ -1,5 +1,5 @@
 """llama-cpp-python's high-level ``Llama`` as the benchmark's anchors run it: with
-``LlamaPromptLookupDecoding`` (traced for edgespec.lab.bench.anchor) and with ``LlamaRAMCache``
+``LlamaPromptLookupDecoding`` (traced for edgespec.lab.bench.anchors.trace) and with ``LlamaRAMCache``
 (for tools/bench_turn2.py). edgespec.runtime.backend loads them; the bench logic is here."""
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from ...errors import ContextOverflowError, EdgespecError, ModelError
-from ...runtime import backend
-from ...runtime.backend import default_threads
+from ....errors import ContextOverflowError, EdgespecError, ModelError
+from ....runtime import backend
+from ....runtime.backend import default_threads
 
 
 # --- llama-cpp-python's own speculation ------------------------------------------------------
 @dataclass(frozen=True)
 class AnchorTrace:
-    """What one anchor generation observed (edgespec.lab.bench.anchor turns it into RequestStats)."""
+    """What one anchor generation observed (edgespec.lab.bench.anchors.trace turns it into RequestStats)."""
 
     prompt_tokens: int
     tokens: tuple[int, ...]  # emitted tokens, end-of-generation token excluded
@@ -30,7 +30,7 @@ class AnchorTrace:
 
 class PromptLookupAnchor:
     """llama-cpp-python's high-level ``Llama`` with ``LlamaPromptLookupDecoding``, as users run it
-    today, traced for the benchmark (see edgespec.lab.bench.anchor for how the trace is read)."""
+    today, traced for the benchmark (see edgespec.lab.bench.anchors.trace for how the trace is read)."""
 
     def __init__(self, llm, lookup, passes: list) -> None:
         self._llm = llm

@@ -13,7 +13,7 @@ import os
 from importlib import metadata
 from pathlib import Path
 
-from ...paths import edgespec_home
+from ....paths import edgespec_home
 
 # The llama.cpp programs `make anchors` builds, by CMake target (= binary name).
 TOOL_TARGETS = ("llama-completion", "llama-lookup", "llama-speculative-simple", "llama-server", "ggml-rpc-server")
