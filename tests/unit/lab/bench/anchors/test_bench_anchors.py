@@ -21,7 +21,7 @@ from edgespec.lab.bench.records import tool_prompt_text, tool_record
 from edgespec.lab.bench.runner import collect_prompts
 from edgespec.errors import InvalidInputError
 
-DATA = Path(__file__).resolve().parents[3] / "data" / "anchors"
+DATA = Path(__file__).resolve().parents[4] / "data" / "anchors"
 
 
 # --- names -----------------------------------------------------------------------------
