@@ -12,7 +12,7 @@ results when they exist.
     repack.py      which weights llama.cpp repacks, what stays mapped
     speed.py       predicted speedup per proposer and draft length, the cost curve's source
     trust.py       whether a cached calibration measured the device or its load
-    acceptance.py  expected acceptance: qualification results, else defaults
+    acceptance_priors.py  expected acceptance: qualification results, else defaults
     search.py      plan(): the first configuration that fits, the fastest proposer
     reasons.py     the plan's "why"
     result.py      Plan, Candidate, Exactness

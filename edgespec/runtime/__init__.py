@@ -8,7 +8,7 @@
     mtp.py          the MTP context of a target's NextN head; the tap of the target's hidden rows
     ggml_devices.py the backend-device registry: devices, RPC servers as devices
     kernel.py       KernelConfig: how llama.cpp computes (repack, flash attention, KV type)
-    build.py        the build's CMake flags and features against the machine (`edgespec doctor`)
+    llama_build.py  the build's CMake flags and features against the machine (`edgespec doctor`)
     device.py       what this machine offers (CPU, memory, accelerators)
     rpc.py          llama.cpp RPC servers: endpoints, probes, placement
     netaddr.py      host:port parsing

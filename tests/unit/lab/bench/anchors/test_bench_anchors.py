@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from edgespec.lab.bench import tools
-from edgespec.lab.bench.anchors import build as anchors_build
+from edgespec.lab.bench.anchors import build
 from edgespec.lab.bench.anchors import own_plain, parse_anchor
 from edgespec.errors import InvalidInputError
 from edgespec.lab.bench.compose import Flags, compose
@@ -232,20 +232,20 @@ def test_tool_prompt_text_gives_the_tools_exactly_our_tokens():
 
 def test_anchors_build_is_idempotent_per_version_and_flags(tmp_path):
     args = ("-DGGML_NATIVE=OFF",)
-    assert not anchors_build.is_current(tmp_path, "0.3.36", args)
-    for t in anchors_build.TOOL_TARGETS:
+    assert not build.is_current(tmp_path, "0.3.36", args)
+    for t in build.TOOL_TARGETS:
         (tmp_path / t).write_text("")
         (tmp_path / t).chmod(0o755)
     (tmp_path / "BUILD.json").write_text(json.dumps(
-        {**anchors_build._stamp("0.3.36", args), "build_seconds": 1.0}))
-    assert anchors_build.is_current(tmp_path, "0.3.36", args)
-    assert "llama-server" in anchors_build.TOOL_TARGETS  # tools/bench_serve.py's anchor
+        {**build._stamp("0.3.36", args), "build_seconds": 1.0}))
+    assert build.is_current(tmp_path, "0.3.36", args)
+    assert "llama-server" in build.TOOL_TARGETS  # tools/bench_serve.py's anchor
     (tmp_path / "llama-server").unlink()  # a tool missing: rebuild
-    assert not anchors_build.is_current(tmp_path, "0.3.36", args)
+    assert not build.is_current(tmp_path, "0.3.36", args)
     (tmp_path / "llama-server").write_text("")
     (tmp_path / "llama-server").chmod(0o755)
-    assert not anchors_build.is_current(tmp_path, "0.3.37", args)
-    assert not anchors_build.is_current(tmp_path, "0.3.36", ("-DGGML_CUDA=on",))
+    assert not build.is_current(tmp_path, "0.3.37", args)
+    assert not build.is_current(tmp_path, "0.3.36", ("-DGGML_CUDA=on",))
 
 
 # --- report -----------------------------------------------------------------------------------
