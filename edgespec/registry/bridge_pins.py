@@ -51,7 +51,7 @@ def check_pair(target, draft, version: str) -> PairSpec:
     tn, dn = _name(target.path), _name(draft.path)
     how = (f"pin it in your registry with `edgespec models pin-bridge {tn} {dn}` (models "
            f"of edgespec's own registry: run the bridge's tests on the pair, "
-           f"tests/unit/proposers/test_bridge.py and tests/integration/test_bridge_real.py, "
+           f"tests/unit/proposers/test_vocab_bridge.py and tests/integration/test_bridge_real.py, "
            f"then "
            f"`python -m edgespec.registry.bridge_pins {tn} {dn}` prints the [[pairs]] entry for "
            "models.toml)")
