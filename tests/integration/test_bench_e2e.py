@@ -46,7 +46,11 @@ def test_bench_writes_json_and_report(model_path, tmp_path):
     ident = data["identity"]
     assert ident["models"]["target"]["sha256"] and ident["llama_cpp"]["llama_cpp_python"]
     assert ident["machine"]["cpu_model"] and ident["engine"]["threads"] == int(THREADS)
-    assert set(data["load_seconds"]) == {"target", "llama-pld:0", "llama-pld:2"}
+    # every llama-pld:N shares one llama-cpp-python model, each drafting its own N
+    assert set(data["load_seconds"]) == {"target", "llama-pld:0"}
+    drafted = {c: sum(r["drafted"] for r in recs if r["config"] == c)
+               for c in ("llama-pld:0", "llama-pld:2")}
+    assert drafted["llama-pld:0"] == 0 and drafted["llama-pld:2"] > 0, drafted
     report = (out / "report.md").read_text()
     assert "## Speedup over the plain path" in report and "(speedup.png)" in report
     assert "llama-pld:2 (vs llama-pld:0)" in report and "## Verify pass sizes" in report

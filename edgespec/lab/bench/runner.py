@@ -449,19 +449,20 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
     run.load_seconds["target"] = time.perf_counter() - t0
     run.load_rss_bytes["target"] = rss_of(proc) - rss0
     anchors: dict = {}
+    pld_model = None  # the model the llama-pld anchors share (they do not close it)
     try:
         pld = [c for c in m.anchor_configs if not ANCHORS[c.proposer].tool]
         if pld:
             from .anchors.llama_api import anchor_prompt_lookup  # deferred: it loads llama.cpp
             n_ctx = anchor_context(m, engine, prompts)
+            t0 = time.perf_counter()
+            rss0 = rss_of(proc)
+            # one llama-cpp-python model for every llama-pld:N (PromptLookupAnchor.drafting)
+            pld_model = anchor_prompt_lookup(engine.target.path, n_ctx=n_ctx, threads=m.threads)
+            run.load_seconds[pld[0].label] = time.perf_counter() - t0
+            run.load_rss_bytes[pld[0].label] = rss_of(proc) - rss0
             for cfg in pld:
-                t0 = time.perf_counter()
-                rss0 = rss_of(proc)
-                anchors[cfg.label] = anchor_prompt_lookup(
-                    engine.target.path, n_ctx=n_ctx, threads=m.threads,
-                    num_pred_tokens=int(cfg.knob_dict["num_pred_tokens"]))
-                run.load_seconds[cfg.label] = time.perf_counter() - t0
-                run.load_rss_bytes[cfg.label] = rss_of(proc) - rss0
+                anchors[cfg.label] = pld_model.drafting(int(cfg.knob_dict["num_pred_tokens"]))
         if bin_dir is not None:
             setup = tools.setup_from_engine(engine, bin_dir, _draft_path(m))
             for cfg in m.anchor_configs:
@@ -484,6 +485,8 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
     finally:
         for a in anchors.values():
             a.close()
+        if pld_model is not None:
+            pld_model.close()
         for eng in engines.values():
             eng.close()
     return run

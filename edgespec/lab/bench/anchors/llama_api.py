@@ -32,13 +32,24 @@ class PromptLookupAnchor:
     """llama-cpp-python's high-level ``Llama`` with ``LlamaPromptLookupDecoding``, as users run it
     today, traced for the benchmark (see edgespec.lab.bench.anchors.trace for how the trace is read)."""
 
-    def __init__(self, llm, lookup, passes: list) -> None:
+    def __init__(self, llm, lookup, passes: list, num_pred_tokens: int | None = None,
+                 owner: bool = True) -> None:
         self._llm = llm
         self._lookup = lookup
         self._passes = passes  # the lookup appends (sequence length, drafted) on every call
         self._is_eog = backend.eog_test(llm)
+        self._owner = owner  # closes the model (the anchors sharing it do not)
         self.n_ctx = llm.n_ctx()
-        self.num_pred_tokens = lookup.num_pred_tokens
+        self.num_pred_tokens = (lookup.num_pred_tokens if num_pred_tokens is None
+                                else num_pred_tokens)
+
+    def drafting(self, num_pred_tokens: int) -> "PromptLookupAnchor":
+        """The same loaded model drafting ``num_pred_tokens`` a pass: every llama-pld:N of
+        a run shares one model and its logits buffer (n_ctx x n_vocab floats, which every
+        prompt row is written to), instead of each holding its own (1.7 GiB at load and
+        ~1 GiB of logits per instance for Qwen 1.5B at 4k context)."""
+        return PromptLookupAnchor(self._llm, self._lookup, self._passes, num_pred_tokens,
+                                  owner=False)
 
     def generate(self, prompt_tokens: Sequence[int], max_tokens: int, temperature: float = 0.0):
         if len(prompt_tokens) + max_tokens + 1 > self.n_ctx:
@@ -46,6 +57,7 @@ class PromptLookupAnchor:
                 f"the anchor's context holds {self.n_ctx} tokens, the request needs "
                 f"{len(prompt_tokens) + max_tokens + 1}")
         self._passes.clear()
+        self._lookup.num_pred_tokens = self.num_pred_tokens  # the model may be shared
         self._llm.reset()  # no prefix reuse between requests: every request prefills, as ours do
         tokens: list[int] = []
         times: list[float] = []
@@ -78,7 +90,8 @@ class PromptLookupAnchor:
                            eog_time=eog_time)
 
     def close(self) -> None:
-        self._llm.close()
+        if self._owner:
+            self._llm.close()
 
 
 def anchor_prompt_lookup(model_path: str | os.PathLike, n_ctx: int, threads: int | None,
