@@ -110,8 +110,9 @@ fuzz-smoke:
 
 # llama.cpp's own llama-completion, llama-lookup and llama-speculative-simple, built from the
 # llama.cpp that the installed llama-cpp-python vendors with the same flags, for
-# `edgespec bench --anchor ...` (into $EDGESPEC_HOME/anchors/<version>/bin or $EDGESPEC_ANCHORS;
-# 12 min on this 2-core machine; a second run with the same flags does nothing).
+# `edgespec bench --anchor ...`, and llama-quantize for `edgespec models optimize` (into
+# $EDGESPEC_HOME/anchors/<version>/bin or $EDGESPEC_ANCHORS; 12 min on this 2-core machine;
+# a second run with the same flags does nothing, a new tool builds in the same tree).
 anchors: install
 	nice $(PY) -m edgespec.lab.bench.anchors.build --cmake-args "$(LLAMA_CMAKE_ARGS)"
 

@@ -11,8 +11,9 @@ waiting thread spins, which the per-kernel table shows as its own line (sync).
     python tools/verify_curve.py curve MODEL --threads 1 --layout repack --layout plain
     # where a pass of n tokens spends its time (one perf record per n, counting only passes)
     python tools/verify_curve.py record MODEL --threads 1 --n 1 --n 4 --n 16 --out /tmp/vc
-    # a copy whose Q6_K tensors are Q8_0 (llama-quantize from the anchors' build tree)
-    python tools/verify_curve.py relayout MODEL /tmp/qwen-1.5b-q6q8.gguf --quantize QBIN
+    # a copy whose Q6_K tensors are Q8_0, unregistered (the product's is `edgespec models
+    # optimize`; llama-quantize from `make anchors`, or --quantize)
+    python tools/verify_curve.py relayout MODEL /tmp/qwen-1.5b-q6q8.gguf
     # the original and the copy interleaved in one process (same load for both)
     python tools/verify_curve.py pair MODEL /tmp/qwen-1.5b-q6q8.gguf --threads 1
     # greedy agreement of a re-laid copy with the original
@@ -457,45 +458,24 @@ def cmd_agree(a) -> None:
           f"({f0 / n:.0%}), copy {f1}/{n} ({f1 / n:.0%})")
 
 
-#: enum ggml_type values of the weight types a Q4_K_M file holds -> llama-quantize's names
-GGML_TYPE_NAMES = {12: "q4_k", 14: "q6_k", 8: "q8_0", 2: "q4_0", 13: "q5_k", 10: "q2_k",
-                   11: "q3_k", 1: "f16", 0: "f32"}
-
-
-def relayout_types(tensors, src_type: int = 14, dst: str = "q8_0") -> list[str]:
-    """llama-quantize ``--tensor-type`` lines naming EVERY weight tensor exactly (anchored
-    regexes), each at its own type except ``src_type`` ones at ``dst``: with every tensor
-    named, the quantizer's mixture logic never runs, and a tensor whose type is unchanged is
-    copied byte for byte (llama-quant.cpp: ``quantize = cur_type != new_type``)."""
-    lines = []
-    for t in tensors:
-        if not t.name.endswith(".weight") or t.ggml_type in (0, 1) or len(t.shape) < 2:
-            continue  # norms and biases are not quantized
-        if t.ggml_type not in GGML_TYPE_NAMES:
-            raise SystemExit(f"{t.name}: ggml type {t.ggml_type} has no name here")
-        kind = dst if t.ggml_type == src_type else GGML_TYPE_NAMES[t.ggml_type]
-        lines.append("^" + re.escape(t.name) + "$=" + kind)
-    return lines
-
-
 def cmd_relayout(a) -> None:
+    """The product's re-layout (edgespec.registry.optimize, `edgespec models optimize`)
+    written to any path and to any type, unregistered: for measuring layouts."""
     # deferred: as _load
+    from edgespec.registry.optimize import Q6_K, find_quantize, relayout_types
     from edgespec.runtime.gguf_header import read_gguf_header
-    quantize = a.quantize or shutil.which("llama-quantize")
-    if not quantize or not os.path.exists(quantize):
-        raise SystemExit("llama-quantize not found: build it in the anchors' build tree "
-                         "(cmake --build BUILD --target llama-quantize) and pass --quantize")
+    quantize = find_quantize(a.quantize)
     info = read_gguf_header(a.model)
     lines = relayout_types(info.tensors, dst=a.to)
-    changed = sum(1 for t in info.tensors if t.ggml_type == 14)
+    changed = sum(1 for t in info.tensors if t.ggml_type == Q6_K)
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write("\n".join(lines) + "\n")
-    cmd = [quantize, "--allow-requantize", "--tensor-type-file", f.name, a.model, a.out,
+    cmd = [str(quantize), "--allow-requantize", "--tensor-type-file", f.name, a.model, a.out,
            "Q4_K_M", str(a.threads)]
     print(" ".join(cmd), f"# {changed} Q6_K tensors -> {a.to}", flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if not a.verbose else None)
     after = read_gguf_header(a.out)
-    left = [t.name for t in after.tensors if t.ggml_type == 14]
+    left = [t.name for t in after.tensors if t.ggml_type == Q6_K]
     if left:
         raise SystemExit(f"{len(left)} tensors are still Q6_K in {a.out}: {left[:3]}")
     print(f"wrote {a.out} ({after.file_size / 1e6:.0f} MB; source {info.file_size / 1e6:.0f} MB)")

@@ -1,4 +1,4 @@
-"""`edgespec models list|add|remove|pull|verify|path`: the registries from the command line."""
+"""`edgespec models list|add|remove|pull|verify|path|optimize`: the registries from the command line."""
 from __future__ import annotations
 
 import functools
@@ -56,15 +56,22 @@ def list_models(as_json: bool) -> None:
     `edgespec models add`). STATUS is "verified" (digest checked since the file last
     changed), "unverified" (present; `models verify` hashes it), "wrong size" or "missing".
     """
+    from ..registry import optimize  # deferred: as in optimize_model
+
     reg = registry.load_registry()
     rows = []
     for spec in reg.models.values():
+        made = optimize.source_check(spec, hash_=False)  # no hashing in a listing
         rows.append({
             "name": spec.name, "origin": reg.origin(spec.name), "role": spec.role,
             "size": spec.size, "quant": spec.quant,
             "tokenizer": spec.tokenizer, "context": spec.context,
             "chat_template": spec.chat_template, "status": registry.model_status(spec.name),
             "path": str(registry.model_path(spec.name)),
+            "derived": None if spec.derived is None else {
+                "from": spec.derived.source, "sha256": spec.derived.sha256,
+                "change": spec.derived.change, "stale": made is not None and made.stale,
+                "note": made.message if made is not None else ""},
         })
     pairs = []
     for p in reg.pairs:
@@ -84,6 +91,11 @@ def list_models(as_json: bool) -> None:
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    copies = [r for r in rows if r["derived"]]
+    if copies:
+        click.echo("\nCOPIES (`edgespec models optimize`)")
+        for r in copies:
+            click.echo(f"{r['name']}  {r['derived']['note']}")
     click.echo(f"\nmodels in {paths.models_dir()}  (default target {reg.default_target}, "
                f"draft {reg.default_draft or '-'})")
     click.echo(f"shipped registry {reg.path}; your models: {paths.user_registry_path()}"
@@ -228,11 +240,69 @@ def verify_models(names: tuple[str, ...]) -> None:
             continue
         status = "ok" if v.ok else "MISMATCH"
         detail = "" if v.message == "ok" else f"\t{v.message}"
+        made = _source_check(name) if v.ok else None
+        if made is not None and made.stale:
+            status, detail = "STALE", f"\t{made.message}"
         click.echo(f"{name}\t{status}\t{v.actual_sha256}{detail}")
-        failures += not v.ok
+        if made is not None and not made.stale:
+            click.echo(f"{name}: {made.message}", err=True)
+        failures += not v.ok or (made is not None and made.stale)
     if failures:
         click.echo(f"{failures} of {len(names)} failed verification", err=True)
         sys.exit(1)
+
+
+def _source_check(name: str):
+    """A copy's source check (edgespec.registry.optimize.source_check); None for a path or
+    a model that is not a copy."""
+    from ..registry import optimize  # deferred: as in optimize_model
+
+    if registry.is_path_like(name):
+        return None
+    return optimize.source_check(registry.load_registry().get(name), progress=_progress)
+
+
+@models.command("optimize")
+@click.argument("name")
+@click.option("--name", "new_name", default=None,
+              help="Name of the copy in your registry (default: NAME-q8).")
+@click.option("--quantize", type=click.Path(dir_okay=False), default=None,
+              help="llama.cpp's llama-quantize (default: the one `make anchors` builds, else "
+                   "the one on PATH).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Quantizer threads (default: every core).")
+@click.option("--force", is_flag=True, help="Make the copy again (a copy made before, e.g. "
+              "from a source that changed since).")
+@handle_errors
+@_exit_2
+def optimize_model(name: str, new_name: str | None, quantize: str | None, threads: int | None,
+                   force: bool) -> None:
+    """Write and register a copy of NAME (a registry name or a .gguf path) whose Q6_K
+    tensors are re-laid as Q8_0.
+
+    On x86 llama.cpp repacks Q4_K weights for batched passes but has no repacked kernel
+    for Q6_K; Q8_0 batches go through llamafile's tinyBLAS, so verify passes of several
+    tokens may cost fewer plain steps (docs/benchmarks.md, "Why the verify curve bends";
+    `edgespec plan` shows the predicted gain once both are calibrated). The copy is larger
+    and its weights are requantized (docs/models.md says by how much it differs). It goes
+    to $EDGESPEC_HOME/models/NEW.gguf and into your registry as model NEW, with its own
+    sha256 and the source's; `edgespec models verify NEW` says when the source changed.
+    """
+    from ..registry import optimize  # deferred: gguf and the quantizer only where asked
+
+    made = optimize.optimize(name, name=new_name, quantize=quantize, threads=threads,
+                             force=force, progress=_progress)
+    new = made.spec.name
+    n = len(made.changed)
+    shown = ", ".join(made.changed[:4]) + (f", ... ({n - 4} more)" if n > 4 else "")
+    click.echo(f"re-laid {n} Q6_K tensor{'s' if n != 1 else ''} as Q8_0: {shown}")
+    click.echo(f"size {_human(made.size_before)} -> {_human(made.size_after)}")
+    click.echo(f"{'remade' if made.replaced else 'registered'} {new}\t{made.spec.path}\t"
+               f"{made.spec.sha256}")
+    if made.pairs:
+        click.echo(f"pairs as {made.source}'s: {', '.join(made.pairs)}")
+    click.echo(f"next: `edgespec plan --target {new} --calibrate` predicts its speed beside "
+               f"{made.source}'s; `edgespec generate --target {new} ...` runs it")
 
 
 @models.command("path")

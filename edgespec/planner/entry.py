@@ -28,6 +28,10 @@ from .remote import RpcPlacement, place
 from .search import DEFAULT_CTX
 from ..runtime.rpc import probe_all
 from .. import proposers
+from ..errors import EdgespecError
+from ..registry import spec_file
+from ..registry.spec import ModelSpec
+from . import optimized_copy
 
 #: exact mode's cap before a probe has run (the engine's fallback: 3-token passes with
 #: repacked CPU weights, docs/parity.md)
@@ -96,6 +100,30 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
         chosen = plan_with(exact_kernel, True, UNPROBED_EXACT_CAP, asked_cal)
     chosen = replace(chosen, exactness=_exactness(layouts, exact_plans, chosen, cfg.exact),
                      kernel_choice=tuple(choice.describe()) if choice is not None else ())
+    # the target's Q8_0 copy (`edgespec models optimize`): proposed, or compared on the
+    # calibrations both have here (the kernel the chosen plan's calibration is cached under)
+    cal_kernel = chosen.kernel if cfg.exact else default_kernel
+    runs, kernel = chosen.config.proposer, chosen.kernel
+
+    def plan_copy(copy: ModelSpec) -> Plan | None:
+        cpath = spec_file(copy)
+        cal = calib(cpath, copy.sha256, cal_kernel, False)
+        if cal is None:
+            return None
+        cap = getattr(cal, "exact_max_drafts", None)
+        cals = {k: v for k, v in (("target", cal), ("draft", draft_cal)) if v is not None}
+        try:
+            return plan(read_facts(cpath), dfacts, device=dev, budget=cfg.budget, ctx=cfg.n_ctx,
+                        kernel=kernel, kv_type=kv_type, exact=cfg.exact,
+                        exact_cap=cap if cap is not None else UNPROBED_EXACT_CAP, proposer=runs,
+                        n_gpu_layers=cfg.n_gpu_layers or None, target_name=copy.name,
+                        draft_name=dname, calibrations=cals, base=replace(base, target=copy.name))
+        except EdgespecError:  # e.g. the larger copy does not fit the budget
+            return None
+
+    chosen = replace(chosen, reasons=chosen.reasons + optimized_copy.notes(
+        tname or str(tpath), tsha, tfacts, chosen,
+        calib(tpath, tsha, cal_kernel, False) is not None, plan_copy))
     if cfg.rpc:
         chosen = _with_rpc(chosen, tfacts, dfacts)
     return chosen

@@ -21,6 +21,8 @@ and sha256. Anywhere a model name is accepted, a path to a local ``.gguf`` file 
       pins.py           the digests pinned at first pulls; errors.py: failures -> advice
     qualification.py  per-machine qualification results of any target-proposer pair, keyed
                       by the sha256 of the files measured
+    optimize.py       `edgespec models optimize`: a registered copy whose Q6_K tensors are
+                      Q8_0 (llama-quantize), recording its source's name and sha256
 
 File locations come from :mod:`edgespec.paths` (``$EDGESPEC_HOME``, default the platform's
 user cache dir); ``edgespec_home``/``models_dir`` are re-exported here for callers that

@@ -53,6 +53,17 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Derivation:
+    """What a user model was made from (``edgespec models optimize``, edgespec.registry.optimize):
+    the source (a registry name, or the absolute path of a .gguf file), the sha256 of the
+    source file it was made from, and what was changed ("q6_k->q8_0")."""
+
+    source: str
+    sha256: str
+    change: str
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     role: str
@@ -67,6 +78,7 @@ class ModelSpec:
     license: str = ""
     path: Path | None = None  # a local file pinned by the user registry: never pulled
     hub: str = ""  # hf://owner/repo@commit/file a user model's file was pulled from
+    derived: Derivation | None = None  # a copy made by `edgespec models optimize`
 
     @property
     def local(self) -> bool:
@@ -175,8 +187,8 @@ def _parse_model(c: _Check, name: str, raw, local_ok: bool = False) -> ModelSpec
     bad_name = check_name(name)
     if bad_name:
         raise c.fail(where, bad_name)
-    optional = {"description", "quant", "license"} | ({"source", "path", "hub"} if local_ok
-                                                       else set())
+    optional = {"description", "quant", "license"} | ({"source", "path", "hub", "derived"}
+                                                       if local_ok else set())
     t = c.table(raw, where, {"role", "size", "sha256", "tokenizer", "chat_template", "context"}
                 | (set() if local_ok else {"source"}), optional)
     if local_ok and ("source" in t) == ("path" in t):
@@ -188,6 +200,9 @@ def _parse_model(c: _Check, name: str, raw, local_ok: bool = False) -> ModelSpec
     if hub and (local is None or not hub.startswith("hf://")):
         raise c.fail(f"{where}.hub", f"{hub!r}: an hf://owner/repo@commit/file.gguf reference, "
                                      "beside the path it was pulled to")
+    derived = _parse_derived(c, t["derived"], f"{where}.derived") if "derived" in t else None
+    if derived is not None and local is None:
+        raise c.fail(f"{where}.derived", "only a model pinned by path records what it was made from")
     size = c.typed(t, "size", where, int)
     if size <= 0:
         raise c.fail(f"{where}.size", f"must be positive (got {size})")
@@ -210,7 +225,17 @@ def _parse_model(c: _Check, name: str, raw, local_ok: bool = False) -> ModelSpec
         license=c.typed(t, "license", where, str, ""),
         path=Path(local).expanduser() if local is not None else None,
         hub=hub,
+        derived=derived,
     )
+
+
+def _parse_derived(c: _Check, raw, where: str) -> Derivation:
+    t = c.table(raw, where, {"from", "sha256", "change"}, set())
+    sha = c.typed(t, "sha256", where, str)
+    if not _SHA256_RE.match(sha):
+        raise c.fail(f"{where}.sha256", f"expected 64 lowercase hex digits, got {sha!r}")
+    return Derivation(source=c.typed(t, "from", where, str), sha256=sha,
+                      change=c.typed(t, "change", where, str))
 
 
 def _parse_pair(c: _Check, i: int, raw, models: Mapping[str, ModelSpec]) -> PairSpec:

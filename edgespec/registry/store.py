@@ -54,6 +54,9 @@ def _stamp_path(path: Path) -> Path:
 
 def refetch_hint(spec: ModelSpec) -> str:
     """What to do about a model file that is missing or does not match its pin."""
+    if spec.derived is not None:
+        return (f"make it again with `edgespec models optimize {spec.derived.source} --name "
+                f"{spec.name} --force`")
     if spec.hub:
         return (f"pull it again with `edgespec models pull {spec.hub}` (the pinned commit), "
                 f"or `edgespec models remove {spec.name}`")

@@ -17,8 +17,8 @@ from .. import statefile
 from ..errors import ModelError
 from ..runtime.gguf_header import GGUFInfo
 from ..paths import user_registry_path
-from .spec import (ROLES, SCHEMA, ModelSpec, Registry, check_name, layer, layer_dict, read_user,
-                   registry_path)
+from .spec import (ROLES, SCHEMA, Derivation, ModelSpec, Registry, check_name, layer, layer_dict,
+                   read_user, registry_path)
 from .store import (Progress, _atomic_write_text, _human, _model_lock, _say, _stamp_path,
                     _write_stamp, check_gguf, sha256_file)
 from .toml_write import dumps
@@ -65,11 +65,15 @@ def _quant(file_type) -> str:
 
 
 def add(name: str, file: str | Path, role: str = "target", tokenizer: str | None = None,
-        progress: Progress | None = None, hub: str | None = None) -> ModelSpec:
+        progress: Progress | None = None, hub: str | None = None, *,
+        derived: Derivation | None = None, sha256: str | None = None,
+        description: str | None = None, replace: bool = False) -> ModelSpec:
     """Pin the local GGUF `file` as model `name` in the user registry; returns its spec.
 
     `hub`: the hf://owner/repo@commit/file the file was pulled from (edgespec.registry.hub),
-    recorded so a file the Hugging Face cache lost is fetched again.
+    recorded so a file the Hugging Face cache lost is fetched again. `derived`: what the
+    file was made from (edgespec.registry.optimize, which passes the `sha256` it just
+    computed, and `replace` to remake a copy it made before: only such an entry is replaced).
 
     Refused (ModelError, the file untouched) for a bad or taken name, a user registry that
     does not validate, and a file that is missing, not GGUF or truncated."""
@@ -87,16 +91,23 @@ def add(name: str, file: str | Path, role: str = "target", tokenizer: str | None
     file = Path(file).expanduser().absolute()
     info = check_gguf(file)  # missing, not GGUF, truncated: each says what is wrong
     size = file.stat().st_size
-    say(f"hashing {file} ({_human(size)})")
-    sha = sha256_file(file)
+    if sha256 is None:
+        say(f"hashing {file} ({_human(size)})")
+    sha = sha256 or sha256_file(file)
     entry = facts_entry(info, file, size, sha, role, tokenizer)
+    if description:
+        entry["description"] = description
     if hub:
         entry["hub"] = hub
+    if derived is not None:
+        entry["derived"] = {"from": derived.source, "sha256": derived.sha256,
+                            "change": derived.change}
     with _model_lock("user-registry", say):
         doc = read_user(path) or {"schema": SCHEMA}
         layer_dict(shipped, doc, path)  # an invalid file is reported, never overwritten
         models = doc.setdefault("models", {})
-        if name in models:
+        old = models.get(name)
+        if old is not None and not (replace and isinstance(old, dict) and "derived" in old):
             raise ModelError(f"{name!r} is already in {path}; `edgespec models remove {name}` "
                              "first to replace it")
         models[name] = entry

@@ -1,12 +1,11 @@
 """tools/verify_curve.py: its perf-report parsing and kernel grouping on a recorded report (a
-4-token pass of Qwen2.5-Coder 1.5B Q4_K_M, repacked, 1 thread), the curve arithmetic, and
-the per-tensor type list it hands llama-quantize. Nothing here loads a model or runs perf."""
+4-token pass of Qwen2.5-Coder 1.5B Q4_K_M, repacked, 1 thread) and the curve arithmetic
+(the per-tensor type list it hands llama-quantize is the product's:
+tests/unit/registry/test_optimize.py). Nothing here loads a model or runs perf."""
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -93,26 +92,6 @@ def test_curve_rows_are_cpu_time_over_the_one_token_pass():
     rows = vc.curve_rows({"cpu": {4: 0.3, 1: 0.1, 16: 0.55}})
     assert [(n, round(ms, 6), round(s, 6)) for n, ms, s in rows] == [
         (1, 100.0, 1.0), (4, 300.0, 3.0), (16, 550.0, 5.5)]
-
-
-@dataclass
-class _T:
-    name: str
-    shape: tuple
-    ggml_type: int
-
-
-def test_relayout_names_every_weight_and_moves_only_q6_k():
-    tensors = [_T("output.weight", (1536, 151936), 14), _T("token_embd.weight", (1536, 151936), 12),
-               _T("blk.0.attn_v.weight", (1536, 256), 14), _T("blk.0.attn_v.bias", (256,), 0),
-               _T("blk.0.attn_norm.weight", (1536,), 0), _T("blk.1.ffn_down.weight", (8960, 1536), 12)]
-    lines = vc.relayout_types(tensors)
-    assert lines == [r"^output\.weight$=q8_0", r"^token_embd\.weight$=q4_k",
-                     r"^blk\.0\.attn_v\.weight$=q8_0", r"^blk\.1\.ffn_down\.weight$=q4_k"]
-    # anchored: layer 1's pattern does not also match layer 11 or 21
-    assert not re.search(lines[3].split("=")[0], "blk.11.ffn_down.weight")
-    with pytest.raises(SystemExit, match="no name"):
-        vc.relayout_types([_T("x.weight", (32, 32), 99)])
 
 
 def test_bare_addresses_are_named_by_the_exported_functions_around_them():

@@ -5,35 +5,19 @@
                                            version, so the tools always match the llama.cpp the
                                            engine links (a new pin builds a new folder)
 
+The folders themselves are edgespec.paths' (the product finds llama-quantize there too,
+`edgespec models optimize`); this module adds which tools the lab builds.
 Importing this module never imports llama_cpp (the version comes from the package metadata).
 """
 from __future__ import annotations
 
-import os
-from importlib import metadata
-from pathlib import Path
+from ....paths import ANCHORS_ENV as ENV_VAR
+from ....paths import anchors_bin_dir, anchors_root, llama_cpp_python_version
 
-from ....paths import edgespec_home
+# The llama.cpp programs `make anchors` builds, by CMake target (= binary name); llama-quantize
+# is the product's (`edgespec models optimize` re-lays a model's Q6_K tensors with it).
+TOOL_TARGETS = ("llama-completion", "llama-lookup", "llama-speculative-simple", "llama-server",
+                "ggml-rpc-server", "llama-quantize")
 
-# The llama.cpp programs `make anchors` builds, by CMake target (= binary name).
-TOOL_TARGETS = ("llama-completion", "llama-lookup", "llama-speculative-simple", "llama-server", "ggml-rpc-server")
-ENV_VAR = "EDGESPEC_ANCHORS"
-
-
-def llama_cpp_python_version() -> str:
-    try:
-        return metadata.version("llama-cpp-python")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def anchors_root(version: str | None = None) -> Path:
-    """The per-version folder (sources, build tree, bin/) under $EDGESPEC_HOME."""
-    return edgespec_home() / "anchors" / (version or llama_cpp_python_version())
-
-
-def anchors_bin_dir() -> Path:
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return Path(env).expanduser()
-    return anchors_root() / "bin"
+__all__ = ["ENV_VAR", "TOOL_TARGETS", "anchors_bin_dir", "anchors_root",
+           "llama_cpp_python_version"]

@@ -248,6 +248,40 @@ def test_anchors_build_is_idempotent_per_version_and_flags(tmp_path):
     assert not build.is_current(tmp_path, "0.3.36", ("-DGGML_CUDA=on",))
 
 
+def test_a_new_tool_builds_in_the_existing_tree_and_new_flags_start_over(tmp_path, monkeypatch):
+    """llama-quantize (`edgespec models optimize`) joined the tools after builds existed:
+    with the same version and flags the tree is reused (no new sources, no clean tree)."""
+    monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
+    assert "llama-quantize" in build.TOOL_TARGETS
+    args, root, bin_dir = ("-DGGML_NATIVE=OFF",), build.anchors_root("0.3.36"), tmp_path / "bin"
+    (root / "llama.cpp").mkdir(parents=True)
+    (root / "build").mkdir()
+    (root / "build" / "CMakeCache.txt").write_text("kept")
+    bin_dir.mkdir()
+    (bin_dir / build.STAMP).write_text(json.dumps(
+        {"llama_cpp_python": "0.3.36", "cmake_args": list(args), "targets": ["llama-completion"]}))
+    ran = []
+
+    def fake_run(cmd, **kw):
+        ran.append(cmd)
+        if "--build" in cmd:
+            (root / "build" / "bin").mkdir(exist_ok=True)
+            for t in build.TOOL_TARGETS:
+                (root / "build" / "bin" / t).write_text("")
+                (root / "build" / "bin" / t).chmod(0o755)
+
+    def no_fetch(version, dest):
+        raise RuntimeError("fetched the sources again")
+
+    monkeypatch.setattr(build, "_run", fake_run)
+    monkeypatch.setattr(build, "fetch_sdist", no_fetch)
+    build.build(args, bin_dir=bin_dir, version="0.3.36")
+    assert (root / "build" / "CMakeCache.txt").read_text() == "kept"
+    assert "llama-quantize" in ran[-1] and build.is_current(bin_dir, "0.3.36", args)
+    with pytest.raises(RuntimeError, match="fetched the sources again"):  # other flags: anew
+        build.build(("-DGGML_CUDA=on",), bin_dir=bin_dir, version="0.3.36")
+
+
 # --- report -----------------------------------------------------------------------------------
 def _rec(config, prompt, cat, tps, kind="engine", **kw):
     r = {"config": config, "prompt_id": prompt, "category": cat, "turn": 0, "kind": kind,
