@@ -21,14 +21,18 @@ def test_qwen_0_5b_relaid_loads_and_generates(model_path, tmp_path, monkeypatch)
         pytest.skip(f"llama-quantize is not built ({tool} is missing): `make anchors` builds "
                     "it beside the anchors")
     src = model_path("qwen-0.5b")
-    assert any(t.ggml_type == Q6_K for t in read_gguf_header(src).tensors)
+    before = read_gguf_header(src).tensors
+    assert any(t.ggml_type == Q6_K for t in before)
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     made = optimize.optimize(str(src), name="qwen05-q8", quantize=tool, threads=2,
                              progress=lambda m: None)
     assert made.spec == registry.load_registry().get("qwen05-q8")
     info = read_gguf_header(made.spec.path)
     assert not [t for t in info.tensors if t.ggml_type == Q6_K]
-    assert len(made.changed) == sum(t.ggml_type == Q8_0 for t in info.tensors) > 0
+    # every Q6_K tensor became Q8_0 (the source has Q8_0 ones of its own: rows not of 256)
+    assert len(made.changed) == sum(t.ggml_type == Q6_K for t in before) > 0
+    assert sum(t.ggml_type == Q8_0 for t in info.tensors) == \
+        sum(t.ggml_type == Q8_0 for t in before) + len(made.changed)
     assert made.size_after > made.size_before
     # the copy loads and generates; Q8_0 holds every Q6_K value almost exactly, so its first
     # greedy token is the source's
