@@ -28,7 +28,7 @@ from contextlib import contextmanager
 import click
 
 from .common import handle_errors
-from .options import engine_config, engine_options, finite, structured_options, structured_params
+from .options import engine_options, finite, structured_options, structured_params
 from ..errors import EdgespecError
 from ..statefile import StateFileError
 from ..api.params import GenerationParams, SamplingParams
@@ -61,8 +61,7 @@ HELP_LONG = f"""{HELP}
 @structured_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON record per turn on stdout.")
 @handle_errors
-def chat(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget, max_tokens,
-         temperature, seed, system, resume, list_sessions, no_save, kv_cache_mib, grammar_file,
+def chat(flags, max_tokens, temperature, seed, system, resume, list_sessions, no_save, kv_cache_mib, grammar_file,
          schema_file, json_mode, as_json):
     """Chat with a model; the conversation's KV cache is reused from turn to turn."""
     # deferred: `edgespec` starts without what other commands need
@@ -84,8 +83,7 @@ def chat(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, bu
     params = GenerationParams(max_tokens=max_tokens, sampling=SamplingParams(
         temperature=temperature, seed=seed),
         **structured_params(grammar_file, schema_file, json_mode)).validate()
-    engine = Engine.from_config(engine_config(target, draft, proposer, draft_len, adaptive, exact,
-                                              n_ctx, threads, budget).with_(
+    engine = Engine.from_config(flags.config().with_(
         kv_cache_ram=kv_cache_mib << 20))
     try:
         ui = _Ui(as_json)

@@ -8,7 +8,7 @@ import click
 
 from .common import handle_errors
 from .interrupts import in_thread, interrupts
-from .options import engine_config, engine_options, finite, structured_options, structured_params
+from .options import engine_options, finite, structured_options, structured_params
 from ..errors import Cancelled, InvalidInputError
 from ..api.params import GenerationParams, SamplingParams
 from ..api.events import Control, Finished, Step
@@ -52,10 +52,9 @@ def read_prompt(prompt: str | None) -> str:
 @click.option("--stats", "show_stats", is_flag=True, help="Print a stats summary to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record instead of streaming text.")
 @handle_errors
-def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_tokens, temperature, top_k,
-             top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty, seed, stop, chat,
-             system, n_ctx, threads, budget, logprobs, grammar_file, schema_file, json_mode,
-             show_stats, as_json):
+def generate(prompt, flags, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
+             presence_penalty, frequency_penalty, seed, stop, chat, system, logprobs,
+             grammar_file, schema_file, json_mode, show_stats, as_json):
     """Generate a completion for PROMPT (or stdin)."""
     with interrupts() as intr:  # Ctrl-C: the first cancels, a second exits at once
         from ..engine.engine import Engine  # a second or more of imports: inside, too
@@ -69,12 +68,11 @@ def generate(prompt, target, draft, proposer, draft_len, adaptive, exact, max_to
                                     presence_penalty=presence_penalty,
                                     frequency_penalty=frequency_penalty, seed=seed),
         ).validate()
-        config = engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx,
-                               threads, budget)
+        config = flags.config()
         engine = Engine.from_config(config)
         intr.on_first(engine.cancel)
         try:
-            _run(engine, text, params, intr, target, show_stats, as_json, logprobs)
+            _run(engine, text, params, intr, flags.target, show_stats, as_json, logprobs)
         finally:
             engine.close()
 

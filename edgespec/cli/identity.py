@@ -6,22 +6,20 @@ import json
 import click
 
 from .common import handle_errors
-from .options import engine_config, engine_options
+from .options import engine_options
 
 
 @click.command("identity")
 @engine_options
 @click.option("--json", "as_json", is_flag=True, help="Print the full record as JSON.")
 @handle_errors
-def identity_command(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget,
-                     as_json):
+def identity_command(flags, as_json):
     """Load the engine generate would run and print its release identity: every component
     its speed and output depend on (models, tokenizers, code, llama.cpp build, kernels,
     threads, policy, features, hardware) and their hash."""
     from ..engine.engine import Engine  # deferred: it loads llama.cpp
 
-    engine = Engine.from_config(engine_config(target, draft, proposer, draft_len, adaptive, exact,
-                                              n_ctx, threads, budget))
+    engine = Engine.from_config(flags.config())
     try:
         ident = engine.identity
     finally:

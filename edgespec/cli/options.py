@@ -2,8 +2,11 @@
 definition, so `edgespec plan` shows the configuration `edgespec generate` runs."""
 from __future__ import annotations
 
+import functools
 import math
 import os
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import click
 
@@ -66,100 +69,165 @@ def finite(min: float | None = None, max: float | None = None, *, min_open: bool
     return FiniteFloat(min, max, min_open=min_open, max_open=max_open)
 
 
-def proposer_option(fn):
-    """--proposer, validated against the proposer registry (several may be joined by '+')."""
-    from ..config import EngineConfig  # deferred: `edgespec` starts without what other commands need
-    from ..proposers import names  # deferred: `edgespec` starts without what other commands need
+#: where the engine flags' values gather while click parses (ctx.meta), keyed by option name
+_FLAGS = "edgespec.engine_flags"
 
-    def check(ctx, param, value):
-        from ..proposers import check_label  # deferred: `edgespec` starts without what other commands need
-        try:
-            return check_label(value)
-        except InvalidInputError as e:
-            raise click.BadParameter(str(e)) from None
 
-    return click.option(
-        "--proposer", default=EngineConfig.proposer, show_default=True, callback=check,
-        help=f"One of {', '.join(names(plain=True, auto=True))}, or several joined by '+' "
-             "(the controller verifies the better draft each step). auto asks the planner; "
-             "none is the plain path.")(fn)
+@dataclass(frozen=True)
+class EngineFlags:
+    """Every engine flag of one command line, handed to the command as one value
+    (``flags``): the one path from the flags to :class:`edgespec.config.EngineConfig`."""
+
+    target: str
+    draft: str | None
+    proposer: str
+    draft_len: int | None
+    adaptive: bool
+    exact: bool
+    n_ctx: int | None
+    threads: int | None
+    budget: str | None
+    tree_width: int = 0
+    rpc: tuple = ()
+    n_gpu_layers: int = 0
+    tensor_split: tuple[float, ...] | None = None
+    proposer_options: Mapping[str, Mapping] = field(default_factory=dict)
+    chat_template: str | None = None  # the --chat-template file's text, read and compiled
+
+    def config(self):
+        """The validated EngineConfig these flags ask for (a --draft nothing reads refused)."""
+        from ..config import EngineConfig  # deferred: `edgespec` starts without what other commands need
+        _check_draft_used(self.draft, self.proposer)
+        return EngineConfig(
+            target=self.target, draft=self.draft, proposer=self.proposer,
+            draft_len=self.draft_len, adaptive=self.adaptive, exact=self.exact,
+            n_ctx=self.n_ctx, threads=self.threads, budget=self.budget,
+            tree_width=self.tree_width, rpc=self.rpc, n_gpu_layers=self.n_gpu_layers,
+            tensor_split=self.tensor_split, proposer_options=self.proposer_options,
+            chat_template=self.chat_template).validate()
+
+
+def flag_values(ctx: click.Context) -> dict:
+    """The engine flags parsed so far, by option name (serve prints them with the others)."""
+    return ctx.meta.setdefault(_FLAGS, {})
+
+
+def _keep(convert=None):
+    """A click callback that files an engine flag's value (converted) under its name."""
+    def keep(ctx: click.Context, param, value):
+        flag_values(ctx)[param.name] = convert(value) if convert is not None else value
+        return value
+    return keep
 
 
 def engine_options(fn):
-    """The flags that build an EngineConfig, shared by generate and plan. Their defaults are
-    EngineConfig's own, the ones Engine.load and the TUI open on too."""
+    """The flags that build an EngineConfig, shared by generate, chat, plan, identity and
+    serve. They reach the command as one :class:`EngineFlags` argument named ``flags``; their
+    defaults are EngineConfig's own, the ones Engine.load and the TUI open on too."""
     from ..config import EngineConfig  # deferred: `edgespec` starts without what other commands need
+    from ..proposers import names  # deferred: `edgespec` starts without what other commands need
+
+    @functools.wraps(fn)
+    def with_flags(*args, **kwargs):
+        v = flag_values(click.get_current_context())
+        flags = EngineFlags(
+            target=v["target"], draft=v["draft"], proposer=v["proposer"],
+            draft_len=v["draft_len"], adaptive=v["adaptive"], exact=v["exact"],
+            n_ctx=v["n_ctx"], threads=v["threads"], budget=v["budget"],
+            tree_width=v["tree_width"], rpc=v["rpc"], n_gpu_layers=v["gpu_layers"],
+            tensor_split=v["tensor_split"], proposer_options=v["proposer_option"],
+            chat_template=v["chat_template"])
+        return fn(*args, flags=flags, **kwargs)
+
+    hidden = dict(expose_value=False)
     for opt in reversed([
         click.option("--target", "-m", "--model", "target", default="qwen-1.5b", show_default=True,
+                     callback=_keep(), **hidden,
                      help="Registry name or .gguf path (-m/--model as in llama.cpp)."),
         click.option("--draft", "-md", "--model-draft", "draft", default=None,
+                     callback=_keep(), **hidden,
                      help="Draft model (registry name or .gguf path) for --proposer draft "
                           "(-md/--model-draft as in llama.cpp)."),
-        proposer_option,
+        click.option(
+            "--proposer", default=EngineConfig.proposer, show_default=True,
+            callback=_keep(_check_proposer), **hidden,
+            help=f"One of {', '.join(names(plain=True, auto=True))}, or several joined by '+' "
+                 "(the controller verifies the better draft each step). auto asks the planner; "
+                 "none is the plain path."),
         click.option("--tree-width", type=click.IntRange(0, 32), default=0,
-                     expose_value=False, callback=_remember("tree_width"),
+                     callback=_keep(), **hidden,
                      help="Draft trees: up to N branches verified in one pass where the "
                           "device's cost curve says a tree pays (0: linear drafts)."),
         click.option("--draft-len", type=click.IntRange(1, 64), default=None,
+                     callback=_keep(), **hidden,
                      help="Draft length (the maximum when adaptive control is on)."),
         click.option("--adaptive/--no-adaptive", default=True, show_default=True,
+                     callback=_keep(), **hidden,
                      help="Adaptive draft length, fallback and goodput guard."),
         click.option("--exact/--no-exact", default=EngineConfig.exact, show_default=True,
+                     callback=_keep(), **hidden,
                      help="Also promise greedy output bitwise equal to the plain path: verify "
                           "passes stay within the batch size this device computes bitwise like "
                           "single-token decoding (probed). The default is lossless: every token "
                           "is the target's own choice in the pass that verifies it."),
         click.option("--ctx", "-c", "--ctx-size", "n_ctx", type=click.IntRange(64), default=None,
+                     callback=_keep(), **hidden,
                      help="Context size in tokens (-c/--ctx-size as in llama.cpp)."),
         click.option("--threads", "-t", "threads", type=THREADS, default=None,
+                     callback=_keep(), **hidden,
                      help="CPU threads, 1 up to this machine's cores."),
-        click.option("--budget", default=None, help="Memory budget for --proposer auto, e.g. 4GiB."),
-        click.option("--rpc", default=None, expose_value=False, callback=_endpoints,
+        click.option("--budget", default=None, callback=_keep(), **hidden,
+                     help="Memory budget for --proposer auto, e.g. 4GiB."),
+        click.option("--rpc", default=None, callback=_keep(_endpoints), **hidden,
                      help="llama.cpp RPC servers (host:port,...) that take the target's last "
                           "layers, as many as their memory holds (`edgespec rpc-server` starts "
                           "one; docs/rpc.md)."),
         click.option("--gpu-layers", "-ngl", "--n-gpu-layers", "gpu_layers", type=click.IntRange(0),
-                     default=0, expose_value=False,
-                     callback=_remember("n_gpu_layers"),
+                     default=0, callback=_keep(), **hidden,
                      help="Target layers to offload (to a GPU, or with --rpc to the servers); "
                           "0: as many as fit."),
-        click.option("--proposer-option", "-O", multiple=True, expose_value=False,
-                     callback=_proposer_options, metavar="NAME.KEY=VALUE",
+        click.option("--proposer-option", "-O", multiple=True, metavar="NAME.KEY=VALUE",
+                     callback=_keep(_proposer_options), **hidden,
                      help="A proposer's option, e.g. self.layers=0-5,22-27 or "
                           "ngram.max_draft=6; repeatable (`edgespec plan` lists each "
                           "proposer's options)."),
-        click.option("--tensor-split", default=None, expose_value=False, callback=_shares,
+        click.option("--tensor-split", default=None, callback=_keep(_shares), **hidden,
                      help="With --rpc: each remote device's share of the offloaded layers, "
                           "e.g. 1,1 (default: by free memory)."),
-        click.option("--chat-template", default=None, expose_value=False,
-                     type=click.Path(exists=True, dir_okay=False), callback=_chat_template,
-                     metavar="FILE",
+        click.option("--chat-template", default=None, metavar="FILE",
+                     type=click.Path(exists=True, dir_okay=False),
+                     callback=_keep(_chat_template), **hidden,
                      help="A Jinja chat template file to use instead of the target GGUF's own "
                           "(for a model whose template fails or that has none)."),
     ]):
-        fn = opt(fn)
-    return fn
+        with_flags = opt(with_flags)
+    return with_flags
 
 
-def _remember(name: str):
-    """A click callback keeping a flag in the command's context (read by engine_config),
-    so adding an engine flag does not change every command's signature."""
-    def keep(ctx: click.Context, _param, value):
-        ctx.meta[f"edgespec.{name}"] = value
-        return value
-    return keep
+def _bad_parameter(fn):
+    """Parse errors of a flag's value as click's own (the flag named, usage shown)."""
+    @functools.wraps(fn)
+    def convert(value):
+        try:
+            return fn(value)
+        except InvalidInputError as e:
+            raise click.BadParameter(str(e)) from None
+    return convert
 
 
-def _endpoints(ctx: click.Context, _param, value):
+@_bad_parameter
+def _check_proposer(value):
+    from ..proposers import check_label  # deferred: `edgespec` starts without what other commands need
+    return check_label(value)
+
+
+@_bad_parameter
+def _endpoints(value):
     from ..runtime.rpc import parse_endpoints  # deferred: `edgespec` starts without what other commands need
-    try:
-        ctx.meta["edgespec.rpc"] = parse_endpoints(value)
-    except InvalidInputError as e:
-        raise click.BadParameter(str(e)) from None
-    return value
+    return parse_endpoints(value)
 
 
-def _proposer_options(ctx: click.Context, _param, values):
+def _proposer_options(values) -> dict[str, dict]:
     from ..proposers import spec  # deferred: `edgespec` starts without what other commands need
     out: dict[str, dict] = {}
     for item in values:
@@ -171,47 +239,27 @@ def _proposer_options(ctx: click.Context, _param, values):
             out.setdefault(name, {}).update(spec(name).check_options({key: value}))
         except InvalidInputError as e:
             raise click.BadParameter(str(e)) from None
-    ctx.meta["edgespec.proposer_options"] = out
-    return values
+    return out
 
 
-def _shares(ctx: click.Context, _param, value):
+def _shares(value) -> tuple[float, ...] | None:
     if value is None:
         return None
     try:
-        shares = tuple(float(x) for x in value.split(","))
+        return tuple(float(x) for x in value.split(","))
     except ValueError:
         raise click.BadParameter(f"{value!r} is not a comma-separated list of numbers, e.g. 3,1") from None
-    ctx.meta["edgespec.tensor_split"] = shares
-    return value
 
 
-def _chat_template(ctx: click.Context, _param, value):
+def _chat_template(value) -> str | None:
     """--chat-template FILE: read and compiled now, so a bad file fails before any load."""
     if value is None:
         return None
     from ..chat.sandbox import read_template_file  # deferred: jinja2 loads only here
     try:
-        ctx.meta["edgespec.chat_template_text"] = read_template_file(value)
+        return read_template_file(value)
     except EdgespecError as e:
         raise click.BadParameter(str(e)) from None
-    ctx.meta["edgespec.chat_template"] = value
-    return value
-
-
-def engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget):
-    from ..config import EngineConfig  # deferred: `edgespec` starts without what other commands need
-    ctx = click.get_current_context(silent=True)
-    meta = ctx.meta if ctx is not None else {}
-    _check_draft_used(draft, proposer)
-    return EngineConfig(target=target, draft=draft, proposer=proposer, draft_len=draft_len,
-                        adaptive=adaptive, exact=exact, n_ctx=n_ctx, threads=threads,
-                        budget=budget, tree_width=meta.get("edgespec.tree_width", 0),
-                        rpc=meta.get("edgespec.rpc", ()),
-                        n_gpu_layers=meta.get("edgespec.n_gpu_layers", 0),
-                        tensor_split=meta.get("edgespec.tensor_split"),
-                        proposer_options=meta.get("edgespec.proposer_options", {}),
-                        chat_template=meta.get("edgespec.chat_template_text")).validate()
 
 
 def _check_draft_used(draft, proposer) -> None:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import click
 
 from .common import handle_errors
-from .options import engine_config, engine_options
+from .options import engine_options
 
 _DEVICE_HELP = ("JSON file describing another machine instead of probing this one: "
                 '{"ram_available": "16GiB", "gpus": [{"name": "RTX 4060", "free": "7.5GiB", '
@@ -35,14 +35,13 @@ _DEVICE_HELP = ("JSON file describing another machine instead of probing this on
               help="Then load the plan in a fresh process and compare planned memory with measured RSS.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @handle_errors
-def plan_command(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget,
-                 kv_type, device_json, calibrate, recalibrate, verify_rss, as_json):
+def plan_command(flags, kv_type, device_json, calibrate, recalibrate, verify_rss, as_json):
     """Plan proposer, draft length, GPU offload, context and kernel configuration (KV cache,
     repacked weights, mmap) for a target on this device, and what --exact would verify."""
     from ..runtime import device as devmod  # deferred: `edgespec` starts without what other commands need
     from .. import planner  # deferred: `edgespec` starts without what other commands need
 
-    cfg = engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget)
+    cfg = flags.config()
     if kv_type is not None:
         cfg = replace(cfg, kernel=replace(cfg.layout(), kv_type=kv_type))
     dev = devmod.from_json(device_json) if device_json else None
@@ -52,7 +51,7 @@ def plan_command(target, draft, proposer, draft_len, adaptive, exact, n_ctx, thr
     if verify_rss:
         if p.device.synthetic:
             raise click.UsageError("--verify measures this machine; it cannot check a --device-json plan")
-        checks = planner.measure_plan(p, n_threads=threads)
+        checks = planner.measure_plan(p, n_threads=flags.threads)
     if as_json:
         d = p.to_dict()
         if checks:

@@ -16,7 +16,7 @@ from click.core import ParameterSource
 
 from .common import handle_errors
 from .extras import require
-from .options import engine_config, engine_options
+from .options import engine_options, flag_values
 from ..api.labels import AUTO
 
 
@@ -189,8 +189,7 @@ def _with_envvars(command: click.Command) -> click.Command:
               help="Print the resolved settings (and where each came from: flag, env, file, "
                    "default) as TOML, and exit without loading the model.")
 @handle_errors
-def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, budget, host,
-          port, api_key, api_key_file, allowed_hosts, max_connections, max_connections_per_client,
+def serve(flags, host, port, api_key, api_key_file, allowed_hosts, max_connections, max_connections_per_client,
           allow_remote, parallel, max_queue, max_tokens_limit, model_id,
           extra_models, keep_alive, cache_ram_mib, canary, drain_seconds, strict, cors_origins, timeout_read,
           timeout_keep_alive, reasoning_format, web, log_level, print_config, ollama_port=None,
@@ -222,10 +221,9 @@ def serve(target, draft, proposer, draft_len, adaptive, exact, n_ctx, threads, b
     if not is_loopback(host) and api_key is None:
         click.echo(f"warning: serving on {host} without --api-key: anyone who can reach this "
                    "address can use the model", err=True)
-    config = replace(engine_config(target, draft, proposer, draft_len, adaptive, exact, n_ctx,
-                                   threads, budget), parallel=parallel,
+    config = replace(flags.config(), parallel=parallel,
                      kv_cache_ram=None if cache_ram_mib is None else cache_ram_mib << 20).validate()
-    served, aliases = _model_ids(target, model_id)
+    served, aliases = _model_ids(flags.target, model_id)
     settings = ServerSettings(served_model=served, aliases=aliases, api_key=api_key,
                               max_tokens_limit=max_tokens_limit, strict=strict,
                               cors_origins=tuple(cors_origins), read_timeout=timeout_read,
@@ -339,7 +337,7 @@ def resolved_config(ctx: click.Context) -> str:
     for p in ctx.command.params:
         if not isinstance(p, click.Option) or p.name in _NOT_CONFIGURABLE:
             continue
-        value = ctx.params.get(p.name, ctx.meta.get(f"edgespec.{p.name}"))
+        value = ctx.params.get(p.name, flag_values(ctx).get(p.name))
         if p.name == "api_key" and value is not None:
             value = "***"  # never print the secret
         source = _SOURCES.get(ctx.get_parameter_source(p.name), "default")
