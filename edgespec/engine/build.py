@@ -210,7 +210,7 @@ def _control_from_flags(config: EngineConfig, plan: Plan | None, label: str) -> 
 
 
 def _planned_draft_len(plan: Plan | None) -> int | None:
-    dl = getattr(plan, "draft_len", None) if plan is not None else None
+    dl = plan.draft_range if plan is not None else None
     if not dl:
         return None
     return int(dl[1] if isinstance(dl, (tuple, list)) else dl)

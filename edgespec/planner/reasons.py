@@ -100,7 +100,7 @@ def _pitch(c: Candidate) -> str:
     speed: SpeedModel | None = c.config.get("speed")
     bridge = speed.draft_source if speed is not None and "bridged:" in speed.draft_source else ""
     return (f"{c.proposer}: {c.speedup:.2f}x at draft length {c.best_k} "
-            f"(range {c.draft_len[0]}-{c.draft_len[1]}; {acc})"
+            f"(range {c.draft_range[0]}-{c.draft_range[1]}; {acc})"
             + (f" [{bridge[bridge.index('bridged:'):]}]" if bridge else ""))
 
 

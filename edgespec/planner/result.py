@@ -25,7 +25,7 @@ class Candidate:
     fits: bool
     speedup: float = 1.0
     best_k: int = 0
-    draft_len: tuple[int, int] = (0, 0)
+    draft_range: tuple[int, int] = (0, 0)
     acceptance: Acceptance | None = None
     memory: MemoryEstimate | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
@@ -81,7 +81,7 @@ class Plan:
     target: str
     draft: str | None            # the draft model to load (None unless a model proposer is chosen)
     proposer: str                # the best single proposer, or "none"
-    draft_len: tuple[int, int]   # (min, max) draft length worth trying (for "none": the free
+    draft_range: tuple[int, int]   # (min, max) draft length worth trying (for "none": the free
                                  # proposers' range, for requests that pick one themselves)
     n_gpu_layers: int
     draft_gpu_layers: int
@@ -124,7 +124,7 @@ class Plan:
                  + (f" with draft {Path(self.draft).name}" if self.draft else ""),
                  f"  proposer   {runs}"
                  + (f" (best alone: {self.proposer})" if runs not in (self.proposer, PLAIN) else "")
-                 + (f", draft length {self.draft_len[0]}-{self.draft_len[1]}"
+                 + (f", draft length {self.draft_range[0]}-{self.draft_range[1]}"
                     if self.proposer != PLAIN else ""),
                  f"  predicted  {self.predicted_speedup:.2f}x plain decoding"
                  + (f" (~{self.predicted_tokens_per_second:.1f} tokens/s)"
@@ -172,7 +172,7 @@ class Plan:
         d: dict[str, Any] = {
             "target": self.target, "draft": self.draft, "proposer": self.proposer,
             "runs": self.config.proposer, "exact": self.config.exact,
-            "draft_len": list(self.draft_len), "n_gpu_layers": self.n_gpu_layers,
+            "draft_range": list(self.draft_range), "n_gpu_layers": self.n_gpu_layers,
             "draft_gpu_layers": self.draft_gpu_layers, "n_ctx": self.n_ctx,
             "kv_type": self.kv_type, "n_batch": self.n_batch,
             "kernel": {"repack": k.repack, "flash_attn": k.flash_attn, "kv_type": k.kv_type,
@@ -184,7 +184,7 @@ class Plan:
                                  for i in self.memory.items]},
             "budget": {"host": self.budget_host, "device": self.budget_device},
             "candidates": [{"proposer": c.proposer, "fits": c.fits, "speedup": round(c.speedup, 4),
-                            "best_k": c.best_k, "draft_len": list(c.draft_len), "note": c.note}
+                            "best_k": c.best_k, "draft_range": list(c.draft_range), "note": c.note}
                            for c in self.candidates],
             "speed_source": self.speed.source, "reasons": list(self.reasons),
         }

@@ -302,7 +302,7 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
     fitting = [c for c in cands if c.fits]
     if not fitting:
         raise BudgetError(search.smallest_fit_message(ctx, explicit_ctx, kernel, may_quantize))
-    best, draft_len, free = _best(cands, fitting)
+    best, draft_range, free = _best(cands, fitting)
     cfg = best.config
     # a derived draft (self) is counted in memory and speed, but the engine builds it from
     # the target: it is no --draft to load (_costly is False for it)
@@ -313,7 +313,7 @@ def plan(target: ModelFacts, draft: ModelFacts | None = None, *, device: Device 
                              budget is not None, kernel, label)
     return Plan(
         target=target.path, draft=chosen_draft.path if chosen_draft is not None else None,
-        proposer=best.proposer, draft_len=draft_len, n_gpu_layers=cfg["n_gpu_layers"],
+        proposer=best.proposer, draft_range=draft_range, n_gpu_layers=cfg["n_gpu_layers"],
         draft_gpu_layers=cfg["draft_gpu_layers"], n_ctx=cfg["n_ctx"], kernel=cfg["kernel"],
         predicted_speedup=best.speedup, memory=_fitting_memory(best), budget_host=budgets[0],
         budget_device=budgets[1], device=dev, candidates=tuple(cands), speed=cfg["speed"],
@@ -367,13 +367,13 @@ def _best(cands: Sequence[Candidate], fitting: Sequence[Candidate]
     # Highest predicted speedup wins; on a tie the cheaper one (plain, free, then costly).
     order = {c.proposer: i for i, c in enumerate(cands)}
     best = max(fitting, key=lambda c: (round(c.speedup, 3), -order[c.proposer]))
-    draft_len = best.draft_len
+    draft_range = best.draft_range
     free = [c for c in fitting if c.proposer != PLAIN and not _drafts_per_step(c.proposer)]
     if best.proposer == PLAIN and free:
         # Requests may still name a free proposer (the engine loads them all): give them the
         # range their own prediction prefers rather than a draft length of zero.
-        draft_len = max(free, key=lambda c: c.speedup).draft_len
-    return best, draft_len, free
+        draft_range = max(free, key=lambda c: c.speedup).draft_range
+    return best, draft_range, free
 
 
 def _engine_config(base: EngineConfig | None, target: ModelFacts, draft: ModelFacts | None,

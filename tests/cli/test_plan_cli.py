@@ -104,7 +104,7 @@ def test_plan_takes_generate_flags_including_exact(smol):
     assert r.exit_code == 0, r.output
     plan = json.loads(r.output)
     assert plan["exact"] and plan["runs"] == "ngram" and plan["n_ctx"] == 1024
-    assert plan["draft_len"][1] <= 2  # exact mode without a probe: the engine's fallback cap
+    assert plan["draft_range"][1] <= 2  # exact mode without a probe: the engine's fallback cap
     assert "exactness" in plan and plan["exactness"]["options"][0]["cap"] is None
 
 

@@ -31,7 +31,7 @@ def test_big_ram_cpu_prefers_a_free_proposer_over_the_draft():
     assert by["draft"].fits and by["draft"].speedup < 1.0 < p.predicted_speedup
     why = "\n".join(p.reasons)
     assert "not draft" in why and "would need" in why and "acceptance to match" in why
-    assert 1 <= p.draft_len[0] <= p.draft_len[1] <= planner.K_MAX
+    assert 1 <= p.draft_range[0] <= p.draft_range[1] <= planner.K_MAX
 
 
 def test_gpu_with_much_memory_offloads_everything_and_picks_the_draft():
@@ -279,7 +279,7 @@ def test_plain_decoding_wins_when_verifying_costs_as_much_as_decoding():
     p = planner.plan(QWEN_15, QWEN_05, device=cpu(speed=steep))
     assert p.proposer == "none" and p.draft is None and p.predicted_speedup == 1.0
     # a request that names a free proposer itself still gets a usable draft length
-    assert p.draft_len[0] >= 1
+    assert p.draft_range[0] >= 1
     assert all(c.speedup <= 1.0 for c in p.candidates if c.fits)
 
 
@@ -441,7 +441,7 @@ def test_plan_config_is_the_engine_config_with_auto_resolved():
 
 def test_exact_mode_caps_drafts_and_never_quantizes_the_kv_cache_further():
     p = planner.plan(QWEN_15, device=cpu(), exact=True, exact_cap=2)
-    assert p.draft_len[1] <= 2 and p.config.exact and p.kv_type == "q8_0"
+    assert p.draft_range[1] <= 2 and p.config.exact and p.kv_type == "q8_0"
     q8 = planner.estimate_memory(QWEN_15, n_ctx=32768, kernel=KernelConfig(use_mmap=False), isa=("avx2",))
     q4 = planner.estimate_memory(QWEN_15, n_ctx=32768, kv_type="q4_0", isa=("avx2",),
                                  kernel=KernelConfig(use_mmap=False))
