@@ -83,6 +83,7 @@ def load_parts(config: EngineConfig, stack: ExitStack) -> Parts:
     cal = (trusted_calibration(tmodel, config.threads, config.layout())
            if control.adaptive else None)
     _price_heads(loaded, cal)
+    _price_drafts(loaded, cal, tmodel, config)
     return Parts(config, tmodel, ctx, loaded, options, cal, plan,
                  tree_seqs=tuple(range(config.parallel, config.parallel + config.tree_width)),
                  user_len=user_len)
@@ -115,6 +116,28 @@ def _price_heads(loaded: Mapping[str, Proposer], cal: Calibration | None) -> Non
         if head_s and spec is not None and spec.nextn_head \
                 and not getattr(p, "seconds_per_token", 0.0):
             setattr(p, "seconds_per_token", float(head_s))
+            setattr(p, "setup_seconds_per_token", float(head_s))
+
+
+def _price_drafts(loaded: Mapping[str, Proposer], cal: Calibration | None, tmodel: Model,
+                  config: EngineConfig) -> None:
+    """The price of a draft model's token that reproducible requests use
+    (``setup_seconds_per_token``; requests.attach_controller): a function of the setup, not
+    of earlier requests' timings, so the same greedy or seeded request gets the same passes
+    (docs/parity.md). The draft's own cached calibration step when one is trusted, else the
+    target's step scaled by the two models' weight bytes (decode streams the weights)."""
+    for p in loaded.values():
+        model = getattr(p, "model", None)
+        if not p.costly or not isinstance(model, Model) \
+                or getattr(p, "setup_seconds_per_token", 0.0):
+            continue
+        dcal = calibration_cache.cached(model.path, n_threads=config.threads,
+                                        kernel=config.layout())
+        if dcal is not None and calibration_trust(dcal, prior_step_seconds(model.size_bytes))[0]:
+            setattr(p, "setup_seconds_per_token", float(dcal.step_seconds))
+        elif cal is not None:
+            setattr(p, "setup_seconds_per_token",
+                    float(cal.step_seconds * model.size_bytes / max(tmodel.size_bytes, 1)))
 
 
 def _context(tmodel: Model, config: EngineConfig, stack: ExitStack) -> tuple[Context, int]:

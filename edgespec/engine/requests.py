@@ -75,21 +75,29 @@ def attach_controller(req: Request, prep: Prepared, names: tuple[str, ...],
     if not names:
         return
     cal = calibration() if control.adaptive else None
-    token_seconds = {n: float(getattr(proposers[n], "seconds_per_token", 0.0))
-                     for n in req.costly}
+    # a greedy or seeded request's passes follow neither the clock nor others (the replay
+    # builds its controller the same way): a costly proposer is priced as the engine was
+    # set up (engine.build._price_drafts), not at its running estimate
+    deterministic = reproducible(sampling.greedy, sampling.seed, prep.exact)
+    token_seconds = {n: _price(proposers[n], deterministic) for n in req.costly}
     built: dict[str, Any] = dict(
         settings=replace(control, proposer=names[0]) if not control.adaptive else control,
         proposers={n: n in req.costly for n in names}, calibration=cal, slice=traffic,
         token_seconds={n: s for n, s in token_seconds.items() if s} or None,
-        # a greedy or seeded request's passes follow neither the clock nor others (the
-        # replay builds its controller the same way)
-        deterministic=reproducible(sampling.greedy, sampling.seed, prep.exact))
+        deterministic=deterministic)
     req.controller = make_controller(
         built["settings"], built["proposers"], cal, guard, traffic,
         built["token_seconds"], deterministic=built["deterministic"])
     if hook is not None:
         req.controller = hook(req, req.controller, built)
     req.max_draft = control.max_draft if control.adaptive else control.draft_length
+
+
+def _price(p: Proposer, deterministic: bool) -> float:
+    """Seconds per drafted token the controller starts from: the setup's price for a
+    reproducible request where the engine set one, else the running estimate."""
+    setup = float(getattr(p, "setup_seconds_per_token", 0.0) or 0.0)
+    return setup if deterministic and setup else float(getattr(p, "seconds_per_token", 0.0))
 
 
 __all__ = ["ControllerHook", "LogitsProcessor", "Prepared", "Result", "attach_controller"]

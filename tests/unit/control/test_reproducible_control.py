@@ -157,3 +157,23 @@ def test_a_reproducible_request_drafts_from_its_own_text_only(sampling, exact, r
     eng.generate("a", params)
     eng.generate("a", params)
     assert prop.recalled == [recall, recall]
+
+
+@pytest.mark.parametrize("sampling, price", [
+    (SamplingParams(), 0.2),  # greedy: the setup's price
+    (SamplingParams(temperature=0.8, seed=3), 0.2),
+    (SamplingParams(temperature=0.8), 0.9),  # unseeded: what earlier requests measured
+])
+def test_a_reproducible_request_prices_a_draft_model_as_the_engine_was_set_up(sampling, price):
+    # the running estimate moves with every request's draft timings (and the load); a
+    # greedy or seeded request sent again must start from the same price, so it runs the
+    # same passes (engine.build._price_drafts sets the setup's price at load)
+    model = FakeModel()
+    prop = ScriptedProposer(model, [3], name="draft", costly=True)
+    prop.seconds_per_token = 0.9
+    prop.setup_seconds_per_token = 0.2
+    eng = fake_engine(model, {"draft": prop}, control=ControlSettings())
+    seen = []
+    eng.controller_hook = lambda req, ctl, built: (seen.append(built["token_seconds"]), ctl)[1]
+    eng.generate("a", GenerationParams(chat=False, max_tokens=4, sampling=sampling))
+    assert seen == [{"draft": price}]
