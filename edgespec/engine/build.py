@@ -128,8 +128,8 @@ def _price_drafts(loaded: Mapping[str, Proposer], cal: Calibration | None, tmode
     target's step scaled by the two models' weight bytes (decode streams the weights)."""
     for p in loaded.values():
         model = getattr(p, "model", None)
-        if not p.costly or not isinstance(model, Model) \
-                or getattr(p, "setup_seconds_per_token", 0.0):
+        priced = float(getattr(p, "setup_seconds_per_token", 0.0) or 0.0) > 0.0
+        if priced or not p.costly or not isinstance(model, Model):
             continue
         dcal = calibration_cache.cached(model.path, n_threads=config.threads,
                                         kernel=config.layout())
