@@ -7,7 +7,7 @@ engine runs it): the same request mapping and refusals as ``edgespec serve``'s d
 
 Each call is a :class:`Call`: the arguments mapped onto a
 :class:`~edgespec.protocol.CoreRequest` through :mod:`edgespec.protocol.limits` and planned
-(:func:`edgespec.protocol.plan`: template, tools, vocabulary; every refusal raised before
+(:func:`edgespec.protocol.engine_input`: template, tools, vocabulary; every refusal raised before
 anything runs, as edgespec's own error types), then rendered from the core's events
 (TextDelta per token, ToolCallDelta, ChoiceDone), whole or as chunks. The defaults are
 llama-cpp-python's own (chat: temperature 0.2, top-k 40, top-p 0.95, min-p 0.05, no token
@@ -46,7 +46,7 @@ from ..protocol.core import execute
 from ..protocol.errors import ProtocolError
 from ..protocol.events import FINISH, ChoiceDone, CoreEvent, ReasoningDelta, TextDelta, \
     ToolCallDelta
-from ..protocol.plan import Plan, plan
+from ..protocol.engine_input import EngineInput, engine_input
 from ..protocol.request import CoreRequest
 from . import shapes
 
@@ -121,23 +121,23 @@ class Call:
 
     head: shapes.Head
     request: CoreRequest
-    plan: Plan  # what the engine runs (prompt, params) and the chat turn reading it back
+    engine_input: EngineInput  # what the engine runs (prompt, params) and the chat turn reading it back
     stream: bool
     piece: Callable[[int], bytes] = field(repr=False)
     offset: int = 0  # characters before the generated text (completions' text_offset)
 
     @property
     def prompt(self) -> str | list[dict] | tuple[int, ...]:
-        return self.plan.prompt
+        return self.engine_input.prompt
 
     @property
     def params(self) -> GenerationParams:
-        return self.plan.params
+        return self.engine_input.params
 
     @property
     def turn(self) -> Any:
         """A chat's edgespec.agents.Turn (tool calls read out of the text); None otherwise."""
-        return self.plan.turn
+        return self.engine_input.turn
 
     @property
     def logits_processor(self) -> Callable | None:
@@ -147,7 +147,7 @@ class Call:
                | None = None) -> Iterator[CoreEvent]:
         """The core's events for this call on ``engine`` (``wrap``: see protocol.core.execute);
         its errors raised as edgespec's own."""
-        gen = execute(engine, self.request, self.plan, wrap=wrap)
+        gen = execute(engine, self.request, self.engine_input, wrap=wrap)
         try:
             with _refusals():
                 yield from gen
@@ -283,10 +283,10 @@ def _native(e: ProtocolError) -> EdgespecError:
 
 
 def _planned(engine: "Engine", head: shapes.Head, req: Callable[[], CoreRequest]
-             ) -> tuple[CoreRequest, Plan]:
+             ) -> tuple[CoreRequest, EngineInput]:
     with _refusals():
         request = req()
-        return request, plan(engine, request, head.model, "none")
+        return request, engine_input(engine, request, head.model, "none")
 
 
 # --- arguments -> Call ---------------------------------------------------------------------

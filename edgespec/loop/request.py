@@ -86,7 +86,7 @@ class Loop:
         try:
             yield from self.begin(req)
             while not req.stop_reason:
-                ps = self.plan(req)
+                ps = self.next_pass(req)
                 yield from ps.events if ps is not None else ()
                 if ps is None:
                     break
@@ -154,7 +154,7 @@ class Loop:
                 s.accept([first], 0)
         yield step
 
-    def plan(self, req: Request, load: Load | None = None) -> Pass | None:
+    def next_pass(self, req: Request, load: Load | None = None) -> Pass | None:
         """The request's part of the next pass, or None when it ends here (cancelled, out
         of context). ``load`` describes the rest of the step when other sequences share it."""
         if req.stop_reason:
@@ -179,7 +179,7 @@ class Loop:
         if not ps.draft.tokens:
             ps.used = None
         if load is None and ps.draft.tokens and req.grammar is None:
-            treepass.plan(self, ps, limit)  # alone in its pass: a tree where one pays
+            treepass.branch(self, ps, limit)  # alone in its pass: a tree where one pays
         return ps
 
     def _choose_draft(self, ps: Pass, controller: Controller, limit: int, remaining: int,

@@ -72,7 +72,7 @@ def _seqs(loop: TreeHost, req: Request) -> tuple[int, ...]:
     return (req.seq_id, *spare) if spare else ()
 
 
-def plan(loop: TreeHost, ps: Pass, limit: int) -> None:
+def branch(loop: TreeHost, ps: Pass, limit: int) -> None:
     """Sets ``ps.tree`` when a tree of the chosen proposer beats its linear draft."""
     req, draft = ps.req, ps.draft
     seqs = _seqs(loop, req)

@@ -13,11 +13,11 @@ from .errors import ProtocolError, bad_request, from_edgespec, not_found, unsupp
 from .events import (ChoiceDone, CoreEvent, ReasoningDelta, TextDelta, TokenPiece, ToolCall,
                      ToolCallDelta)
 from .fim import fim_prompt, fim_tokens
-from .plan import Plan, apply_template, plan
+from .engine_input import EngineInput, apply_template, engine_input
 from .request import CoreRequest, Fim
 from .timings import timings
 
-__all__ = ["ChoiceDone", "Core", "CoreEvent", "CoreRequest", "Fim", "Plan", "ProtocolError",
+__all__ = ["ChoiceDone", "Core", "CoreEvent", "CoreRequest", "EngineInput", "Fim", "ProtocolError",
            "ReasoningDelta", "Running", "SLICE_HEADER", "TextDelta", "TokenPiece", "ToolCall",
            "ToolCallDelta", "apply_template", "bad_request", "execute", "fim_prompt", "fim_tokens",
-           "from_edgespec", "not_found", "plan", "run", "timings", "unsupported"]
+           "from_edgespec", "engine_input", "not_found", "run", "timings", "unsupported"]

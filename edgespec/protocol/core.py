@@ -33,7 +33,7 @@ from ..errors import ContextOverflowError, EdgespecError
 from ..serving import DONE, Held, ModelDoesNotFitError, ModelNotServedError
 from .errors import ProtocolError, context_overflow, from_edgespec, from_failure, not_found
 from .events import ChoiceDone, CoreEvent
-from .plan import Plan, plan
+from .engine_input import EngineInput, engine_input
 from .reader import ChoiceReader
 from .request import CoreRequest
 
@@ -112,14 +112,14 @@ class Core:
         header = http_request.headers.get(SLICE_HEADER) if http_request is not None else None
         async with self.held(first.model) as held:
             engine, scheduler = held.engine, held.scheduler
-            plans = await asyncio.to_thread(self._plans, engine, reqs, held.name)
-            lane = traffic or self.slices.of(header, _kind(first), plans[0].params)
+            inputs = await asyncio.to_thread(self._inputs, engine, reqs, held.name)
+            lane = traffic or self.slices.of(header, _kind(first), inputs[0].params)
             loop = asyncio.get_running_loop()
             queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
             readers: list[ChoiceReader] = []
             handles: list[Any] = []
             try:
-                for k, (req, p) in enumerate(zip(reqs, plans)):
+                for k, (req, p) in enumerate(zip(reqs, inputs)):
                     base = len(readers)
                     readers += [ChoiceReader(base + j, p.turn.output() if p.turn else None,
                                              origins=req.origins, prefix=p.prefix, request=k)
@@ -146,10 +146,10 @@ class Core:
     async def complete(self, http_request: Any, req: CoreRequest) -> list[ChoiceDone]:
         return await (await self.start(http_request, req)).collect()
 
-    def _plans(self, engine: Any, reqs: Sequence[CoreRequest], name: str) -> list[Plan]:
+    def _inputs(self, engine: Any, reqs: Sequence[CoreRequest], name: str) -> list[EngineInput]:
         fmt = getattr(self.settings, "reasoning_format", "auto")
         try:
-            return [plan(engine, r, name, fmt) for r in reqs]
+            return [engine_input(engine, r, name, fmt) for r in reqs]
         except EdgespecError as e:
             raise from_edgespec(e, reqs[0].param_prompt) from None
 
@@ -158,7 +158,7 @@ def _kind(req: CoreRequest) -> str:
     return {"chat": "chat", "prompt": "completion", "fim": "infill"}[req.kind]
 
 
-def _submit(scheduler: Any, p: Plan, req: CoreRequest, relays: list["_Relay"],
+def _submit(scheduler: Any, p: EngineInput, req: CoreRequest, relays: list["_Relay"],
             traffic: str) -> Any:
     if req.n == 1:
         return scheduler.submit(p.prompt, p.params, on_event=relays[0], traffic=traffic,
@@ -175,7 +175,7 @@ def _submit(scheduler: Any, p: Plan, req: CoreRequest, relays: list["_Relay"],
                               proposer=req.proposer)
 
 
-def _one_by_one(scheduler: Any, p: Plan, req: CoreRequest, relays: list["_Relay"],
+def _one_by_one(scheduler: Any, p: EngineInput, req: CoreRequest, relays: list["_Relay"],
                 traffic: str, why: EdgespecError) -> "_Group":
     room = getattr(scheduler, "parallel", 1) + getattr(scheduler, "max_queue", 0)
     if req.n > room:
@@ -353,16 +353,16 @@ def run(engine: Any, req: CoreRequest, *, model_name: str | None = None,
     scheduler seeds them). Errors raise ProtocolError."""
     name = model_name or getattr(engine, "target_name", None) or "the model"
     try:
-        p = plan(engine, req, name, reasoning_format)
+        p = engine_input(engine, req, name, reasoning_format)
     except EdgespecError as e:
         raise from_edgespec(e, req.param_prompt) from None
     yield from execute(engine, req, p)
 
 
-def execute(engine: Any, req: CoreRequest, p: Plan, *,
+def execute(engine: Any, req: CoreRequest, p: EngineInput, *,
             wrap: Callable[[Iterator[Event]], Iterator[Event]] | None = None
             ) -> Iterator[CoreEvent]:
-    """:func:`run` once ``req`` is planned (edgespec.apps plans first, so that a bad request
+    """:func:`run` once ``req`` is lowered to its engine input (edgespec.apps does that first, so that a bad request
     raises before a stream is handed out). ``wrap`` sees the engine's own events on their
     way in (edgespec.apps.aio watches them to cancel the request it runs). Closing this
     generator closes the engine's stream at once, which frees the engine."""

@@ -433,7 +433,7 @@ class Scheduler:
                 break  # exact mode: this request waits for its turn
             try:
                 shared = len(decoding) > 1 or chunks
-                ps = self.loop.plan(a.req, StepLoad(rows=rows, tokens=tokens, max_rows=room)
+                ps = self.loop.next_pass(a.req, StepLoad(rows=rows, tokens=tokens, max_rows=room)
                                     if shared else None)
             except BaseException as e:
                 self._finish(a, error=e)

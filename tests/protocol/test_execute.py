@@ -12,7 +12,7 @@ from fakes.engine import fake_engine
 from edgespec.api.events import Event, Finished, Step
 from edgespec.api.params import GenerationParams
 from edgespec.control import ControlSettings
-from edgespec.protocol import ChoiceDone, CoreRequest, ProtocolError, TextDelta, execute, plan
+from edgespec.protocol import ChoiceDone, CoreRequest, ProtocolError, TextDelta, engine_input, execute
 from edgespec.protocol import limits
 
 
@@ -40,7 +40,7 @@ def test_execute_runs_the_plan_and_wrap_sees_the_engine_events(engine):
             seen.append(ev)
             yield ev
 
-    evs = list(execute(engine, req, plan(engine, req, "fake"), wrap=wrap))
+    evs = list(execute(engine, req, engine_input(engine, req, "fake"), wrap=wrap))
     done = evs[-1]
     assert isinstance(done, ChoiceDone) and done.completion_tokens == 5
     assert any(isinstance(e, Step) for e in seen) and isinstance(seen[-1], Finished)
@@ -51,7 +51,7 @@ def test_execute_runs_the_plan_and_wrap_sees_the_engine_events(engine):
 
 def test_closing_execute_frees_the_engine(engine):
     req = CoreRequest(None, GenerationParams(max_tokens=50), prompt="a b c")
-    events = execute(engine, req, plan(engine, req, "fake"))
+    events = execute(engine, req, engine_input(engine, req, "fake"))
     next(events)
     assert engine._lock.locked()
     events.close()
@@ -71,7 +71,7 @@ def test_a_logits_processor_reaches_the_engine_and_runs_on_the_plain_path():
 
     def done(**kw):
         req = CoreRequest(None, GenerationParams(max_tokens=6), prompt="a b c", **kw)
-        evs = list(execute(engine, req, plan(engine, req, "fake")))
+        evs = list(execute(engine, req, engine_input(engine, req, "fake")))
         assert isinstance(evs[-1], ChoiceDone) and evs[-1].completion_tokens == 6
         return evs[-1]
 

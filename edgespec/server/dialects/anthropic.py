@@ -40,7 +40,7 @@ from ...api.params import GenerationParams
 from ...protocol import limits
 from ...protocol.core import Core, Running
 from ...protocol.events import ChoiceDone, CoreEvent, ReasoningDelta, TextDelta, ToolCallDelta
-from ...protocol.plan import plan
+from ...protocol.engine_input import engine_input
 from ...protocol.request import CoreRequest
 from ..body import read
 from ..settings import ServerSettings
@@ -452,8 +452,8 @@ async def count_tokens(core: Core, req: CoreRequest) -> int:
     fmt = getattr(core.settings, "reasoning_format", "auto")
     async with core.held(req.model) as held:
         def count() -> int:
-            p = plan(held.engine, req, held.name, fmt)
-            if isinstance(p.prompt, tuple):  # token ids (a Messages request plans messages)
+            p = engine_input(held.engine, req, held.name, fmt)
+            if isinstance(p.prompt, tuple):  # token ids (a Messages request lowers to messages)
                 return len(p.prompt)
             return len(held.engine.prompt_tokens(p.prompt, p.params))
         return await asyncio.to_thread(count)

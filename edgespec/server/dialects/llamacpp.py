@@ -30,7 +30,7 @@ from ...protocol.request import CoreRequest
 from ...protocol.errors import ProtocolError
 from ...protocol.events import ChoiceDone, TextDelta
 from ...protocol.fim import fim_prompt
-from ...protocol.plan import apply_template
+from ...protocol.engine_input import apply_template
 from ..body import read
 from ..settings import ServerSettings
 from .fields import check, get, invalid, load_object

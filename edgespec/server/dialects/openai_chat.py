@@ -4,7 +4,7 @@ llama-server also answers), over the protocol core.
 parse() maps the validated body (server.schemas) onto a CoreRequest: the refusals of
 fields this server cannot honour name the field; ``max_completion_tokens`` wins over
 ``max_tokens`` (OpenAI documents the latter as deprecated); a message's ``name`` reaches
-the model (core.plan). The answer is rendered by server.responses; ``stream_options``
+the model (protocol.engine_input). The answer is rendered by server.responses; ``stream_options``
 ``include_origins`` adds each token's origin to the stream chunks (docs/server.md).
 """
 from __future__ import annotations

@@ -23,15 +23,15 @@ _READS_NAME = re.compile(r"message(\.name\b|\[['\"]name['\"]\])")
 
 
 @dataclass(frozen=True)
-class Plan:
+class EngineInput:
     prompt: str | list[dict[str, Any]] | tuple[int, ...]
     params: GenerationParams
     turn: Turn | None  # a chat turn (its output parser reads tools and reasoning back)
     prefix: str = ""  # text that starts every choice's answer (completions' echo)
 
 
-def plan(engine: Any, req: CoreRequest, model_name: str, reasoning_format: str = "auto"
-         ) -> Plan:
+def engine_input(engine: Any, req: CoreRequest, model_name: str, reasoning_format: str = "auto"
+         ) -> EngineInput:
     """What ``engine`` runs for ``req``; ``model_name`` names the model in refusals,
     ``reasoning_format`` is the server's default split."""
     target = engine.target
@@ -41,7 +41,7 @@ def plan(engine: Any, req: CoreRequest, model_name: str, reasoning_format: str =
     if req.fim is not None:
         bos = target.bos if getattr(target, "add_bos", False) else None
         ids = tuple(fim_prompt(target, req.fim, model_name, bos=bos))
-        return Plan(ids, params, None)
+        return EngineInput(ids, params, None)
     prompt = req.prompt
     if isinstance(prompt, tuple):
         bad = [t for t in prompt if not 0 <= t < target.n_vocab]
@@ -49,12 +49,12 @@ def plan(engine: Any, req: CoreRequest, model_name: str, reasoning_format: str =
             raise bad_request(f"token id {bad[0]} of the prompt is outside this model's "
                               f"vocabulary (0..{target.n_vocab - 1})", param=req.param_prompt)
         echo = target.detokenize(list(prompt)).decode("utf-8", "replace") if req.echo else ""
-        return Plan(prompt, params, None, echo)
+        return EngineInput(prompt, params, None, echo)
     assert prompt is not None
-    return Plan(prompt, params, None, prompt if req.echo else "")
+    return EngineInput(prompt, params, None, prompt if req.echo else "")
 
 
-def _chat(target: Any, req: CoreRequest, model_name: str, reasoning_format: str) -> Plan:
+def _chat(target: Any, req: CoreRequest, model_name: str, reasoning_format: str) -> EngineInput:
     assert req.messages is not None
     if req.echo:
         raise bad_request("echo is for completions prompts, not chat messages", param="echo")
@@ -94,7 +94,7 @@ def _chat(target: Any, req: CoreRequest, model_name: str, reasoning_format: str)
                           f"its own; send at most {MAX_STOPS - 1}", param="stop")
     params = replace(params, template_vars=turn.template_vars or None, stop=stop,
                      grammar=turn.grammar if turn.grammar is not None else params.grammar)
-    return Plan(turn.messages, params, turn)
+    return EngineInput(turn.messages, params, turn)
 
 
 def apply_template(engine: Any, messages: list[dict[str, Any]], *,
