@@ -253,13 +253,13 @@ def verify_models(names: tuple[str, ...]) -> None:
 
 
 def _source_check(name: str):
-    """A copy's source check (edgespec.registry.optimize.source_check); None for a path or
-    a model that is not a copy."""
+    """A copy's source check (edgespec.registry.optimize.source_check); None for a path,
+    a scanned model (ollama:..., lmstudio:..., not in the registry) or a model that is not
+    a copy."""
     from ..registry import optimize  # deferred: as in optimize_model
 
-    if registry.is_path_like(name):
-        return None
-    return optimize.source_check(registry.load_registry().get(name), progress=_progress)
+    spec = None if registry.is_path_like(name) else registry.load_registry().models.get(name)
+    return None if spec is None else optimize.source_check(spec, progress=_progress)
 
 
 @models.command("optimize")
