@@ -36,6 +36,12 @@ class SamplingParams:
         return self.temperature <= 0.0
 
     @property
+    def promises_text(self) -> bool:
+        """Greedy, or seeded: the same request must give the same text whenever it is sent
+        alone (docs/parity.md, "Same request, same text"); unseeded sampling promises none."""
+        return self.greedy or self.seed is not None
+
+    @property
     def has_penalties(self) -> bool:
         return (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
                 or self.frequency_penalty != 0.0)

@@ -14,10 +14,11 @@ A cancelled turn (``engine.cancel()``, Ctrl-C in ``edgespec chat``) keeps what w
 shown of the answer in the history (its :class:`Turn` says ``cancelled``); a turn that
 showed nothing leaves no message. The next turn starts from whatever the KV cache still holds.
 
-In exact mode the KV of an answer was written by decode and verify passes, which the next
-turn cannot reuse bitwise (edgespec.decoding.kvcache); :meth:`Conversation.settle`, called once the
-answer is shown and before the next message, prefills it again in idle time so the next
-turn reuses the whole conversation. It returns at once in the default mode.
+The KV of an answer was written by decode and verify passes, which a turn that promises
+its text (exact mode, a greedy or a seeded one) does not reuse (edgespec.decoding.kvcache);
+:meth:`Conversation.settle`, called once the answer is shown and before the next message,
+prefills it again in idle time so the next turn reuses the whole conversation. It returns
+at once for unseeded sampling, which reuses the answer as it is.
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class Conversation:
         self.system = system
         self.messages: list[dict] = [dict(m) for m in messages or []]  # without the system one
         self.turns: list[Turn] = []
+        self._sent = self.params  # the last turn's parameters
 
     # --- history --------------------------------------------------------------------
     def history(self) -> list[dict]:
@@ -80,6 +82,7 @@ class Conversation:
         msgs = [*self.history(), {"role": "user", "content": text}]
         # validated and tokenized now, so a bad message leaves the history as it was
         stream = self.engine.chat(msgs, p, proposer=self.proposer, exact=self.exact)
+        self._sent = p
         return self._run(text, stream)
 
     def ask(self, text: str, params: GenerationParams | None = None) -> Turn:
@@ -88,11 +91,11 @@ class Conversation:
         return self.turns[-1]
 
     def settle(self, stop: Callable[[], bool] | None = None) -> int:
-        """Idle-time work after a turn (exact mode: the answer's KV prefilled again, so the
-        next turn reuses it; see the module docstring). ``stop()`` turning true ends it
-        early, keeping what was done; returns the positions refreshed."""
+        """Idle-time work after a turn that promises its text: the answer's KV prefilled
+        again, so the next turn reuses it (see the module docstring). ``stop()`` turning
+        true ends it early, keeping what was done; returns the positions refreshed."""
         exact = self.engine.exact if self.exact is None else self.exact
-        if not exact or not self.turns:
+        if not (exact or self._sent.sampling.promises_text) or not self.turns:
             return 0
         t0 = time.perf_counter()
         n = self.engine.refresh_kv(exact=True, stop=stop)

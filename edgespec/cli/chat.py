@@ -12,9 +12,10 @@ Every turn is saved (atomically, edgespec.chat.sessions) under the conversation'
 one given to --resume, else chat-DATE-TIME; `chat --list` lists them, `chat --resume` picks
 the most recent up again. --no-save keeps nothing.
 
-With --exact, the answer's KV is prefilled again after each turn (Conversation.settle), so
-the next turn reuses it: in a terminal while you type (your next message stops it), from a
-pipe before the next line is read.
+A greedy or seeded chat (and --exact) reuses only KV a prefill wrote, so that a turn gives
+the text it would give alone: the answer's KV is prefilled again after each turn
+(Conversation.settle) and the next turn reuses it, in a terminal while you type (your next
+message stops it), from a pipe before the next line is read.
 """
 from __future__ import annotations
 

@@ -10,15 +10,19 @@ holds, position by position, and a new prompt
     decodes only the rest, with logits at the last prompt token.
 
 At least the last prompt token is always decoded, because its logits choose the first
-new token. In exact mode only positions a prefill wrote are reused: the KV of generated
-tokens was written by decode and verify passes, whose kernels can differ from a long
-prefill's in the last bits (Qwen2.5 1.5B Q4_K_M here: turn 2 of Spec-Bench question 81
-changed), so the previous answer is prefilled again and greedy output stays the output
-without reuse. Even a prefilled prefix is reused only up to a multiple of ROW_GROUP, so the
-kernels group every row as a prefill of the whole prompt would, and only rows of passes of
-at least MIN_PASS tokens count as prefill-written (shorter passes take other kernels); the
-suffix computed is never shorter than MIN_PASS either. Positions stay what they were when
-the tokens were first evaluated, so a reused prefix means exactly what it meant then.
+new token. A request that promises its text (exact mode, and outside it a greedy or seeded
+request: edgespec.loop.state.Request.prefilled_only) reuses only positions a prefill wrote:
+the KV of generated tokens was written by decode and verify passes, whose kernels can
+differ from a long prefill's in the last bits (Qwen2.5 1.5B Q4_K_M here: turn 2 of
+Spec-Bench question 81 changed; the same prompt sent twice, reusing all but its last token,
+moved the first token's logits by up to 0.52), so the previous answer is prefilled again
+and the output stays the output without reuse. Even a prefilled prefix is reused only up to
+a multiple of ROW_GROUP, so the kernels group every row as a prefill of the whole prompt
+would, and only rows of passes of at least MIN_PASS tokens count as prefill-written
+(shorter passes take other kernels); the suffix computed is never shorter than MIN_PASS
+either. Positions stay what they were when the tokens were first evaluated, so a reused
+prefix means exactly what it meant then. An unseeded sampled request promises nothing and
+reuses every held position.
 
 What is held after a request is the prompt and the generated tokens the target has
 evaluated (the pending last token is not): the next turn of the conversation, whose
@@ -30,7 +34,7 @@ model generated.
 conversations) in a byte budget with least-recently-used eviction, through llama.cpp's
 per-sequence state API (``Context.state_get`` / ``state_set``).
 
-:meth:`PrefixCache.refresh` gives exact mode its reuse back: once a turn has finished (idle
+:meth:`PrefixCache.refresh` gives those requests their reuse back: once a turn has finished (idle
 time, while its answer is read), the generated tokens' positions are prefilled again, from
 the last row-group boundary a prefill wrote, in passes that each start on a boundary and
 hold at least MIN_PASS tokens. The sequence then holds prefill-written KV for the whole turn
@@ -58,13 +62,13 @@ SAVE_MIN_DROPPED = 32
 MIN_STATE_TOKENS = 16
 DEFAULT_RAM_BYTES = 256 << 20
 #: ggml-cpu's repacked matrix kernels evaluate a batch in groups of this many rows (gemm)
-#: and the rows left over one by one (gemv), which round differently: in exact mode a
-#: reused prefix ends, and the suffix starts, on a group boundary, so every position is
+#: and the rows left over one by one (gemv), which round differently: reusing prefilled
+#: positions only, a reused prefix ends, and the suffix starts, on a group boundary, so every position is
 #: computed as a prefill of the whole prompt from position 0 computes it
 ROW_GROUP = 4
 #: ... and a pass of fewer rows than this takes other kernels again (Qwen2.5 Q4_K, repacked:
 #: the rows of a 4-7 row pass differ from the same rows in a long pass; 8 and more agree,
-#: tests/integration/test_kv_refresh_real.py probes it). In exact mode a prefill computes at
+#: tests/integration/test_kv_refresh_real.py probes it). Such a prefill computes at
 #: least this many rows, and only the rows of passes this long count as prefill-written
 MIN_PASS = 8
 #: positions one refresh pass prefills: a multiple of ROW_GROUP, large enough for the gemm
@@ -203,9 +207,11 @@ class PrefixCache:
         # request that does not reuse takes the sequence over
         self.conversation = False
 
-    def prefill(self, prompt: Sequence[int], reuse: bool = True, exact: bool = False) -> Prefill:
-        """``exact``: reuse only what earlier prefills wrote (the module docstring says why)."""
-        start = self.start(prompt, reuse, exact)
+    def prefill(self, prompt: Sequence[int], reuse: bool = True,
+                prefilled_only: bool = False) -> Prefill:
+        """``prefilled_only``: reuse only what earlier prefills wrote (the module docstring
+        says why)."""
+        start = self.start(prompt, reuse, prefilled_only)
         try:
             logits = self.ctx.decode(start.prompt[start.reused:], start.reused, self.seq_id,
                                      logits="last")
@@ -215,7 +221,7 @@ class PrefixCache:
         return self.finish(start, logits)
 
     def start(self, prompt: Sequence[int], reuse: bool = True,
-              exact: bool = False) -> "PrefillStart":
+              prefilled_only: bool = False) -> "PrefillStart":
         """The first half of a prefill: pick the prefix to reuse (restoring it from RAM when
         a saved state holds more), trim the rest. The caller decodes ``prompt[reused:]`` from
         position ``reused`` (in one pass, or in chunks shared with other sequences), then
@@ -226,14 +232,14 @@ class PrefixCache:
         n, restored = 0, False
         if reuse:
             n = min(common_prefix(self.held, prompt), len(prompt) - 1)
-            if exact:
+            if prefilled_only:
                 n = _aligned(max(0, min(n, self.prefilled, len(prompt) - MIN_PASS)))
             if self.ram is not None:
                 if self.conversation and len(self.held) - n >= SAVE_MIN_DROPPED:
                     self.save()
                 entry, m = self.ram.best(prompt)
                 m = min(m, len(prompt) - 1)
-                if exact and entry is not None:
+                if prefilled_only and entry is not None:
                     m = _aligned(max(0, min(m, entry.prefilled, len(prompt) - MIN_PASS)))
                 if entry is not None and m > n:
                     n, restored = self._restore(self.ram, entry, m), True
@@ -257,7 +263,7 @@ class PrefixCache:
         """The sequence now holds the whole prompt. ``whole``: the rest was decoded by this
         sequence's own passes of n_batch rows, as a prefill from position 0 would group
         them; chunks shared with other sequences (continuous batching) are not, and count
-        as decode-written for exact reuse."""
+        as decode-written (``prefilled_only`` reuse skips them)."""
         prompt, n, written = start.prompt, start.reused, start.written
         self.held = prompt
         self.conversation = start.reuse
@@ -275,8 +281,8 @@ class PrefixCache:
 
     def refresh(self, stop: Callable[[], bool] = lambda: False,
                 chunk: int | None = None) -> int:
-        """Prefill the held positions no prefill wrote (the last answer's), so exact mode
-        reuses them; returns how many positions are now prefill-written that were not.
+        """Prefill the held positions no prefill wrote (the last answer's), so a
+        ``prefilled_only`` prefill reuses them; returns how many positions are now prefill-written that were not.
 
         The pass starts at the last ROW_GROUP boundary a prefill wrote and goes in chunks of
         ``chunk`` positions (a multiple of ROW_GROUP), so every row is grouped as a prefill

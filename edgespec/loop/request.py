@@ -116,7 +116,7 @@ class Loop:
 
     def begin(self, req: Request) -> Iterator[Event]:
         kv = req.kv if req.kv is not None else self.kv
-        pre = kv.prefill(req.tokens, reuse=req.reuse, exact=req.exact)
+        pre = kv.prefill(req.tokens, reuse=req.reuse, prefilled_only=req.prefilled_only)
         yield from self.prefilled(req, pre)
 
     def prefilled(self, req: Request, pre: Prefill) -> Iterator[Event]:

@@ -45,7 +45,7 @@ class Request:
     n_past: int = 0  # positions of `tokens` already in the target's KV cache
     reuse: bool = False  # start from the longest prefix of `tokens` the KV cache already holds
     in_flight: bool = False  # a pass has written positions past n_past that are not trimmed yet
-    exact: bool = False  # reuse only positions a prefill wrote (see edgespec.decoding.kvcache)
+    exact: bool = False  # --exact: the plain path's logits, bitwise (docs/parity.md)
     rng: np.random.Generator | None = None  # unused by the loop: draws are keyed (keys)
     #: the request's position-keyed uniforms (sampling's RNG policy), made at its start
     keys: sampling.KeyedUniforms | None = None
@@ -68,6 +68,13 @@ class Request:
         if self.keys is None:
             self.keys = sampling.KeyedUniforms(self.params.sampling.seed)
         return self.keys
+
+    @property
+    def prefilled_only(self) -> bool:
+        """Whether the prompt may reuse only KV positions a prefill wrote
+        (edgespec.decoding.kvcache): a request that promises its text, i.e. exact mode or a
+        greedy or seeded one, must compute its first token as a cold prefill would."""
+        return self.exact or self.params.sampling.promises_text
 
     @property
     def generator(self) -> sampling.Cursor:

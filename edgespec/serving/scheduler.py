@@ -88,6 +88,9 @@ class _Slot:
     seq_id: int
     kv: PrefixCache
     used: float = 0.0  # when it last served: ties go to the least recently used
+    #: its last request promised its text (Request.prefilled_only): while the scheduler is
+    #: idle, the answer's positions are prefilled again so the next turn reuses them
+    refresh: bool = False
 
 
 @dataclass
@@ -331,17 +334,34 @@ class Scheduler:
     # --- the scheduler thread ------------------------------------------------------------
     def _run(self) -> None:
         while True:
+            idle: _Slot | None = None
             with self._lock:
                 while not self._queue and not self._active and not self._closing:
+                    idle = next((s for s in self._slots if s.refresh), None)
+                    if idle is not None:
+                        break
                     self._wake.wait()
-                if not self._queue and not self._active:
+                if not self._queue and not self._active and idle is None:
                     return  # closing, and nothing left to finish
-                joining = self._take_joining()
+                joining = self._take_joining() if idle is None else []
+            if idle is not None:
+                self._refresh(idle)
+                continue
             with self.engine.exclusive():  # a direct Engine.stream() call waits for the step
                 for t, slot in joining:
                     self._start(t, slot)
                 if self._active:
                     self._step()
+
+    def _refresh(self, slot: _Slot) -> None:
+        """Idle time: prefill the slot's last answer again (PrefixCache.refresh), until a
+        request arrives or the scheduler closes; the next turn prefills what is left."""
+        slot.refresh = False
+        try:
+            with self.engine.exclusive():
+                slot.kv.refresh(lambda: bool(self._queue) or self._closing)
+        except Exception:
+            pass  # the cache invalidated itself: the next request prefills from scratch
 
     def _take_joining(self) -> list[tuple[Ticket, _Slot]]:
         """Queued requests that get a free sequence now (the one holding the longest
@@ -383,7 +403,8 @@ class Scheduler:
             if self.parallel > 1 and not req.exact:
                 # the prompt loads in chunks that share the next passes with the sequences
                 # already decoding, so they keep emitting while it loads
-                a.prefill = slot.kv.start(req.tokens, reuse=req.reuse, exact=False)
+                a.prefill = slot.kv.start(req.tokens, reuse=req.reuse,
+                                          prefilled_only=req.prefilled_only)
                 a.pos = req.n_past = a.prefill.reused
                 return
             for ev in loop.begin(req):  # alone: exact mode, or nobody else to wait
@@ -579,7 +600,8 @@ class Scheduler:
         for f in followers:
             f.leader = None
             try:
-                f.prefill = f.slot.kv.start(f.req.tokens, reuse=f.req.reuse, exact=False)
+                f.prefill = f.slot.kv.start(f.req.tokens, reuse=f.req.reuse,
+                                            prefilled_only=f.req.prefilled_only)
                 f.pos = f.req.n_past = f.prefill.reused
             except BaseException as e:
                 self._finish(f, error=e)
@@ -628,6 +650,8 @@ class Scheduler:
             loop.release(a.req)
             a.req.close()
             a.slot.used = time.monotonic()
+            # one choice of an n-choice request is enough to continue a conversation from
+            a.slot.refresh = a.req.prefilled_only and a.ticket.leader is None
             with self._lock:
                 if a in self._active:
                     self._active.remove(a)

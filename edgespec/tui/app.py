@@ -493,9 +493,9 @@ class EdgespecApp(App[None]):
         self._set_running(False)
         settings, chatted = self._settings, self._turn_user is not None
         self._turn_user = None
-        if chatted and settings is not None and settings.exact and \
+        if chatted and settings is not None and settings.promises_text and \
                 hasattr(self.source, "settle") and self._phase in ("done", "cancelled"):
-            # exact mode reuses only prefill-written KV: refresh the answer's while it is read
+            # such a turn reuses only prefill-written KV: refresh the answer's while it is read
             self.settling = True
             self._phase += " · refreshing KV…"
             self._settle_stop = threading.Event()
@@ -520,8 +520,8 @@ class EdgespecApp(App[None]):
             self.notify(f"the KV refresh failed ({message.error}); the next turn prefills the "
                         "answer", title="conversation", severity="warning")
         if not self.running:
-            self._phase = self._phase.replace(
-                " · refreshing KV…", f" · KV refreshed ({message.refreshed} tok)")
+            done = f" · KV refreshed ({message.refreshed} tok)" if message.refreshed else ""
+            self._phase = self._phase.replace(" · refreshing KV…", done)
             self._refresh_status()
 
     def _stop_settling(self) -> None:

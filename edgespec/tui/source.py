@@ -66,6 +66,11 @@ class Settings:
         ).validate()
 
     @property
+    def promises_text(self) -> bool:
+        """Exact, greedy or seeded: its turns reuse only KV a prefill wrote (settle)."""
+        return self.exact or self.temperature <= 0.0 or self.seed is not None
+
+    @property
     def label(self) -> str:
         return f"{_short(self.target)} + {self.how()}"
 
@@ -309,11 +314,12 @@ class EngineSource:
             engine.cancel()
 
     def settle(self, settings: Settings, stop: Callable[[], bool]) -> int:
-        """In exact mode, prefill the last answer's KV again so the next turn reuses it
-        (Engine.refresh_kv); nothing to do otherwise."""
+        """After a turn that promises its text (exact mode, greedy, seeded), prefill the
+        last answer's KV again so the next turn reuses it (Engine.refresh_kv; such a turn
+        reuses only what a prefill wrote); nothing to do for unseeded sampling."""
         engine = self._engine
-        if engine is None or not settings.exact or not self._serves(settings):
-            return 0  # a default-mode engine is replaced by an exact one on the next turn
+        if engine is None or not settings.promises_text or not self._serves(settings):
+            return 0  # a changed setting loads another engine on the next turn
         return engine.refresh_kv(exact=True, stop=stop)
 
     def close(self) -> None:

@@ -78,7 +78,7 @@ def test_refreshed_prefix_gives_the_fresh_prefills_logits_bitwise(engine):
         prompt2 = engine.prompt_tokens(
             [*conv.history(), {"role": "user", "content": turns[1]}], params)
         kv = engine.kv_cache
-        reused = kv.prefill(prompt2, reuse=True, exact=True)
+        reused = kv.prefill(prompt2, reuse=True, prefilled_only=True)
         assert reused.reused > len(prompt2) // 2
         kv.invalidate()
         fresh = kv.prefill(prompt2, reuse=False)

@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -141,3 +142,28 @@ def test_exact_mode_keeps_seeded_texts_under_concurrency(engine_factory):
     alone = [eng.generate(p, params, reuse=False) for p in prompts]
     together = run_batched(eng, prompts, params)
     assert [f.tokens for f in together] == [f.tokens for f in alone]
+
+
+# --- a warm KV cache: the same request sent again, the next turn ------------------------------
+LONG = (Path(__file__).resolve().parents[2] / "edgespec/decoding/kvcache.py").read_text()[:2500]
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SEEDED], ids=["greedy", "seeded"])
+def test_a_warm_cache_gives_the_cold_prefills_logits(engine_factory, sampling):
+    """Qwen2.5 1.5B's default kernels are batch-dependent: reusing all but the last prompt
+    token moved the first token's logits by up to 0.52 (2026-12-05), and reusing an answer a
+    decode wrote by 0.43. A request that promises its text reuses only what a prefill wrote,
+    so sent again, or as the next turn, it computes the logits of a cold prefill, bit for bit."""
+    eng = engine_factory("qwen-1.5b", proposer="ngram+suffix", adaptive=True, exact=False,
+                         n_ctx=2048)
+    params = GenerationParams(max_tokens=8, logprobs=4, chat=False, sampling=sampling)
+
+    def run(prompt, reuse):
+        if not reuse:
+            eng.kv_cache.invalidate()
+        fin = eng.generate(prompt, params, reuse=reuse)
+        return fin.text, [(t.token, t.logprob, t.top) for t in fin.logprobs]
+    cold = run(LONG, reuse=False)
+    assert run(LONG, reuse=True) == cold  # sent again to the warm cache
+    turn2 = LONG + cold[0] + "\n\nSummarise that module in one line:"
+    assert run(turn2, reuse=True) == run(turn2, reuse=False)  # the next turn, warm and cold

@@ -181,7 +181,10 @@ def test_streamed_text_ends_with_what_the_assembler_released_at_the_end(engine):
 def test_fake_engine_round_trip_whole_and_streamed(engine):
     sched = Scheduler(engine, parallel=1, max_queue=4)
     with app_client(sched, engine) as c:
-        body = {"model": "fake", "messages": MSG, "max_tokens": 6, "temperature": 0}
+        # long enough that a greedy request, which reuses only what a prefill wrote and
+        # computes at least 8 positions (edgespec.decoding.kvcache), reuses some of it
+        long = [{"role": "user", "content": "a b c " * 8}]
+        body = {"model": "fake", "messages": long, "max_tokens": 6, "temperature": 0}
         whole = post(c, "/v1/chat/completions", body).json()
         r = post(c, "/v1/chat/completions", {**body, "stream": True,
                                              "stream_options": {"include_usage": True}})

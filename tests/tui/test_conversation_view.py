@@ -60,7 +60,9 @@ async def test_each_turn_sends_the_conversation_and_shows_what_was_reused():
         assert [table.get_row_at(i)[3] for i in range(2)] == ["0/5", "3/5"]
         assert "reused 3/5" in str(app.query_one("#answer-box").border_subtitle)
         assert "chat: 2 turns" in str(app.query_one("#status").render())
-        assert source.settled == []  # not exact: nothing to refresh
+        # greedy: each answer's KV is prefilled again while it is read (unseeded sampling
+        # would reuse it as it is)
+        await wait_for(pilot, lambda: len(source.settled) == 2)
 
         await pilot.press("ctrl+n")
         assert len(app.transcript) == 0 and view.styled_text().plain == ""
@@ -135,6 +137,7 @@ async def _two_turns(pilot) -> None:
     await keep_conversation(pilot, pilot.app)
     await type_and_run(pilot, pilot.app, "Name a colour.")
     await type_and_run(pilot, pilot.app, "And another one?")
+    await wait_for(pilot, lambda: len(pilot.app.source.settled) == 2 and not pilot.app.settling)
     await pilot.pause()
 
 

@@ -11,13 +11,16 @@ from edgespec.chat import sessions
 from edgespec.runtime.kernel import KernelConfig
 from edgespec.chat.conversation import Conversation
 from edgespec.errors import EdgespecError, InvalidInputError
-from edgespec.api.params import GenerationParams
+from edgespec.api.params import GenerationParams, SamplingParams
 from edgespec.chat.sessions import SessionError, SessionWarning
 from fakes import fake_engine
 from test_conversation import TEMPLATE
 from fakes.stateful import StatefulModel
 
-P = GenerationParams(max_tokens=6)
+#: an unseeded sample reuses every held position, the answers' too (a greedy turn reuses what
+#: a prefill wrote: tests/unit/decoding/test_kv_refresh.py); the fake's PEAK makes its text
+#: greedy's at this temperature
+P = GenerationParams(max_tokens=6, sampling=SamplingParams(temperature=0.05))
 
 
 @pytest.fixture(autouse=True)

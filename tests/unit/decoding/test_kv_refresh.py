@@ -43,12 +43,12 @@ def test_refresh_prefills_the_answer_from_the_last_group_boundary_in_aligned_chu
     assert ctx.tokens() == held == kv.held and kv.prefilled == 72
     # the next exact turn reuses every refreshed position and computes only its own tokens
     nxt = held + [BANG, HASH] * 4 + [BANG]
-    pre = kv.prefill(nxt, exact=True)
+    pre = kv.prefill(nxt, prefilled_only=True)
     assert pre.reused == 72 and pre.computed == 9
     # a pass shorter than MIN_PASS takes other kernels: a short suffix starts earlier
     kv.commit(held)
     ctx.trim(0, len(held))
-    assert kv.prefill(held + [BANG, HASH, BANG], exact=True).computed == MIN_PASS + 3
+    assert kv.prefill(held + [BANG, HASH, BANG], prefilled_only=True).computed == MIN_PASS + 3
     assert kv.prefilled == 72  # that pass was MIN_PASS rows or more
 
 
@@ -63,7 +63,7 @@ def test_passes_shorter_than_min_pass_mark_nothing():
     assert kv.prefilled == 40
     kv.prefill(PROMPT[:40] + [BANG] * 6)  # a 6-row pass at 40 adds nothing
     assert kv.prefilled == 40
-    kv.prefill(PROMPT[:40] + [BANG] * 16, exact=True)  # recomputes from 40: 16 rows
+    kv.prefill(PROMPT[:40] + [BANG] * 16, prefilled_only=True)  # recomputes from 40: 16 rows
     assert kv.prefilled == 56
     # the context splits a long input into n_batch passes: a short last one is not marked
     kv.prefill(PROMPT[:8] * 8 + [BANG] * 4, reuse=False)  # 68 = 64 + a pass of 4
@@ -75,7 +75,7 @@ def test_the_tail_past_the_last_boundary_is_prefilled_but_not_marked():
     assert kv.refresh(chunk=64) == 72 - 40
     assert ctx.decodes[-1] == Decode(tuple(kv.held[40:]), 40, 0, "none")
     assert len(kv.held) == 73 and kv.prefilled == 72
-    assert kv.prefill(kv.held + [BANG] * 8, exact=True).reused == 72
+    assert kv.prefill(kv.held + [BANG] * 8, prefilled_only=True).reused == 72
 
 
 def test_a_stopped_refresh_keeps_what_it_refreshed_and_the_next_turn_prefills_the_rest():
@@ -89,7 +89,7 @@ def test_a_stopped_refresh_keeps_what_it_refreshed_and_the_next_turn_prefills_th
 
     assert kv.refresh(stop, chunk=8) == 8
     assert kv.held == held[:48] == ctx.tokens() and kv.prefilled == 48
-    pre = kv.prefill(held + [BANG], exact=True)  # the fake refuses a skipped position
+    pre = kv.prefill(held + [BANG], prefilled_only=True)  # the fake refuses a skipped position
     assert pre.reused == 48 and ctx.tokens() == held + [BANG]
 
 
@@ -145,15 +145,23 @@ def test_settle_in_exact_mode_makes_the_next_turn_reuse_the_answer_and_match_a_f
     assert ref.text == t2.text
 
 
-def test_settle_is_free_in_the_default_mode_and_before_any_turn():
+def test_settle_is_free_for_unseeded_sampling_and_before_any_turn():
+    from edgespec.api.params import SamplingParams
     eng = fake_engine(FakeModel(chat_template=TEMPLATE), {}, n_ctx=512)
-    conv = Conversation(eng, params=GenerationParams(max_tokens=24))
+    sampled = GenerationParams(max_tokens=24, sampling=SamplingParams(temperature=0.05))
+    conv = Conversation(eng, params=sampled)
     assert conv.settle() == 0
     conv.ask("x")
     n = len(eng.ctx.calls)
-    assert conv.settle() == 0 and len(eng.ctx.calls) == n
+    assert conv.settle() == 0 and len(eng.ctx.calls) == n  # it reuses the answer as it is
     exact = Conversation(eng, params=GenerationParams(max_tokens=24), exact=True)
     assert exact.settle() == 0  # no turn of its own yet
+    # greedy outside --exact promises its text too: its answer is prefilled again
+    greedy = Conversation(eng, params=GenerationParams(max_tokens=24))
+    greedy.ask("x")
+    assert greedy.settle() > 0
+    t2 = greedy.ask("ab")
+    assert t2.stats.prompt_reused >= t2.stats.prompt_tokens - 8 - 4  # MIN_PASS, ROW_GROUP
 
 
 def test_cancel_stops_a_refresh_between_chunks():

@@ -4,6 +4,9 @@ exactly, through cancellation, stops inside accepted drafts and abandoned stream
 
 Raw prompts built from "#" keep tokenization stable ("#" generates "!#!#..."); prompts with
 "a" show a retokenized answer ("a" + "b" becomes the one token "ab") limiting the reuse.
+
+Most requests here are unseeded samples, which reuse every held position; a greedy or seeded
+request reuses only what a prefill wrote (the tests at the end).
 """
 from __future__ import annotations
 
@@ -12,15 +15,21 @@ import pytest
 
 from edgespec.api.events import Finished, Step
 from edgespec.decoding.kvcache import StateCache, common_prefix
-from edgespec.api.params import GenerationParams
+from edgespec.api.params import GenerationParams, SamplingParams
 from edgespec.proposers.draft import DraftModelProposer
 from fakes import BOS, Decode, FakeModel, ScriptedProposer, fake_engine, fixed
 from fakes.backend import A, AB, BANG, HASH, Trim
 from fakes.stateful import StatefulModel
 
 
+#: an unseeded sample promises no text, so it reuses every held position, the answers' too
+#: (edgespec.decoding.kvcache); at this temperature the fake's PEAK (a margin over 1 logit)
+#: makes its text greedy's, all but e^-20 of the time
+ANY_TEXT = SamplingParams(temperature=0.05)
+
+
 def raw(**kw) -> GenerationParams:
-    return GenerationParams(**{"chat": False, **kw})
+    return GenerationParams(**{"chat": False, "sampling": ANY_TEXT, **kw})
 
 
 def fresh(prompt, params, model_cls=FakeModel, **kw):
@@ -263,13 +272,13 @@ def test_exact_reuse_stops_where_decode_passes_wrote_the_kv():
     ctx.decode([HASH, BANG, HASH], len(prompt), 0)  # an answer, written by decode steps
     kv.commit(ctx.tokens())
     nxt = ctx.tokens() + [BANG] * 8  # a new message of at least kvcache.MIN_PASS tokens
-    assert kv.prefill(nxt, exact=True).reused == len(prompt)
-    assert kv.prefill(nxt, exact=False).reused == len(nxt) - 1
+    assert kv.prefill(nxt, prefilled_only=True).reused == len(prompt)
+    assert kv.prefill(nxt, prefilled_only=False).reused == len(nxt) - 1
     # a prefix that ends inside a row group is reused up to the group's start
     kv.invalidate()
     kv.prefill(prompt[:42])
     p2 = prompt + [BANG, HASH, BANG, HASH]  # 48 tokens
-    assert kv.prefilled == 40 and kv.prefill(p2, exact=True).reused == 40
+    assert kv.prefilled == 40 and kv.prefill(p2, prefilled_only=True).reused == 40
     assert kv.prefilled == 48  # that prefill started on a group boundary
     assert ROW_GROUP == 4
     # a RAM entry remembers how much of it a prefill wrote
@@ -279,8 +288,8 @@ def test_exact_reuse_stops_where_decode_passes_wrote_the_kv():
     kv.prefill([BOS] + [A] * 40)  # another conversation: a's state goes to RAM
     (entry,) = kv.ram.entries()
     assert entry.prefilled == 48
-    assert kv.prefill(long_a + [BANG] * 8, exact=True).reused == 48
-    assert kv.prefill(long_a + [BANG], exact=False).reused == len(long_a)
+    assert kv.prefill(long_a + [BANG] * 8, prefilled_only=True).reused == 48
+    assert kv.prefill(long_a + [BANG], prefilled_only=False).reused == len(long_a)
 
 
 def test_only_a_conversation_is_copied_to_ram_when_a_one_off_request_takes_the_sequence():
@@ -312,3 +321,25 @@ def test_the_state_cache_budget_is_engine_configuration():
         reused[ram] = (len(eng.kv_cache.ram), eng.generate(a, p, reuse=True).stats.prompt_reused)
     assert reused[None][0] == 1 and reused[None][1] > 10
     assert reused[0] == (0, 1)
+
+
+# --- a request that promises its text reuses only what a prefill wrote ------------------------
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.05, seed=7)],
+                         ids=["greedy", "seeded"])
+def test_a_request_sent_again_computes_its_first_token_as_a_cold_prefill(sampling):
+    from edgespec.decoding.kvcache import MIN_PASS
+    eng = fake_engine(FakeModel(), {})
+    p = raw(max_tokens=6, sampling=sampling)
+    prompt = "#!" * 10  # BOS + 20 tokens
+    r1 = eng.generate(prompt, p, reuse=True)
+    r2 = eng.generate(prompt, p, reuse=True)
+    # not all but the last token: the last row group boundary MIN_PASS tokens back
+    assert r2.stats.prompt_computed == MIN_PASS + 1 and r2.stats.prompt_reused == 13 - 1
+    assert r2.tokens == r1.tokens
+    # the next turn does not reuse the answer a decode wrote, only the prompt before it
+    prompt3 = prompt + r1.text + "#!" * 4
+    r3 = eng.generate(prompt3, p, reuse=True)
+    assert r3.stats.prompt_reused <= 21 and r3.tokens == fresh(prompt3, p).tokens
+    # an unseeded sample reuses it all
+    r4 = eng.generate(prompt3, raw(max_tokens=6), reuse=True)
+    assert r4.stats.prompt_reused == r4.stats.prompt_tokens - 1

@@ -90,7 +90,9 @@ def test_sampled_requests_are_reproducible_under_batching():
 def test_each_sequence_keeps_its_own_kv_and_frees_it_for_reuse():
     model = FakeModel()
     eng = fake_engine(model, {"scripted": ScriptedProposer(model, [3])}, parallel=2)
-    params = raw(max_tokens=8)
+    # an unseeded sample reuses the answer too (a greedy request: only what a prefill
+    # wrote, tests/unit/decoding/test_kv_reuse.py); PEAK makes its text greedy's
+    params = raw(max_tokens=8, sampling=SamplingParams(temperature=0.05))
     sch = Scheduler(eng)
     c1, c2 = Collector(), Collector()
     sch.submit("#", params, on_event=c1)
@@ -107,6 +109,37 @@ def test_each_sequence_keeps_its_own_kv_and_frees_it_for_reuse():
     sch.submit("#" + f1.text, params, on_event=c3)
     assert c3.finished.stats.prompt_reused > len(toks_a)
     sch.close()
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_an_idle_scheduler_prefills_a_greedy_answer_again_for_the_next_turn(parallel):
+    """A greedy request reuses only KV a prefill wrote (edgespec.decoding.kvcache): once the
+    scheduler is idle, the answer's positions are prefilled again, so the next turn reuses
+    the whole conversation and still gives the fresh prefill's answer."""
+    model = FakeModel()
+    eng = fake_engine(model, {"scripted": ScriptedProposer(model, [3])}, parallel=parallel)
+    params = raw(max_tokens=24)
+    sch = Scheduler(eng)
+    first = Collector()
+    prompt = "#!" * 6
+    sch.submit(prompt, params, on_event=first, reuse=True)
+    f1 = first.finished
+    slot = eng.kv_cache
+    for _ in range(200):  # the refresh runs on the scheduler thread once it is idle
+        if slot.prefilled >= len(slot.held) - 4:
+            break
+        time.sleep(0.01)
+    assert slot.prefilled >= len(slot.held) - 4 > 12
+    refreshes = [c for c in eng.ctx.calls if isinstance(c, Decode) and c.logits == "none"]
+    assert refreshes, "nothing was prefilled again"
+    held = len(slot.held)  # the prompt and the answer but its pending last token
+    nxt = Collector()
+    turn2 = prompt + f1.text + "#!" * 5
+    sch.submit(turn2, params, on_event=nxt, reuse=True)
+    f2 = nxt.finished
+    sch.close()
+    assert f2.stats.prompt_reused >= held - 4  # to the last row group boundary
+    assert f2.tokens == alone(turn2, params).tokens
 
 
 def test_a_full_queue_is_refused_with_a_retry_time_and_cancel_frees_places():
