@@ -3,12 +3,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 from ..errors import ensure
-
-if TYPE_CHECKING:  # the one edge above api (see constraint() below)
-    from ..grammar.constraint import Constraint
 
 
 @dataclass(frozen=True)
@@ -85,18 +82,9 @@ class GenerationParams:
         ensure(self.max_tokens >= 1, f"max_tokens must be >= 1 (got {self.max_tokens})")
         ensure(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty")
         self.sampling.validate()
-        # an unparsable grammar, an invalid schema or one with keywords the converter would
-        # drop is refused here, before any model loads: never an unconstrained answer
-        self.constraint()
+        # the grammar, schema or JSON mode is checked by the parser that will enforce it
+        # (edgespec.grammar.constraint.constraint_for): the engine, before a request runs,
+        # and the CLI, before any model loads
         return self
-
-    def constraint(self) -> Constraint | None:
-        """The request's :class:`edgespec.grammar.constraint.Constraint`, or None (validated, cached)."""
-        # Deliberately deferred, the one import of edgespec.api above itself: a grammar or
-        # schema is checked by llama.cpp's own parser (edgespec.grammar.constraint), so that
-        # validate() refuses it before any model loads; at module level every GenerationParams
-        # user would load llama.cpp (tests/unit/test_import_contract.py names this exception).
-        from ..grammar.constraint import constraint_of
-        return constraint_of(self.grammar, self.json_schema, self.json_mode)
 
 

@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Sequence
 
 from .. import paths, statefile
 from ..errors import EdgespecError
-from ..identity import digests
+from ..registry import digests
 from ..runtime.kernel import KernelConfig
 from . import cpu, measuring
 from .curve import DEFAULT_KS, FORMAT, Calibration, CalibrationWarning

@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import paths, statefile
 from ..errors import EdgespecError, InvalidInputError
-from ..identity.digests import model_identity
+from ..registry.digests import model_identity
 from .conversation import Conversation
 
 MAGIC = b"EDGESPEC-SESSION"

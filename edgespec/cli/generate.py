@@ -124,7 +124,9 @@ def _run(engine, text, params, intr, target, show_stats, as_json, logprobs) -> N
 
 def _warn_unfinished(params: GenerationParams, fin) -> None:
     """A constrained output cut short is not valid under its grammar: say so, and why."""
-    if params.constraint() is None or fin.stop_reason == "eos":
+    from ..grammar.constraint import constraint_for  # cached: structured_params built it
+
+    if constraint_for(params) is None or fin.stop_reason == "eos":
         return
     why = {"length": "--max-tokens was reached; raise it",
            "grammar": "no token of this model can continue the grammar here",

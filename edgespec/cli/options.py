@@ -294,10 +294,15 @@ def structured_options(fn):
 
 
 def structured_params(grammar_file, schema_file, json_mode) -> dict:
-    """GenerationParams fields for the structured-output flags (validated with the params)."""
-    return {"grammar": read_text_file(grammar_file, "--grammar"),
-            "json_schema": read_text_file(schema_file, "--json-schema"),
-            "json_mode": bool(json_mode)}
+    """GenerationParams fields for the structured-output flags, checked by the parser that
+    will enforce them before any model loads."""
+    from ..grammar.constraint import constraint_of  # deferred: it can load llama.cpp
+
+    fields = {"grammar": read_text_file(grammar_file, "--grammar"),
+              "json_schema": read_text_file(schema_file, "--json-schema"),
+              "json_mode": bool(json_mode)}
+    constraint_of(**fields)
+    return fields
 
 
 def read_text_file(path, flag: str) -> str | None:

@@ -26,7 +26,7 @@ def self_draft_command(target, layer_sets, max_tokens, threads, agreement_only, 
     path on calibration prompts (interleaved, same run), and record the fastest one that
     beats plain as what `--proposer self` uses on this machine. Records nothing as chosen
     when none beats plain, or when the machine was too busy to trust the timing."""
-    from ..identity.digests import model_identity  # deferred: `edgespec` starts without what other commands need
+    from ..registry.digests import model_identity  # deferred: `edgespec` starts without what other commands need
     from ..engine.engine import Engine  # deferred: it loads llama.cpp
     from ..calibration.cpu import BUSY_LIMIT, CpuWatch  # deferred: `edgespec` starts without what other commands need
     from ..proposers.self_draft_layers import LayerSet  # deferred: `edgespec` starts without what other commands need

@@ -19,7 +19,7 @@ from ..calibration import cache as calibration_cache, cpu
 from ..calibration.curve import Calibration, CalibrationWarning, prior_step_seconds
 from ..control import ControlSettings
 from ..errors import InvalidInputError
-from ..identity import digests
+from ..registry import digests
 from ..planner import calibration_trust, kernels, usable_shape
 from ..proposers import BuildContext, Proposer
 from ..registry import bridge_pins as bridges

@@ -33,6 +33,7 @@ from ..decoding import sampling
 from ..decoding.kvcache import PrefixCache, StateCache
 from ..decoding.textstream import TextAssembler
 from ..errors import ContextOverflowError, InvalidInputError
+from ..grammar.constraint import constraint_for
 from ..grammar.state import GrammarState
 from ..identity import identity as release_identity
 from ..loop.request import Loop
@@ -329,7 +330,7 @@ class Engine:
             raise ContextOverflowError(
                 f"the prompt is {len(prompt_tokens)} tokens but the context holds {self.ctx.n_ctx}; "
                 "raise --ctx (up to the model's trained context) or shorten the prompt")
-        constraint = params.constraint()
+        constraint = constraint_for(params)
         # opened here, so a grammar this vocabulary cannot start is refused before generation
         state = GrammarState.open(constraint, self.target) if constraint is not None else None
         return Prepared(prompt_tokens, params, label, control,

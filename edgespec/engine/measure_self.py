@@ -18,7 +18,7 @@ import numpy as np
 from ..api.params import GenerationParams
 from ..api.stats import geometric_mean
 from ..errors import InvalidInputError
-from ..identity.digests import model_identity
+from ..registry.digests import model_identity
 from ..proposers.self_draft_layers import LayerSet, spread
 from ..proposers.self_draft_choice import FORMAT, Trial, record_path
 from ..proposers.self_draft import SelfDraftProposer, ensure_self_draft

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from ..errors import InvalidInputError, UnsupportedError
 from .bounds import check_schema, check_schema_text, measure_gbnf, schema_too_deep
 from .cache import ByteBudgetCache, text_bytes
+
+if TYPE_CHECKING:
+    from ..api.params import GenerationParams
 
 #: JSON Schema keywords that constrain a value (annotations such as title are not here)
 _VALIDATION_KEYWORDS = frozenset({
@@ -73,6 +76,12 @@ class Constraint:
             jsonschema.validators.validator_for(json.loads(self.schema))(
                 json.loads(self.schema)).iter_errors(value))
         return None if err is None else err.message
+
+
+def constraint_for(params: "GenerationParams") -> Constraint | None:
+    """A request's constraint (its grammar, JSON schema or JSON mode), or None; refused with
+    GrammarError / UnsupportedError / InvalidInputError as :func:`constraint_of`."""
+    return constraint_of(params.grammar, params.json_schema, params.json_mode)
 
 
 def constraint_of(grammar: str | None = None, json_schema: str | dict | None = None,

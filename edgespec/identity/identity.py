@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import paths, registry
+from ..registry import digests
 from .._version import __version__
 from ..errors import EdgespecError
-from . import digests
 from ..proposers.vocab_bridge import BRIDGE_VERSION
 from ..runtime.llama_build import _cpuinfo
 from ..runtime.llama_build import cmake_args as default_args
@@ -163,7 +163,7 @@ def collect(engine) -> Identity:
 
 def model_component(name: str, path: Path) -> dict:
     """sha256 (the registry's pin when ``name`` is a registry model, which resolve() verified;
-    else computed once and cached by identity.digests.model_identity), size and quantization."""
+    else computed once and cached by registry.digests.model_identity), size and quantization."""
     sha, size, source = None, None, None
     try:
         reg = registry.load_registry()
@@ -205,46 +205,13 @@ def tokenizer_component(model, model_sha256: str | None) -> dict:
     template = model.chat_template()
     return {
         "n_vocab": int(model.n_vocab),
-        "vocab_sha256": vocabulary_digest(model, model_sha256),
+        "vocab_sha256": digests.vocabulary_digest(model, model_sha256),
         "bos": int(model.bos), "eos": int(model.eos),
         "add_bos": bool(getattr(model, "add_bos", False)),
         "eog": sorted(int(t) for t in model.eog_tokens),
         "chat_template_sha256": (hashlib.sha256(template.encode("utf-8")).hexdigest()
                                  if template else None),
     }
-
-
-def _digest_cache() -> Path:
-    return paths.edgespec_home() / "identity" / "vocabulary.json"
-
-
-def vocabulary_digest(model, model_sha256: str | None = None) -> str:
-    """sha256 over (text, attribute) of every token id in order; cached per model digest."""
-    store = _digest_cache()
-    known: dict = {}
-    if model_sha256:
-        try:
-            known = json.loads(store.read_text(encoding="utf-8"))
-            if isinstance(known, dict) and isinstance(known.get(model_sha256), str):
-                return known[model_sha256]
-        except (OSError, ValueError):
-            known = {}
-    h = hashlib.sha256()
-    for t in range(int(model.n_vocab)):
-        h.update(model.token_text(t).encode("utf-8", "surrogatepass"))
-        h.update(b"\0%d\n" % int(model.token_attr(t)))
-    digest = h.hexdigest()
-    if model_sha256:
-        try:
-            store.parent.mkdir(parents=True, exist_ok=True)
-            known = known if isinstance(known, dict) else {}
-            known[model_sha256] = digest
-            tmp = store.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(known, indent=1), encoding="utf-8")
-            os.replace(tmp, store)
-        except OSError:
-            pass  # a read-only home only costs the recomputation
-    return digest
 
 
 def git_commit(repo: Path = _REPO) -> dict:
@@ -350,5 +317,4 @@ def hardware_component() -> dict:
                              for a in d.accelerators]}
 
 
-__all__ = ["Identity", "SCHEMA", "canonical", "collect", "diff", "identity_hash",
-           "vocabulary_digest"]
+__all__ = ["Identity", "SCHEMA", "canonical", "collect", "diff", "identity_hash"]

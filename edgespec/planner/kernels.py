@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..calibration import cache, cpu, measuring, progress
 from ..calibration.curve import CalibrationWarning
-from ..identity import digests
+from ..registry import digests
 from ..runtime.kernel import KernelConfig
 from ..errors import EdgespecError
 

@@ -21,7 +21,7 @@ from typing import Optional, Protocol, Sequence, TypeVar
 
 import numpy as np
 
-from .. import _native
+import edgespec._native as _native
 from ..errors import InvalidInputError, ensure
 from ..runtime.native import (MAX_DEPTH, MAX_DRAFT, MAX_NGRAM, NGSTAT_MAX_N, NGSTAT_RECORD,
                               CapacityError, Tokens, call_with_tokens, load_sequences,

@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from .. import _native
+import edgespec._native as _native
 from ..errors import InvalidInputError
 from ..runtime.native import MAX_DEPTH, MAX_DRAFT, CapacityError, as_tokens
 from ..api.params import SamplingParams

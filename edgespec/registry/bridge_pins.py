@@ -7,7 +7,7 @@ DRAFT`` writes the same [[pairs]] entry there (:func:`pin_user`). The check is t
 for both registries: a pin matches by the vocabulary digests, whatever the models are
 called, and a re-converted file whose tokenizer changed is refused until pinned again.
 
-A vocabulary digest (:func:`edgespec.identity.identity.vocabulary_digest`) covers every token's text
+A vocabulary digest (:func:`edgespec.registry.digests.vocabulary_digest`) covers every token's text
 and attributes, so a re-converted GGUF whose tokenizer changed in any token is refused
 until the pair is qualified again (the bridge's tests pass on it) and the pin updated:
 
@@ -18,9 +18,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..identity import digests
+from . import digests
 from ..errors import IncompatibleDraftError, InvalidInputError
-from ..identity.identity import vocabulary_digest
 from ..proposers.vocab_bridge import BRIDGE_VERSION
 from .pull import resolve
 from .spec import PairSpec, load_registry
@@ -36,7 +35,7 @@ class UnqualifiedBridgeError(IncompatibleDraftError, InvalidInputError):
 
 def vocab_digest(model) -> str:
     """The digest a pin holds (cached by the model file's sha256)."""
-    return vocabulary_digest(model, digests.model_identity(model.path)["sha256"])
+    return digests.vocabulary_digest(model, digests.model_identity(model.path)["sha256"])
 
 
 def check_pair(target, draft, version: str) -> PairSpec:

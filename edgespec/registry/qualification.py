@@ -29,6 +29,7 @@ from ..errors import EdgespecError, ModelError
 from ..paths import edgespec_home
 from .spec import PROPOSER_KINDS, SCHEMA, PairSpec, Registry, load_registry, registry_path
 from .store import _atomic_write_text, _model_lock, _say, is_path_like
+from . import digests
 
 _DRAFTED = ("draft", "bridge")  # proposers that draft with a model of their own
 
@@ -98,7 +99,6 @@ def model_digest(name_or_path: str, reg: Registry | None = None) -> str:
     key = str(name_or_path)
     if key in reg.models and not is_path_like(key):
         return reg.models[key].sha256
-    from ..identity import digests  # deferred: registry modules load without it
     # deferred: pull imports the Hub and store modules, needed only for paths
     from .pull import resolve
     path = resolve(key, pull=False)

@@ -20,8 +20,8 @@ import numpy as np
 
 from ..errors import EdgespecError, InvalidInputError
 
-try:
-    from .. import _native
+try:  # by its full name: the compiled module, not a name the package's face hands on
+    import edgespec._native as _native
 except ImportError as e:  # the engine treats ImportError as "native library not built"
     raise ImportError(
         "edgespec's native extension (edgespec._native) is not built: run `pip install -e .` "

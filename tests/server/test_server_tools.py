@@ -15,6 +15,7 @@ from fakes.engine import fake_engine
 from fakes.scripted import TOOLS_TEMPLATE, ScriptedScheduler
 from starlette.testclient import TestClient
 
+from edgespec.grammar.constraint import constraint_for
 from edgespec.server import ServerSettings, create_app
 
 WEATHER = {"type": "function", "function": {
@@ -135,7 +136,7 @@ def test_a_forced_call_is_generated_under_its_grammar():
         assert r.json()["choices"][0]["finish_reason"] == "tool_calls"
         params = sched.calls[-1][1]
         assert params.grammar.startswith("root ::= tool-call\n")
-        assert params.constraint().kind == "grammar"
+        assert constraint_for(params).kind == "grammar"
 
 
 def test_one_call_only_ends_the_output_at_the_first_calls_closing_tag():

@@ -5,6 +5,7 @@ import pytest
 
 from edgespec.errors import EdgespecError, InvalidInputError
 from edgespec.api.params import GenerationParams, SamplingParams
+from edgespec.grammar.constraint import constraint_for
 
 
 def test_defaults_validate_and_return_themselves():
@@ -13,18 +14,18 @@ def test_defaults_validate_and_return_themselves():
     assert p.sampling.greedy
 
 
-def test_a_grammar_that_does_not_parse_is_refused_by_validation_not_ignored():
+def test_a_grammar_that_does_not_parse_is_refused_not_ignored():
     # tests/unit/grammar/test_grammar.py covers grammars and schemas in depth
     with pytest.raises(InvalidInputError, match="cannot parse the grammar") as e:
-        GenerationParams(grammar='root ::= "yes" | [a-').validate()
+        constraint_for(GenerationParams(grammar='root ::= "yes" | [a-'))
     assert isinstance(e.value, EdgespecError)
-    assert GenerationParams(grammar='root ::= "yes" | "no"').validate().constraint() is not None
+    assert constraint_for(GenerationParams(grammar='root ::= "yes" | "no"')) is not None
 
 
 def test_an_empty_grammar_is_still_a_grammar():
     # "" is a request for a (degenerate) grammar, not "no grammar": refuse it, never ignore it
     with pytest.raises(InvalidInputError, match="empty"):
-        GenerationParams(grammar="").validate()
+        constraint_for(GenerationParams(grammar=""))
 
 
 @pytest.mark.parametrize("kw, needle", [

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from edgespec.calibration import cache, cpu, curve, measuring
-from edgespec.identity import digests
+from edgespec.registry import digests
 from edgespec.calibration.curve import DEFAULT_KS, Calibration, CalibrationWarning
 from edgespec.runtime.kernel import KernelConfig
 from edgespec.errors import EdgespecError

@@ -48,7 +48,7 @@ def world(monkeypatch):
     monkeypatch.setattr(registry, "resolve", lambda name, pull=True: name)
     monkeypatch.setattr(registry, "check_gguf", lambda path: None)
     monkeypatch.setattr(runtime_model, "load_model", load_model)
-    monkeypatch.setattr("edgespec.identity.digests.model_identity", lambda path, *a, **k: {"sha256": "0" * 64})
+    monkeypatch.setattr("edgespec.registry.digests.model_identity", lambda path, *a, **k: {"sha256": "0" * 64})
     return closed, models
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from edgespec.errors import EdgespecError, InvalidInputError, UnsupportedError
-from edgespec.grammar.constraint import GrammarError, constraint_of
+from edgespec.grammar.constraint import GrammarError, constraint_for, constraint_of
 from edgespec.api.params import GenerationParams
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"},
@@ -31,13 +31,13 @@ def test_a_parsable_grammar_becomes_a_constraint():
 ])
 def test_an_unparsable_grammar_is_refused_with_llama_cpps_reason(gbnf, reason):
     with pytest.raises(GrammarError) as e:
-        GenerationParams(grammar=gbnf).validate()
+        constraint_for(GenerationParams(grammar=gbnf))
     assert reason in str(e.value) and isinstance(e.value, InvalidInputError)
 
 
 def test_a_schema_becomes_gbnf_with_its_fixed_keys():
     for given in (PERSON, json.dumps(PERSON)):
-        c = GenerationParams(json_schema=given).validate().constraint()
+        c = constraint_for(GenerationParams(json_schema=given))
         assert c.kind == "json_schema" and '\\"name\\"' in c.gbnf and '\\"age\\"' in c.gbnf
         assert c.output_error('{"name": "Ann", "age": 3}') is None
         assert "required" in c.output_error('{"name": "Ann"}')
@@ -59,7 +59,7 @@ def test_a_schema_becomes_gbnf_with_its_fixed_keys():
 ])
 def test_a_schema_feature_the_converter_cannot_enforce_is_refused(schema, needle):
     with pytest.raises(UnsupportedError) as e:
-        GenerationParams(json_schema=schema).validate()
+        constraint_for(GenerationParams(json_schema=schema))
     assert needle in str(e.value)
 
 
@@ -71,7 +71,7 @@ def test_a_schema_feature_the_converter_cannot_enforce_is_refused(schema, needle
 ])
 def test_an_invalid_schema_is_refused(schema, needle):
     with pytest.raises(GrammarError, match=needle):
-        GenerationParams(json_schema=schema).validate()
+        constraint_for(GenerationParams(json_schema=schema))
 
 
 def test_supported_keywords_pass_and_annotations_are_ignored():
@@ -85,19 +85,19 @@ def test_supported_keywords_pass_and_annotations_are_ignored():
                              "kind": {"enum": ["a", "b"]}, "n": {"type": ["integer", "null"]},
                              "x": {"anyOf": [{"type": "number"}, {"const": "none"}]}},
               "required": ["when"]}
-    assert GenerationParams(json_schema=schema).validate().constraint().kind == "json_schema"
+    assert constraint_for(GenerationParams(json_schema=schema)).kind == "json_schema"
 
 
 def test_json_mode_is_any_json_object_and_one_constraint_at_most():
-    c = GenerationParams(json_mode=True).validate().constraint()
+    c = constraint_for(GenerationParams(json_mode=True))
     assert c.kind == "json" and c.output_error('{"a": [1, 2]}') is None
     assert c.output_error("[1]") == "not a JSON object"
     with pytest.raises(InvalidInputError, match="one of"):
-        GenerationParams(json_mode=True, grammar='root ::= "a"').validate()
-    assert GenerationParams().validate().constraint() is None
+        constraint_for(GenerationParams(json_mode=True, grammar='root ::= "a"'))
+    assert constraint_for(GenerationParams()) is None
 
 
 def test_every_refusal_is_an_edgespec_error():
     for kw in ({"grammar": "root ::= ("}, {"json_schema": {"type": "integer", "maximum": 3}}):
         with pytest.raises(EdgespecError):
-            GenerationParams(**kw).validate()
+            constraint_for(GenerationParams(**kw))

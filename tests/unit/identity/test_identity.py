@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from edgespec.identity import identity as idmod
+from edgespec.registry import digests
 from edgespec.runtime.kernel import KernelConfig
 from edgespec.control import ControlSettings
 from edgespec.errors import EdgespecError
@@ -150,10 +151,10 @@ def test_the_model_digest_and_vocabulary_digest_follow_the_files(home, tmp_path)
         def token_attr(self, t):
             return 1
 
-    one = idmod.vocabulary_digest(Vocab(["a", "b"]), "f" * 64)
-    assert idmod.vocabulary_digest(Vocab(["a", "c"])) != one
+    one = digests.vocabulary_digest(Vocab(["a", "b"]), "f" * 64)
+    assert digests.vocabulary_digest(Vocab(["a", "c"])) != one
     # cached by the model's digest: a second look does not read the vocabulary again
-    assert idmod.vocabulary_digest(Vocab([]), "f" * 64) == one
+    assert digests.vocabulary_digest(Vocab([]), "f" * 64) == one
 
 
 def test_stats_sinks_carry_the_hash_and_the_full_record_once(home, tmp_path):

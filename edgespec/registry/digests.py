@@ -1,6 +1,6 @@
-"""A model file's identity: its sha256 (computed once per path, size and mtime, and kept
-beside the calibrations), size and name. The calibration cache, the engine, the bridge
-registry and the release identity key on it."""
+"""What a model file is: its sha256 (computed once per path, size and mtime, and kept beside
+the calibrations), size and name, and its vocabulary's digest. The calibration cache, the
+engine, the bridge pins and the release identity (edgespec.identity) key on them."""
 from __future__ import annotations
 
 import hashlib
@@ -50,4 +50,37 @@ def _cached_digest(path: Path, st: os.stat_result, store: Path) -> str:
         os.replace(tmp, store)
     except OSError:
         pass
+    return digest
+
+
+def _vocabulary_cache() -> Path:
+    return paths.edgespec_home() / "identity" / "vocabulary.json"
+
+
+def vocabulary_digest(model, model_sha256: str | None = None) -> str:
+    """sha256 over (text, attribute) of every token id in order; cached per model digest."""
+    store = _vocabulary_cache()
+    known: dict = {}
+    if model_sha256:
+        try:
+            known = json.loads(store.read_text(encoding="utf-8"))
+            if isinstance(known, dict) and isinstance(known.get(model_sha256), str):
+                return known[model_sha256]
+        except (OSError, ValueError):
+            known = {}
+    h = hashlib.sha256()
+    for t in range(int(model.n_vocab)):
+        h.update(model.token_text(t).encode("utf-8", "surrogatepass"))
+        h.update(b"\0%d\n" % int(model.token_attr(t)))
+    digest = h.hexdigest()
+    if model_sha256:
+        try:
+            store.parent.mkdir(parents=True, exist_ok=True)
+            known = known if isinstance(known, dict) else {}
+            known[model_sha256] = digest
+            tmp = store.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known, indent=1), encoding="utf-8")
+            os.replace(tmp, store)
+        except OSError:
+            pass  # a read-only home only costs the recomputation
     return digest
