@@ -73,7 +73,7 @@ class Control:
     request_id: int
     kind: ControlKind
     reason: str
-    draft_length: int | None = None
+    k: int | None = None
     proposer: str | None = None
 
 

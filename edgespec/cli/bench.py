@@ -164,7 +164,7 @@ def _echo_overall(data) -> None:
 @click.option("--proposer", "proposers", multiple=True, metavar="NAME[:KNOB=V,...]",
               help="A configuration (repeatable; replaces the preset's). The plain path is always "
                    "included; 'auto' is the engine's default. Knobs: proposer options, or "
-                   "draft_len/adaptive/exact for the engine.")
+                   "max_draft/adaptive/exact for the engine.")
 @click.option("--anchor", "anchors", multiple=True, metavar="NAME[:N]",
               help="Another implementation on the same prompts (repeatable): llama-completion, "
                    "llama-lookup[:N], llama-speculative-simple[:N] (built by `make anchors`), "

@@ -81,7 +81,7 @@ class EngineFlags:
     target: str
     draft: str | None
     proposer: str
-    draft_len: int | None
+    max_draft: int | None
     adaptive: bool
     exact: bool
     n_ctx: int | None
@@ -100,7 +100,7 @@ class EngineFlags:
         _check_draft_used(self.draft, self.proposer)
         return EngineConfig(
             target=self.target, draft=self.draft, proposer=self.proposer,
-            draft_len=self.draft_len, adaptive=self.adaptive, exact=self.exact,
+            max_draft=self.max_draft, adaptive=self.adaptive, exact=self.exact,
             n_ctx=self.n_ctx, threads=self.threads, budget=self.budget,
             tree_width=self.tree_width, rpc=self.rpc, n_gpu_layers=self.n_gpu_layers,
             tensor_split=self.tensor_split, proposer_options=self.proposer_options,
@@ -132,7 +132,7 @@ def engine_options(fn):
         v = flag_values(click.get_current_context())
         flags = EngineFlags(
             target=v["target"], draft=v["draft"], proposer=v["proposer"],
-            draft_len=v["draft_len"], adaptive=v["adaptive"], exact=v["exact"],
+            max_draft=v["max_draft"], adaptive=v["adaptive"], exact=v["exact"],
             n_ctx=v["n_ctx"], threads=v["threads"], budget=v["budget"],
             tree_width=v["tree_width"], rpc=v["rpc"], n_gpu_layers=v["gpu_layers"],
             tensor_split=v["tensor_split"], proposer_options=v["proposer_option"],
@@ -158,9 +158,10 @@ def engine_options(fn):
                      callback=_keep(), **hidden,
                      help="Draft trees: up to N branches verified in one pass where the "
                           "device's cost curve says a tree pays (0: linear drafts)."),
-        click.option("--draft-len", type=click.IntRange(1, 64), default=None,
-                     callback=_keep(), **hidden,
-                     help="Draft length (the maximum when adaptive control is on)."),
+        click.option("--max-draft", "--draft-max", "max_draft", type=click.IntRange(1, 64),
+                     default=None, callback=_keep(), **hidden,
+                     help="The most tokens one pass drafts: adaptive control's cap, or "
+                          "without it every draft's length (llama.cpp's --draft-max)."),
         click.option("--adaptive/--no-adaptive", default=True, show_default=True,
                      callback=_keep(), **hidden,
                      help="Adaptive draft length, fallback and goodput guard."),

@@ -32,7 +32,7 @@ CONFIGS = ("draft", "ngram", "suffix")
 @click.option("--exact/--no-exact", default=True, show_default=True,
               help="The engine's exact mode (verify passes short enough to be batch-invariant), "
                    "or approximate mode (longer drafts, near-ties may flip).")
-@click.option("--draft-len", type=click.IntRange(1, 64), default=None,
+@click.option("--max-draft", type=click.IntRange(1, 64), default=None,
               help="Fixed draft length, adaptive control off so every configuration drafts "
                    "(default: the most exact mode allows, else 4).")
 @click.option("--tolerance", type=click.FloatRange(0.0), default=None,
@@ -58,7 +58,7 @@ CONFIGS = ("draft", "ngram", "suffix")
               help="Also write the full report as JSON here.")
 @handle_errors
 def parity(target, draft, proposers, prompts_file, per_category, limit, mode, max_tokens, exact,
-           draft_len, tolerance, temperature, top_k, top_p, min_p, seeds, positions, alpha, self_check, n_ctx,
+           max_draft, tolerance, temperature, top_k, top_p, min_p, seeds, positions, alpha, self_check, n_ctx,
            threads, json_path):
     """Run prompts through the plain path and each speculative configuration; report divergences."""
     from ..lab.analysis import parity as P  # deferred: `edgespec` starts without what other commands need
@@ -70,17 +70,17 @@ def parity(target, draft, proposers, prompts_file, per_category, limit, mode, ma
     tol = tolerance
     from ..engine.engine import Engine  # deferred: it loads llama.cpp
 
-    if draft_len is None and not exact:
-        draft_len = 4
-    # in exact mode without --draft-len the engine drafts the most its probed cap allows
+    if max_draft is None and not exact:
+        max_draft = 4
+    # in exact mode without --max-draft the engine drafts the most its probed cap allows
     # every configuration in the label: an asked-only proposer is built only when named
     engine = Engine.load(target, draft=draft, proposer=_label(configs), n_ctx=n_ctx, threads=threads,
-                         draft_len=draft_len, adaptive=False, exact=exact)
-    draft_len = engine.control.draft_length
+                         max_draft=max_draft, adaptive=False, exact=exact)
+    max_draft = engine.control.max_draft
     reports = {c: P.ConfigReport(c, alpha=alpha) for c in configs}
     try:
         click.echo(f"parity: {len(prompts)} prompts x {len(configs)} configurations on {target}, "
-                   f"{'exact' if exact else 'approximate'} mode, draft length {draft_len}", err=True)
+                   f"{'exact' if exact else 'approximate'} mode, draft length {max_draft}", err=True)
         if mode in ("greedy", "both"):
             for out in P.greedy_parity(engine, prompts, configs, max_tokens=max_tokens, tolerance=tol):
                 reports[out.config].greedy.append(out)
@@ -104,7 +104,7 @@ def parity(target, draft, proposers, prompts_file, per_category, limit, mode, ma
     if json_path:
         with open(json_path, "w", encoding="utf-8") as f:
             json.dump({"target": target, "draft": draft, "exact": exact, "tolerance": tol,
-                       "draft_len": draft_len,
+                       "max_draft": max_draft,
                        "reports": [r.to_json() for r in reports.values()]}, f, indent=2)
 
 

@@ -14,7 +14,7 @@ from .extras import require
               help="A proposer from the registry, auto or none (`edgespec generate --help`); "
                    "default: the engine's (with --draft: the draft proposer).")
 @click.option("--draft", metavar="NAME|PATH", help="Draft model for --proposer draft.")
-@click.option("--draft-len", type=int, help="Fixed draft length (default: adaptive).")
+@click.option("--max-draft", type=int, help="Fixed draft length (default: adaptive).")
 @click.option("--n-ctx", type=click.IntRange(16), default=None,
               help="Context window (default: the engine's, 4096 or what the model was trained "
                    "for).")
@@ -24,7 +24,7 @@ from .extras import require
 @click.option("--prompt", default="", help="Text to put in the prompt box.")
 @click.option("--demo", is_flag=True, help="Replay a scripted request: no model needed.")
 @handle_errors
-def tui_command(target, proposer, draft, draft_len, n_ctx, threads, exact, prompt, demo):
+def tui_command(target, proposer, draft, max_draft, n_ctx, threads, exact, prompt, demo):
     """Interactive speculation: stream answers with accepted draft tokens coloured.
 
     Keys: ctrl+r run, Esc cancel, F1 help, F2 settings, F3 colours, ctrl+q quit.
@@ -45,13 +45,13 @@ def tui_command(target, proposer, draft, draft_len, n_ctx, threads, exact, promp
     else:
         source = EngineSource(n_ctx=n_ctx, threads=threads)
     settings = None
-    if target or proposer or draft or draft_len or exact is not None:
+    if target or proposer or draft or max_draft or exact is not None:
         choices = source.models()
         if proposer is None:
             model_based = [n for n in proposer_names() if needs_model(n)]
             proposer = model_based[0] if draft and model_based else default_proposer()
         settings = Settings(target=target or choices.default_target or "", proposer=proposer,
                             draft=draft or (choices.default_draft if needs_model(proposer) else None),
-                            draft_len=draft_len,
+                            max_draft=max_draft,
                             **({} if exact is None else {"exact": exact}))
     create_app(source, initial_prompt=prompt, settings=settings).run()

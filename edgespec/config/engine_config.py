@@ -67,7 +67,7 @@ class EngineConfig:
     rpc: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] | None = None
     adaptive: bool = True  # --adaptive/--no-adaptive
-    draft_len: int | None = None  # --draft-len: fixed length, or with adaptive control the cap
+    max_draft: int | None = None  # --max-draft: fixed length, or with adaptive control the cap
     control: ControlSettings | None = None  # the full control settings; win over the two above
     budget: str | int | None = None
     pull: bool = True
@@ -90,8 +90,8 @@ class EngineConfig:
                    f"--proposer {self.proposer} needs --draft NAME|PATH (for draft: a model "
                    "that shares the target's vocabulary; for bridge: a pinned bridge pair; see "
                    "`edgespec models list`)")
-        ensure(self.draft_len is None or self.draft_len >= 1,
-               f"--draft-len must be >= 1 (got {self.draft_len})")
+        ensure(self.max_draft is None or self.max_draft >= 1,
+               f"--max-draft must be >= 1 (got {self.max_draft})")
         ensure(self.n_ctx is None or self.n_ctx >= 16,
                f"--ctx must be at least 16 tokens (got {self.n_ctx})")
         ensure(1 <= self.parallel <= 64,

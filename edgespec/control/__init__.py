@@ -42,7 +42,7 @@ def make_controller(settings: ControlSettings, proposers: Mapping[str, bool],
 
     ``proposers`` maps each proposer the request may use to whether it is costly. In
     fixed mode ``settings.proposer`` (or the first of ``proposers``) drafts
-    ``settings.draft_length`` tokens every step; an empty ``proposers`` means the plain
+    ``settings.max_draft`` tokens every step; an empty ``proposers`` means the plain
     path. ``guard`` and ``memory`` are the engine's, shared by its requests;
     ``token_seconds`` gives costly proposers' seconds per drafted token when known.
     ``deterministic`` (:func:`reproducible`): the adaptive controller decides on the request
@@ -53,7 +53,7 @@ def make_controller(settings: ControlSettings, proposers: Mapping[str, bool],
         return FixedController(None, 1)
     if not settings.adaptive:
         name = settings.proposer or next(iter(proposers))
-        return FixedController(name, settings.draft_length)
+        return FixedController(name, settings.max_draft)
     return AdaptiveController(proposers, calibration, settings, guard, slice_, token_seconds, memory,
                               deterministic=deterministic)
 

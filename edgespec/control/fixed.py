@@ -6,7 +6,7 @@ from .settings import PLAIN_STEP, ControlRecord, Decision, Outcome, StepView
 
 
 class FixedController:
-    """Always the configured proposer at the configured length (``--draft-len N --no-adapt``)."""
+    """Always the configured proposer at the configured length (``--max-draft N --no-adapt``)."""
 
     def __init__(self, proposer: str | None, k: int) -> None:
         if proposer is not None and k < 1:

@@ -32,13 +32,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ControlSettings:
-    """What a user can set (``--draft-len``, ``--no-adapt``, ``--floor``, ...)."""
+    """What a user can set (``--max-draft``, ``--no-adapt``, ``--floor``, ...)."""
 
     adaptive: bool = True
     proposer: str | None = None  # fixed mode: the proposer to use (None = plain path)
-    draft_length: int = 4  # fixed mode: drafts per step
+    #: the most tokens one pass drafts: adaptive control never drafts more (15 drafts = a
+    #: 16-token verify pass); fixed control drafts this many every step (--max-draft)
+    max_draft: int = 15
     min_draft: int = 1  # adaptive: never draft fewer (a shorter best choice means a plain step)
-    max_draft: int = 15  # adaptive: never draft more (15 drafts = a 16-token verify pass)
     floor: float | None = None  # min verified acceptance; None = min(0.6, break-even + 0.1)
     floor_window: int = 32  # verified positions the floor looks at
     floor_min: int = 16  # positions needed before the floor judges
@@ -71,7 +72,6 @@ class ControlSettings:
     policy_min: int = 6  # scored steps before the first switch
 
     def validate(self) -> "ControlSettings":
-        ensure(self.draft_length >= 1, f"draft length must be >= 1 (got {self.draft_length})")
         ensure(self.min_draft >= 1, f"min draft length must be >= 1 (got {self.min_draft})")
         ensure(self.max_draft >= self.min_draft,
                f"max draft length ({self.max_draft}) must be >= min draft length ({self.min_draft})")
@@ -188,7 +188,7 @@ class ControlRecord(NamedTuple):
 
     kind: ControlKind
     reason: str
-    draft_length: int | None = None
+    k: int | None = None  # the draft length it changed to, where it says
     proposer: str | None = None
 
 

@@ -73,7 +73,7 @@ def load_parts(config: EngineConfig, stack: ExitStack) -> Parts:
         dmodel = _load(config.draft, config, config.draft_gpu_layers, stack)
         # same vocabulary, unless the draft is only bridged (its pair pin is checked then)
         registry_of_proposers.check_draft(tmodel, dmodel, config.proposer)
-    user_len = config.control is not None or config.draft_len is not None
+    user_len = config.control is not None or config.max_draft is not None
     options = _proposer_options(config)
     loaded = _build_proposers(config, options, stack, _build_context(config, tmodel, dmodel,
                                                                     n_ctx, tsha, ctx))
@@ -101,7 +101,7 @@ def exact_control(parts: Parts) -> tuple[ControlSettings, int | None]:
         return control, None
     cap = exactness.max_drafts(parts.target, config, parts.ctx.n_threads)
     if not parts.user_len:
-        control = replace(control, draft_length=min(control.draft_length, max(1, cap)))
+        control = replace(control, max_draft=min(control.max_draft, max(1, cap)))
     # raises what cannot be verified bitwise; the bound itself applies per request
     exactness.bound(control, cap, config.layout(), bool(split_proposers(config.proposer)))
     return control, cap
@@ -221,18 +221,17 @@ def _default_kernel(model: Model, sha: str, config: EngineConfig, pick: bool,
 
 
 def _control_from_flags(config: EngineConfig, plan: Plan | None, label: str) -> ControlSettings:
-    """ControlSettings from --adaptive/--draft-len: with adaptive control a user's
-    --draft-len is the longest draft allowed; without, the length of every draft."""
-    if config.draft_len is not None:
-        if config.adaptive:
-            return ControlSettings(adaptive=True, draft_length=config.draft_len,
-                                   max_draft=config.draft_len)
-        return ControlSettings(adaptive=False, draft_length=config.draft_len)
-    length = _planned_draft_len(plan) or (4 if "draft" in split_proposers(label) else 3)
-    return ControlSettings(adaptive=config.adaptive, draft_length=length)
+    """ControlSettings from --adaptive/--max-draft: with adaptive control a user's
+    --max-draft is the longest draft allowed; without, the length of every draft."""
+    if config.max_draft is not None:
+        return ControlSettings(adaptive=config.adaptive, max_draft=config.max_draft)
+    if config.adaptive:  # the controller sizes every draft, up to its default cap
+        return ControlSettings(adaptive=True)
+    length = _planned_max_draft(plan) or (4 if "draft" in split_proposers(label) else 3)
+    return ControlSettings(adaptive=False, max_draft=length)
 
 
-def _planned_draft_len(plan: Plan | None) -> int | None:
+def _planned_max_draft(plan: Plan | None) -> int | None:
     dl = plan.draft_range if plan is not None else None
     if not dl:
         return None

@@ -166,7 +166,7 @@ class Engine:
 
     @classmethod
     def load(cls, target: str, draft: str | None = None, proposer: str = EngineConfig.proposer, *,
-             n_ctx: int | None = None, threads: int | None = None, draft_len: int | None = None,
+             n_ctx: int | None = None, threads: int | None = None, max_draft: int | None = None,
              proposer_options: Mapping[str, Mapping[str, Any]] | None = None,
              n_gpu_layers: int = 0, draft_gpu_layers: int = 0, adaptive: bool = True,
              control_settings: ControlSettings | None = None,
@@ -186,7 +186,7 @@ class Engine:
                            kernel=kernel, exact=exact, n_ctx=n_ctx,
                            threads=threads, n_gpu_layers=n_gpu_layers,
                            draft_gpu_layers=draft_gpu_layers, adaptive=adaptive,
-                           draft_len=draft_len, control=control_settings,
+                           max_draft=max_draft, control=control_settings,
                            budget=budget, pull=pull, parallel=parallel, kv_cache_ram=kv_cache_ram,
                            tree_width=tree_width)
         return cls.from_config(cfg, sinks=sinks)

@@ -36,11 +36,11 @@ def bound(control: ControlSettings, cap: int, k: KernelConfig,
             "exact mode cannot speculate here: no verify batch on this device gives logits "
             "bitwise equal to single-token decoding (edgespec plan shows the probe); use "
             "--proposer none, or drop --exact (the default is lossless)")
-    if speculates and not control.adaptive and control.draft_length > cap:
+    if speculates and not control.adaptive and control.max_draft > cap:
         raise UnsupportedError(
-            f"a fixed draft length of {control.draft_length} cannot be verified exactly: on "
+            f"a fixed draft length of {control.max_draft} cannot be verified exactly: on "
             f"this device llama.cpp's logits match the plain path only for verify passes of "
-            f"up to {cap} drafts; use --draft-len {cap} or less, adaptive control, or drop "
+            f"up to {cap} drafts; use --max-draft {cap} or less, adaptive control, or drop "
             "--exact (the default is lossless; greedy output may then differ at near-ties)")
     if cap == 0:
         return control

@@ -90,7 +90,7 @@ def attach_controller(req: Request, prep: Prepared, names: tuple[str, ...],
         built["token_seconds"], deterministic=built["deterministic"])
     if hook is not None:
         req.controller = hook(req, req.controller, built)
-    req.max_draft = control.max_draft if control.adaptive else control.draft_length
+    req.max_draft = control.max_draft
 
 
 def _price(p: Proposer, deterministic: bool) -> float:

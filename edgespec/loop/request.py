@@ -202,8 +202,8 @@ class Loop:
         for rec in controller.drain_events():
             req.stats.observe_control(rec.kind)
             ps.events.append(Control(req.id, rec.kind, rec.reason,
-                                     draft_length=rec.draft_length if rec.draft_length is not None
-                                     else d.k, proposer=rec.proposer or d.proposer))
+                                     k=rec.k if rec.k is not None else d.k,
+                                     proposer=rec.proposer or d.proposer))
         k = max(0, min(d.k, limit))
         ps.declined = d.plain and any(len(c) for c in cands.values())
         if d.proposer is not None and not d.plain and k > 0:

@@ -40,7 +40,7 @@ from .memory import (CTX_PAD, DEFAULT_BATCH, ENGINE_BYTES, GPU_RUNTIME_BYTES, K_
 from .result import Candidate, Exactness, KernelOption, Plan
 from .rss import MemoryCheck, check_memory, current_rss, measure_memory, measure_plan
 from .search import BATCH_CHOICES, DEFAULT_CTX, MIN_CTX, BudgetError, plan
-from .speed import (DRAFT_LEN_SLACK, SpeedModel, best_draft_len, break_even_alpha,
+from .speed import (DRAFT_LEN_SLACK, SpeedModel, best_k, break_even_alpha,
                     expected_tokens, predicted_speedup, speed_model)
 from .trust import MAX_CALIBRATION_SPREAD, calibration_trust, usable_shape
 
@@ -50,7 +50,7 @@ __all__ = [
     "KV_GGML_TYPE", "KV_TYPES", "K_MAX", "MAX_CALIBRATION_SPREAD", "MIN_CTX",
     "NGRAM_BYTES_PER_TOKEN", "RUNTIME_BYTES", "SUFFIX_CACHE_CAP", "UNPROBED_EXACT_CAP",
     "Acceptance", "BudgetError", "Candidate", "Exactness", "KernelOption", "MemoryCheck",
-    "MemoryEstimate", "MemoryItem", "Plan", "SpeedModel", "acceptance_for", "best_draft_len",
+    "MemoryEstimate", "MemoryItem", "Plan", "SpeedModel", "acceptance_for", "best_k",
     "break_even_alpha", "cached_calibration", "calibration_trust", "check_memory", "usable_shape",
     "compute_bytes", "current_rss", "default_budgets", "estimate_memory", "expected_tokens",
     "gpu_layer_start", "host_weights", "kv_bytes", "measure_memory", "measure_plan",

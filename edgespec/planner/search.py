@@ -25,7 +25,7 @@ from .memory import (SUFFIX_CACHE_CAP, MemoryEstimate, default_budgets,
                      estimate_memory)
 from .reasons import explain_choice
 from .result import Candidate, Plan
-from .speed import K_MAX, SpeedModel, best_draft_len, bridged, head_speed, speed_model
+from .speed import K_MAX, SpeedModel, best_k, bridged, head_speed, speed_model
 from .. import proposers
 from ..proposers.vocab_check import SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 
@@ -147,7 +147,7 @@ class _Search:
                 best, s, rng = 0, 1.0, (0, 0)
             else:
                 assert acc is not None  # every proposer but the plain path has an estimate
-                best, s, rng = best_draft_len(kind, acc, sm.cost, sm.draft_ratio or 0.0,
+                best, s, rng = best_k(kind, acc, sm.cost, sm.draft_ratio or 0.0,
                                               _k_max(kind, self.k_max))
             return Candidate(kind, True, s, best, rng, acc, mem,
                              {"n_ctx": ctx, "kernel": k, "n_gpu_layers": g_t,

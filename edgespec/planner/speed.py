@@ -79,7 +79,7 @@ def head_speed(sm: SpeedModel, target: ModelFacts, target_cal: Calibration | Non
                                 "(not measured yet: `edgespec plan --calibrate` measures it)")
 
 
-def best_draft_len(kind: str, acc: Acceptance, cost: Callable[[float], float],
+def best_k(kind: str, acc: Acceptance, cost: Callable[[float], float],
                    draft_ratio: float = 0.0, k_max: int = K_MAX) -> tuple[int, float, tuple[int, int]]:
     """(best k, its speedup, (k_min, k_max) within DRAFT_LEN_SLACK of it); k_max >= 1."""
     scores = {k: predicted_speedup(kind, k, acc, cost, draft_ratio) for k in range(1, max(k_max, 1) + 1)}
@@ -93,7 +93,7 @@ def break_even_alpha(target_speedup: float, cost: Callable[[float], float], draf
                      k_max: int = K_MAX, kind: str = "draft") -> float | None:
     """Smallest per-token acceptance at which a draft model would reach ``target_speedup``."""
     def best(a: float) -> float:
-        return best_draft_len(kind, Acceptance(a, 1.0), cost, draft_ratio, k_max)[1]
+        return best_k(kind, Acceptance(a, 1.0), cost, draft_ratio, k_max)[1]
 
     if best(0.999) < target_speedup:
         return None

@@ -200,8 +200,8 @@ class EdgespecApp(App[None]):
                 yield Select(proposers, id="proposer", compact=True, allow_blank=not proposers,
                              **({"value": proposer_value} if proposer_value else {}))
                 yield Label("draft length")
-                yield Input("" if d.draft_len is None else str(d.draft_len),
-                            id="draft-len", type="integer", placeholder="adaptive", compact=True)
+                yield Input("" if d.max_draft is None else str(d.max_draft),
+                            id="max-draft", type="integer", placeholder="adaptive", compact=True)
                 yield Label("max tokens")
                 yield Input(str(d.max_tokens), id="max-tokens", type="integer",
                             compact=True)
@@ -434,7 +434,7 @@ class EdgespecApp(App[None]):
                                 "temperature", Settings.temperature),
             seed=_number(self._main.query_one("#seed", Input).value, int, "seed", None),
             stop=parse_stop(self._main.query_one("#stop", Input).value),
-            draft_len=_number(self._main.query_one("#draft-len", Input).value, int,
+            max_draft=_number(self._main.query_one("#max-draft", Input).value, int,
                               "draft length", None),
             exact=self._main.query_one("#exact", Checkbox).value,
         )
@@ -622,7 +622,7 @@ class EdgespecApp(App[None]):
             t.append(f" · {n} tok")
         last = self.metrics.controls[-1] if self.metrics.controls else None
         if last is not None:
-            t.append(f" │ {control_words(last.kind, last.proposer, last.draft_length)}", Style(dim=True))
+            t.append(f" │ {control_words(last.kind, last.proposer, last.k)}", Style(dim=True))
         self._main.query_one("#status", Static).update(t)
 
     def _refresh_legend(self) -> None:

@@ -95,11 +95,11 @@ def demo_events(prompt: Prompt = DEMO_PROMPT, settings: Settings | None = None, 
         if drafted and accepted == drafted and k < 6:
             k += 1
             events.append(Control(request_id, "draft_length", "all accepted: longer drafts",
-                                  draft_length=k, proposer=proposer))
+                                  k=k, proposer=proposer))
         elif drafted and accepted == 0 and k > 2:
             k -= 1
             events.append(Control(request_id, "draft_length", "none accepted: shorter drafts",
-                                  draft_length=k, proposer=proposer))
+                                  k=k, proposer=proposer))
     stats = fold_stats(events)
     stop = "length" if len(toks) < len(pieces(answer)) else "eos"
     stats.finish(stop, t)

@@ -69,7 +69,7 @@ class LiveMetrics:
         self.stats = RequestStats()
         self.finished: Finished | None = None
         self.target = ""
-        self.draft_length: int | None = None
+        self.k: int | None = None
         self.proposer_now: str | None = None  # who drafted the last pass
         self.controls: deque[Control] = deque(maxlen=8)
         self.pass_acceptance: deque[float] = deque(maxlen=SPARK_POINTS)
@@ -96,15 +96,15 @@ class LiveMetrics:
                 self._plain_steps += 1
                 self._plain_seconds += ev.verify_seconds
             if ev.drafted > 0:
-                self.draft_length = ev.drafted
+                self.k = ev.drafted
                 self.proposer_now = ev.proposer
                 self._window.append((ev.drafted, ev.accepted))
                 self.pass_acceptance.append(ev.accepted / ev.drafted)
                 self._pass_unit_seconds += ev.verify_seconds / (1.0 + VERIFY_SLOPE * ev.drafted)
         elif isinstance(ev, Control):
             self.controls.append(ev)
-            if ev.draft_length is not None:
-                self.draft_length = ev.draft_length
+            if ev.k is not None:
+                self.k = ev.k
         elif isinstance(ev, Finished):
             self.finished = ev
             self.stats = ev.stats

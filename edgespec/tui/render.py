@@ -119,7 +119,7 @@ def live_text(m: LiveMetrics, *, rss: int | None, width: int, p: Palette = Palet
     label("accept")
     t.append(f"{pct(m.window_acceptance)} win  {pct(s.acceptance_rate if s.drafted else None)} req\n")
     label("draft")
-    t.append(f"len {'-' if m.draft_length is None else m.draft_length}"
+    t.append(f"len {'-' if m.k is None else m.k}"
              + (f" {m.proposer_now}" if m.proposer_now else "") + "\n")
     label("per pass")
     t.append(f"{s.mean_accepted_length:.2f} tok\n")
@@ -264,11 +264,11 @@ CONTROL_WORDS = {
 }
 
 
-def control_words(kind: str, proposer: str | None = None, draft_length: int | None = None) -> str:
+def control_words(kind: str, proposer: str | None = None, k: int | None = None) -> str:
     """A controller decision (api.events.Control) as a newcomer would say it."""
     words = CONTROL_WORDS.get(kind, f"speculation: {kind.replace('_', ' ')}")
     return words.format(p=proposer or "the proposer",
-                        n="?" if draft_length is None else draft_length)
+                        n="?" if k is None else k)
 
 
 def transcript_text(turns: Sequence, user: str | None) -> Text:

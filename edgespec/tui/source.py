@@ -51,14 +51,14 @@ class Settings:
     seed: int | None = SamplingParams.seed
     stop: tuple[str, ...] = GenerationParams.stop
     # None: the adaptive controller decides; N: always N
-    draft_len: int | None = EngineConfig.draft_len
+    max_draft: int | None = EngineConfig.max_draft
     exact: bool = EngineConfig.exact  # greedy output bitwise the plain path's (--exact)
 
     def params(self) -> GenerationParams:
         """The engine request, validated here so bad input fails before any model loads."""
-        if self.draft_len is not None and self.draft_len < 1:
+        if self.max_draft is not None and self.max_draft < 1:
             raise InvalidInputError(f"draft length must be >= 1, or blank for adaptive "
-                                    f"(got {self.draft_len})")
+                                    f"(got {self.max_draft})")
         return GenerationParams(
             max_tokens=self.max_tokens,
             stop=self.stop,
@@ -334,7 +334,7 @@ class EngineSource:
         # exact mode runs a kernel configuration of its own (batch invariant), so ticking
         # "exact" loads an engine built for it
         return (settings.target, settings.draft if model else None,
-                p if p == AUTO_PROPOSER or model else None, settings.draft_len, settings.exact)
+                p if p == AUTO_PROPOSER or model else None, settings.max_draft, settings.exact)
 
     def _serves(self, settings: Settings) -> bool:
         if self._engine is None or self._key is None:
@@ -342,7 +342,7 @@ class EngineSource:
         if settings.proposer == AUTO_PROPOSER or needs_model(settings.proposer):
             return self._key == self._load_key(settings)
         loaded = getattr(self._engine, "proposers", {})
-        return (self._key[0] == settings.target and self._key[3] == settings.draft_len
+        return (self._key[0] == settings.target and self._key[3] == settings.max_draft
                 and self._key[4] == settings.exact
                 and (settings.proposer == NO_PROPOSER or settings.proposer in loaded))
 
@@ -355,7 +355,7 @@ class EngineSource:
             from ..engine.engine import Engine  # deferred: importing it loads llama.cpp
             load = Engine.load
         key = self._load_key(settings)
-        fixed = {} if settings.draft_len is None else {"draft_len": settings.draft_len,
+        fixed = {} if settings.max_draft is None else {"max_draft": settings.max_draft,
                                                          "adaptive": False}
         if settings.exact:
             fixed["exact"] = True

@@ -109,11 +109,11 @@ def test_fixed_draft_longer_than_exact_mode_allows_is_refused(runner, model_path
     # Qwen's repacked Q4_K weights are bitwise batch-invariant only up to 3-token passes
     # (probed at calibration), so 5 fixed drafts cannot be verified exactly.
     r = _gen(runner, model_path("qwen-0.5b"), "--proposer", "ngram", "--no-adaptive",
-             "--draft-len", "5", "--exact", "hi")
+             "--max-draft", "5", "--exact", "hi")
     assert r.exit_code == 1
     assert "--exact" in r.output and "Traceback" not in r.output
     ok = _gen(runner, model_path("qwen-0.5b"), "--proposer", "ngram", "--no-adaptive",
-              "--draft-len", "5", "--max-tokens", "4", "hi")
+              "--max-draft", "5", "--max-tokens", "4", "hi")
     assert ok.exit_code == 0, ok.output
 
 

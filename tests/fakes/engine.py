@@ -18,7 +18,7 @@ CALIBRATION = Calibration.linear(0.1, step_seconds=0.02)
 
 def fixed(k: int) -> ControlSettings:
     """Every step drafts k tokens: what the loop tests need to be deterministic."""
-    return ControlSettings(adaptive=False, draft_length=k)
+    return ControlSettings(adaptive=False, max_draft=k)
 
 
 def fake_engine(model: FakeModel | None = None, proposers: Mapping[str, object] | None = None, *,

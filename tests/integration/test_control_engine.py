@@ -33,7 +33,7 @@ def test_fixed_draft_length_is_honoured(model_path):
     from edgespec.engine.engine import Engine
 
     with Engine.load(str(model_path("smollm2-135m")), proposer="ngram", adaptive=False,
-                     draft_len=2, n_ctx=1024, threads=1) as eng:
+                     max_draft=2, n_ctx=1024, threads=1) as eng:
         evs = _events(eng, COPY, "ngram", n=48)
     drafted = [e.drafted for e in evs if isinstance(e, Step) and e.drafted]
     assert drafted and max(drafted) <= 2

@@ -38,7 +38,7 @@ def eagle3_gguf(model_path, tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(model_path, eagle3_gguf):
     eng = Engine.load(str(model_path("smollm2-135m")), str(eagle3_gguf), proposer="eagle3",
-                      adaptive=False, draft_len=3, n_ctx=512, threads=2, pull=False)
+                      adaptive=False, max_draft=3, n_ctx=512, threads=2, pull=False)
     yield eng
     eng.close()
 
@@ -86,7 +86,7 @@ def test_eagle3_passes_sampling_parity(engine):
 def test_generate_runs_eagle3_from_the_cli(model_path, eagle3_gguf):
     r = CliRunner().invoke(cli, ["generate", "--target", str(model_path("smollm2-135m")),
                                  "--proposer", "eagle3", "--draft", str(eagle3_gguf),
-                                 "--no-adaptive", "--draft-len", "3", "--max-tokens", "12",
+                                 "--no-adaptive", "--max-draft", "3", "--max-tokens", "12",
                                  "--stats", "Repeat: one two three, one two three,"])
     assert r.exit_code == 0, r.output
     assert "proposer eagle3" in r.output

@@ -21,7 +21,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def engine(model_path):
     eng = Engine.load(str(model_path("qwen-0.5b")), proposer="lookahead", adaptive=False,
-                      draft_len=2, exact=True, n_ctx=1024, threads=2, pull=False,
+                      max_draft=2, exact=True, n_ctx=1024, threads=2, pull=False,
                       proposer_options={"lookahead": {"n": 4, "window": 8}})
     yield eng
     eng.close()
@@ -58,7 +58,7 @@ def test_lookahead_passes_sampling_parity(engine):
 def test_generate_runs_lookahead_from_the_cli_and_refuses_bad_knobs(model_path):
     target = str(model_path("qwen-0.5b"))
     r = CliRunner().invoke(cli, ["generate", "--target", target, "--proposer", "lookahead",
-                                 "--no-adaptive", "--draft-len", "2", "--max-tokens", "12",
+                                 "--no-adaptive", "--max-draft", "2", "--max-tokens", "12",
                                  "--stats", "-O", "lookahead.n=3", "Count from one to ten:"])
     assert r.exit_code == 0, r.output
     assert "proposer lookahead" in r.output

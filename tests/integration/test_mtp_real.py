@@ -33,7 +33,7 @@ def mtp_gguf(model_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(mtp_gguf):
-    eng = Engine.load(str(mtp_gguf), proposer="mtp", adaptive=False, draft_len=3,
+    eng = Engine.load(str(mtp_gguf), proposer="mtp", adaptive=False, max_draft=3,
                       n_ctx=512, threads=2, pull=False)
     yield eng
     eng.close()
@@ -125,7 +125,7 @@ def test_parity_cli_runs_asked_only_proposers(mtp_gguf, tmp_path):
     prompts.write_text(json.dumps({"prompt": PROMPTS[1].prompt, "category": "test"}) + "\n")
     r = CliRunner().invoke(cli, ["parity", "--target", str(mtp_gguf), "--proposers",
                                  "mtp,lookahead", "--prompts", str(prompts), "--max-tokens", "16",
-                                 "--ctx", "512", "--threads", "2", "--draft-len", "3",
+                                 "--ctx", "512", "--threads", "2", "--max-draft", "3",
                                  "--no-exact", "--tolerance", "0"])
     assert r.exit_code == 0, r.output
     rows = {line.split()[0]: line.split() for line in r.output.splitlines()

@@ -42,7 +42,7 @@ def drafts(model_path, tmp_path_factory):
 @pytest.fixture(scope="module")
 def engine(model_path, drafts):
     eng = Engine.load(str(model_path("qwen-1.5b")), draft=str(drafts[0]), proposer="draft",
-                      adaptive=False, draft_len=2, exact=True, n_ctx=1024, threads=2)
+                      adaptive=False, max_draft=2, exact=True, n_ctx=1024, threads=2)
     yield eng
     eng.close()
 

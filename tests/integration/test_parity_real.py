@@ -52,7 +52,7 @@ class _Session:
 @pytest.fixture(scope="module")
 def engine(engine_factory):
     # a dedicated engine: the test attaches its own proposer
-    return engine_factory("smollm2-135m", proposer="none", adaptive=False, draft_len=2, n_ctx=1024)
+    return engine_factory("smollm2-135m", proposer="none", adaptive=False, max_draft=2, n_ctx=1024)
 
 
 def _attach(engine, name: str, corrupt: bool, chat: bool = True, prompts=PROMPTS) -> str:

@@ -97,7 +97,7 @@ def test_split_across_two_servers_gives_the_local_greedy_output(servers, model_p
     assert where["identity"] == where["placement"] and where["placement"].startswith("rpc=127.0.0.1,")
     assert plain == local and len(local) > 40
     spec, _ = _run(EngineConfig(target=target, proposer="ngram+suffix", rpc=servers,
-                                adaptive=False, draft_len=3, kernel=KernelConfig()))
+                                adaptive=False, max_draft=3, kernel=KernelConfig()))
     assert spec == local
 
 

@@ -23,7 +23,7 @@ def engine(model_path, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("EDGESPEC_HOME", str(tmp_path_factory.mktemp("selfhome")))
     eng = Engine.load(str(model_path("smollm2-135m")), proposer="self", adaptive=False,
-                      draft_len=2, exact=True, n_ctx=1024, threads=2, pull=False,
+                      max_draft=2, exact=True, n_ctx=1024, threads=2, pull=False,
                       proposer_options={"self": {"layers": LAYERS}})
     yield eng
     eng.close()
@@ -55,7 +55,7 @@ def test_self_speculation_passes_sampling_parity(engine):
 def test_generate_runs_self_speculation_from_the_cli(model_path, tmp_path, monkeypatch):
     monkeypatch.setenv("EDGESPEC_HOME", str(tmp_path))
     args = ["generate", "--target", str(model_path("smollm2-135m")), "--proposer", "self",
-            "--no-adaptive", "--draft-len", "2", "--max-tokens", "12", "--stats",
+            "--no-adaptive", "--max-draft", "2", "--max-tokens", "12", "--stats",
             "-O", "self.layers=first:12", "Count from one to ten:"]
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output

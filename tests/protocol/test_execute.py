@@ -62,7 +62,7 @@ def test_a_logits_processor_reaches_the_engine_and_runs_on_the_plain_path():
     model = FakeModel()
     # a proposer that always drafts 2 tokens, so that "no drafts" is the processor's doing
     engine = fake_engine(model, {"scripted": ScriptedProposer(model, [2] * 50)},
-                         control=ControlSettings(adaptive=False, draft_length=2))
+                         control=ControlSettings(adaptive=False, max_draft=2))
     calls = []
 
     def processor(input_ids, scores):

@@ -36,12 +36,12 @@ def test_demo_replays_the_script_with_its_prompt(monkeypatch):
 def test_model_options_become_the_initial_settings(monkeypatch):
     made = _capture(monkeypatch)
     result = CliRunner().invoke(cli, ["tui", "-m", "/models/x.gguf", "-p", "suffix",
-                                      "--draft-len", "3", "--n-ctx", "1024", "--prompt", "hi"])
+                                      "--max-draft", "3", "--n-ctx", "1024", "--prompt", "hi"])
     assert result.exit_code == 0, result.output
     source, kw = made[0]
     assert isinstance(source, EngineSource) and source.n_ctx == 1024
     s = kw["settings"]
-    assert (s.target, s.proposer, s.draft, s.draft_len) == ("/models/x.gguf", "suffix", None, 3)
+    assert (s.target, s.proposer, s.draft, s.max_draft) == ("/models/x.gguf", "suffix", None, 3)
     assert kw["initial_prompt"] == "hi"
 
 

@@ -28,14 +28,14 @@ HELLO = script([("Hello", "target")], [(" wor", "draft"), ("ld", "draft"), ("!",
 
 
 def engine_defaults(s: Settings) -> tuple:
-    return (s.proposer, s.draft, s.exact, s.draft_len)
+    return (s.proposer, s.draft, s.exact, s.max_draft)
 
 
 def request_defaults(s: Settings) -> tuple:
     return (s.max_tokens, s.temperature, s.seed, s.stop)
 
 
-ENGINE_DEFAULTS = (ENGINE.proposer, ENGINE.draft, ENGINE.exact, ENGINE.draft_len)
+ENGINE_DEFAULTS = (ENGINE.proposer, ENGINE.draft, ENGINE.exact, ENGINE.max_draft)
 REQUEST_DEFAULTS = (REQUEST.max_tokens, REQUEST.sampling.temperature, REQUEST.sampling.seed,
                     REQUEST.stop)
 
@@ -51,7 +51,7 @@ async def test_the_tui_opens_on_the_engines_defaults(fixed_memory):
         # the widgets themselves, not only what current_settings makes of them
         assert app.query_one("#proposer", Select).value == (ENGINE.proposer, ENGINE.draft)
         assert app.query_one("#exact", Checkbox).value is ENGINE.exact
-        assert app.query_one("#draft-len").value == ""  # blank: adaptive, the engine's
+        assert app.query_one("#max-draft").value == ""  # blank: adaptive, the engine's
         # and a run sends exactly that
         await run_request(pilot, app)
         assert source.requests[0][1] == opened

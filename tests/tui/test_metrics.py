@@ -26,12 +26,12 @@ def test_window_and_request_acceptance_and_draft_length():
     m = LiveMetrics()
     for ev in [RequestStarted(1, 4, "ngram", "q"), PrefillDone(1, 4, 0.2),
                step(0.3, 4, 4), step(0.4, 4, 0), step(0.5, 0, 0),
-               Control(1, "draft_length", "shorter", draft_length=2)]:
+               Control(1, "draft_length", "shorter", k=2)]:
         m.observe(ev)
     assert m.window_acceptance == pytest.approx(4 / 8)
     assert m.stats.acceptance_rate == pytest.approx(4 / 8)
     assert list(m.pass_acceptance) == [1.0, 0.0]
-    assert m.draft_length == 2 and m.proposer_now == "ngram"
+    assert m.k == 2 and m.proposer_now == "ngram"
     assert m.stats.accepted_length_hist == Counter({5: 1, 1: 2})
 
 

@@ -171,13 +171,13 @@ def test_engine_source_reuses_the_engine_across_free_proposers_and_reloads_for_m
 def test_a_fixed_draft_length_is_a_load_time_choice():
     src, loads = _engine_source()
     list(src.start("hi", Settings(target="qwen", proposer="ngram")))
-    fixed = Settings(target="qwen", proposer="ngram", draft_len=3)
+    fixed = Settings(target="qwen", proposer="ngram", max_draft=3)
     assert src.needs_load(fixed)
     list(src.start("hi", fixed))
-    assert loads[1].kw["draft_len"] == 3 and loads[1].kw["adaptive"] is False
-    assert not src.needs_load(Settings(target="qwen", proposer="suffix", draft_len=3))
+    assert loads[1].kw["max_draft"] == 3 and loads[1].kw["adaptive"] is False
+    assert not src.needs_load(Settings(target="qwen", proposer="suffix", max_draft=3))
     with pytest.raises(InvalidInputError, match="draft length"):
-        src.start("hi", Settings(target="qwen", draft_len=0))
+        src.start("hi", Settings(target="qwen", max_draft=0))
 
 
 def test_engine_source_refuses_bad_input_before_loading():

@@ -20,7 +20,7 @@ from dataclasses import replace
 # draft lengths and adaptive control compare on one loaded model. Besides these three, the
 # controller's tunables (TUNABLE_KNOBS) can be A/B-tested against the default in one run.
 TUNABLE_KNOBS = ("margin", "window", "min_draft", "position_calibration", "ramp", "policy")
-CONTROL_KNOBS = ("draft_len", "adaptive", "exact", *TUNABLE_KNOBS)
+CONTROL_KNOBS = ("max_draft", "adaptive", "exact", *TUNABLE_KNOBS)
 
 @dataclass(frozen=True)
 class EnginePlan:
@@ -52,11 +52,11 @@ def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
         own = {k: v for k, v in c.knob_dict.items() if k not in CONTROL_KNOBS}
         ctl = {k: v for k, v in c.knob_dict.items() if k in CONTROL_KNOBS}
         if c.proposer in oracles.KINDS:
-            if own or set(ctl) - {"draft_len"} or c.exact:
-                raise InvalidInputError(f"{c.label}: an oracle takes only draft_len (the longest "
+            if own or set(ctl) - {"max_draft"} or c.exact:
+                raise InvalidInputError(f"{c.label}: an oracle takes only max_draft (the longest "
                                         "draft it offers; it cuts each draft on the cost curve)")
             # the oracle cuts its own drafts: the controller verifies what it offers
-            control[c.label] = {"adaptive": False, "draft_len": oracles.MAX_DRAFT, **ctl}
+            control[c.label] = {"adaptive": False, "max_draft": oracles.MAX_DRAFT, **ctl}
             found[c.label] = c.proposer
             names[c.label] = c.label
             continue
@@ -106,9 +106,9 @@ def control_settings(base, knobs: dict):
         return None
     adaptive = bool(knobs.get("adaptive", base.adaptive))
     changes: dict = {"adaptive": adaptive}
-    if "draft_len" in knobs:
-        n = int(knobs["draft_len"])
-        changes.update(draft_length=n, **({"max_draft": n} if adaptive else {}))
+    if "max_draft" in knobs:
+        n = int(knobs["max_draft"])
+        changes.update(max_draft=n)
     for k in TUNABLE_KNOBS:
         if k in knobs:
             kind = type(getattr(base, k))
@@ -153,7 +153,7 @@ def load_engine(m: Matrix, plan: EnginePlan,
             eng = engines[False]
             eng.add_proposer(label, oracles.OracleProposer(
                 kind, references[label], eng.calibration(),
-                max_draft=int(plan.control[label]["draft_len"])))
+                max_draft=int(plan.control[label]["max_draft"])))
         for c in m.engine_configs:
             if c.label in plan.oracles:
                 continue

@@ -123,15 +123,21 @@ def render_markdown(run: Mapping, plots: Mapping[str, str] | None = None) -> str
 
 
 def draft_length(run: Mapping) -> str:
-    """The engine's draft length (its controller's cap), and each configuration's own."""
+    """The engine's draft cap (max_draft), and each configuration's own. A run recorded before
+    the vocabulary settled (2026-12-05) names the cap draft_len, and fixed control's length
+    draft_length: read, never written."""
     eng = run.get("identity", {}).get("engine", {})
     ctl = eng.get("control") or {}
-    base = eng.get("draft_len", ctl.get("max_draft") if ctl.get("adaptive") else
-                   ctl.get("draft_length"))
-    own = {label: k["draft_len"] for label, k in (eng.get("control_knobs") or {}).items()
-           if "draft_len" in k}
+    base = eng.get("max_draft", eng.get("draft_len"))
+    if base is None:
+        base = (ctl.get("max_draft") if ctl.get("adaptive")
+                else ctl.get("draft_length", ctl.get("max_draft")))
+    own = {label: k.get("max_draft", k.get("draft_len"))
+           for label, k in (eng.get("control_knobs") or {}).items()
+           if "max_draft" in k or "draft_len" in k}
+    pinned = "max_draft" in eng or "draft_len" in eng
     text = "?" if base is None else (f"up to {base} (adaptive)" if ctl.get("adaptive")
-                                     and "draft_len" not in eng else str(base))
+                                     and not pinned else str(base))
     return text + "".join(f"; {label}: {n}" for label, n in own.items())
 
 

@@ -273,7 +273,9 @@ def _proposers(ctl_info: Mapping) -> tuple[set[str], list[str], int]:
     max_draft = 0
     if ctl_info:
         s = ctl_info["settings"]
-        max_draft = int(s["max_draft"] if s["adaptive"] else s["draft_length"])
+        # a trace recorded before 2026-12-05 keeps fixed control's length as draft_length
+        max_draft = int(s["draft_length"] if not s["adaptive"] and "draft_length" in s
+                        else s["max_draft"])
     return costly, free, max_draft
 
 

@@ -161,7 +161,7 @@ def test_fixed_controller_always_asks_for_its_length_and_respects_the_budget():
 
 
 def test_make_controller_picks_the_mode():
-    s = ControlSettings(adaptive=False, draft_length=3)
+    s = ControlSettings(adaptive=False, max_draft=3)
     assert isinstance(make_controller(s, {"ngram": False}), FixedController)
     assert make_controller(s, {"ngram": False}).decide(StepView()).k == 3
     assert isinstance(make_controller(ControlSettings(), {"ngram": False}), AdaptiveController)
@@ -169,7 +169,7 @@ def test_make_controller_picks_the_mode():
 
 
 @pytest.mark.parametrize("kw", [dict(min_draft=0), dict(min_draft=5, max_draft=4), dict(floor=1.2),
-                                dict(guard_threshold=0), dict(draft_length=0), dict(margin=-1)])
+                                dict(guard_threshold=0), dict(max_draft=0), dict(margin=-1)])
 def test_bad_settings_are_refused_with_a_message(kw):
     with pytest.raises(InvalidInputError):
         ControlSettings(**kw).validate()
@@ -408,9 +408,9 @@ def test_events_are_drained_once_and_match_the_control_event_fields():
     assert res.events  # replay drained them as it went
     assert ctl.drain_events() == []
     first = res.events[0]
-    assert first.kind == "fallback" and first.draft_length == 0 and "below the floor" in first.reason
+    assert first.kind == "fallback" and first.k == 0 and "below the floor" in first.reason
     ev = Control(7, *first)
-    assert (ev.request_id, ev.kind, ev.reason, ev.draft_length, ev.proposer) == \
+    assert (ev.request_id, ev.kind, ev.reason, ev.k, ev.proposer) == \
         (7, "fallback", first.reason, 0, "ngram")
     # a record's fields are the event's after its request_id, in the same order
     assert ControlRecord._fields == tuple(f.name for f in fields(Control))[1:]
@@ -450,7 +450,7 @@ def test_one_proposal_per_step_cut_to_the_decided_length():
 
 
 def test_a_costly_proposer_is_chosen_without_a_candidate_and_asked_for_k():
-    ctl = make_controller(ControlSettings(adaptive=False, draft_length=6), {"draft": True})
+    ctl = make_controller(ControlSettings(adaptive=False, max_draft=6), {"draft": True})
     assert ctl.decide(StepView(remaining=49)) == Decision("draft", 6, "fixed draft length 6")
     tr = make_trace(50)
     inner = scripted(tr, lambda i: True, match_length=lambda pos: 1)

@@ -75,7 +75,7 @@ def test_the_exact_mode_refusal_frees_the_context_before_the_model(world, monkey
     closed, _ = world
     monkeypatch.setattr("edgespec.calibration.cache.exact_cap", lambda model, kernel, n_threads: 2)
     with pytest.raises(UnsupportedError, match="cannot be verified exactly"):
-        Engine.from_config(cfg(exact=True, draft_len=5))
+        Engine.from_config(cfg(exact=True, max_draft=5))
     assert closed[-2:] == ["ctx:target.gguf", "model:target.gguf"]
 
 
@@ -94,7 +94,7 @@ def test_exact_mode_shrinks_a_default_draft_length_before_the_engine_exists(worl
     monkeypatch.setattr("edgespec.calibration.cache.exact_cap",
                         lambda model, kernel, n_threads: probes.append(1) or 2)
     with Engine.from_config(cfg(exact=True)) as eng:
-        assert eng.control.draft_length == 2 and eng.config.control == eng.control
+        assert eng.control.max_draft == 2 and eng.config.control == eng.control
         assert eng.exact_max_draft() == 2 and eng.upkeep.exact_cap == 2
     assert probes == [1]  # probed once, by the builder; the engine reuses it
 
@@ -104,4 +104,4 @@ def test_a_default_engine_probes_no_exact_cap(world, monkeypatch):
         raise AssertionError("the default mode probes no exact cap at load")
     monkeypatch.setattr("edgespec.calibration.cache.exact_cap", never)
     with Engine.from_config(cfg()) as eng:
-        assert eng.upkeep.exact_cap is None and eng.control.draft_length == 3
+        assert eng.upkeep.exact_cap is None and eng.control.max_draft == 3

@@ -111,7 +111,7 @@ def test_an_engine_computes_its_identity_once(home, monkeypatch):
     c = first.components
     assert c["target"]["tokenizer"]["n_vocab"] == 18 and c["target"]["sha256"] is None
     assert c["features"]["proposers"] == {"scripted": {"kind": "scripted", "costly": False}}
-    assert c["policy"]["control"]["draft_length"] == 3 and c["kernel"]["kv_type"] == "q8_0"
+    assert c["policy"]["control"]["max_draft"] == 3 and c["kernel"]["kv_type"] == "q8_0"
     assert c["llama_cpp"]["llama_cpp_python"] and c["hardware"]["cores"] >= 1
     # adding a proposer changes the feature matrix, so the identity is taken again
     eng.add_proposer("other", ScriptedProposer(eng.target, [1], name="other"))
@@ -125,8 +125,8 @@ def test_same_configuration_same_hash_and_each_change_is_named(home):
     k = engine()
     k.config = replace(k.config, kernel=KernelConfig(repack=False))
     assert diff(base, k.identity) == ["kernel.repack"]
-    p = engine(control=ControlSettings(adaptive=False, draft_length=5))
-    assert diff(base, p.identity) == ["policy.control.draft_length"]
+    p = engine(control=ControlSettings(adaptive=False, max_draft=5))
+    assert diff(base, p.identity) == ["policy.control.max_draft"]
     t = engine(n_ctx=128)
     assert diff(base, t.identity) == ["runtime.n_ctx"]
 

@@ -397,7 +397,7 @@ def test_exact_mode_refuses_a_fixed_draft_longer_than_the_cap(probed_cap):
     model = FakeModel()
     eng = fake_engine(model, {"scripted": ScriptedProposer(model, [3])}, control=fixed(3),
                       exact=True)
-    with pytest.raises(UnsupportedError, match="--draft-len 2 or less"):
+    with pytest.raises(UnsupportedError, match="--max-draft 2 or less"):
         eng.stream("a", raw())
     assert eng.ctx.calls == []
     # the same engine without exactness for this request runs the 3-token drafts

@@ -219,9 +219,9 @@ def test_speedups():
     assert planner.predicted_speedup("ngram", 4, Acceptance(0.9, 0.0), lambda n: n) == 1.0
 
 
-def test_best_draft_len_and_break_even():
+def test_best_k_and_break_even():
     cost = Calibration.prior_cpu().cost
-    k, s, (lo, hi) = planner.best_draft_len("suffix", planner.DEFAULT_ACCEPTANCE["suffix"], cost)
+    k, s, (lo, hi) = planner.best_k("suffix", planner.DEFAULT_ACCEPTANCE["suffix"], cost)
     assert lo <= k <= hi and s > 1.0
     need = planner.break_even_alpha(1.02, cost, 0.5)
     assert need is not None and 0.8 < need < 1.0

@@ -80,9 +80,11 @@ def test_a_busy_unit_is_warned_once_and_counted(monkeypatch):
 def test_draft_length_is_said():
     def run(control, knobs=None):
         return {"identity": {"engine": {"control": control, "control_knobs": knobs or {}}}}
-    assert draft_length(run({"adaptive": True, "max_draft": 15, "draft_length": 4})) == \
-        "up to 15 (adaptive)"
-    assert draft_length(run({"adaptive": False, "draft_length": 4},
+    assert draft_length(run({"adaptive": True, "max_draft": 15})) == "up to 15 (adaptive)"
+    assert draft_length(run({"adaptive": False, "max_draft": 4},
+                            {"ngram:n=3": {"max_draft": 6}})) == "4; ngram:n=3: 6"
+    # a run recorded before the vocabulary settled: fixed control's draft_length, draft_len knobs
+    assert draft_length(run({"adaptive": False, "max_draft": 15, "draft_length": 4},
                             {"ngram:n=3": {"draft_len": 6}})) == "4; ngram:n=3: 6"
     assert draft_length({}) == "?"
 

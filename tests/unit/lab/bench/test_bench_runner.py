@@ -172,17 +172,17 @@ def test_ctrl_c_keeps_what_was_measured():
 
 
 def test_plan_engine_maps_knobs():
-    plan = plan_engine([ConfigSpec("none"), ConfigSpec.make("ngram", {"min_n": 2, "draft_len": 3}),
-                        ConfigSpec.make("ngram", {"min_n": 3, "draft_len": 3}),
+    plan = plan_engine([ConfigSpec("none"), ConfigSpec.make("ngram", {"min_n": 2, "max_draft": 3}),
+                        ConfigSpec.make("ngram", {"min_n": 3, "max_draft": 3}),
                         ConfigSpec("suffix"), ConfigSpec.anchor("llama-pld:4"),
                         ConfigSpec("auto"), ConfigSpec.make("ngram+suffix", {"exact": True})])
-    assert plan.control == {"ngram[draft_len=3,min_n=2]": {"draft_len": 3},
-                            "ngram[draft_len=3,min_n=3]": {"draft_len": 3},
+    assert plan.control == {"ngram[max_draft=3,min_n=2]": {"max_draft": 3},
+                            "ngram[max_draft=3,min_n=3]": {"max_draft": 3},
                             "ngram+suffix[exact=True]": {"exact": True}}
     assert plan.proposer_options == {"ngram": {"min_n": 2}}
-    assert plan.extra == {"ngram[draft_len=3,min_n=3]": ("ngram", {"min_n": 3})}
-    assert plan.request_name == {"none": "none", "ngram[draft_len=3,min_n=2]": "ngram",
-                                 "ngram[draft_len=3,min_n=3]": "ngram[draft_len=3,min_n=3]",
+    assert plan.extra == {"ngram[max_draft=3,min_n=3]": ("ngram", {"min_n": 3})}
+    assert plan.request_name == {"none": "none", "ngram[max_draft=3,min_n=2]": "ngram",
+                                 "ngram[max_draft=3,min_n=3]": "ngram[max_draft=3,min_n=3]",
                                  "suffix": "suffix", "auto": None,
                                  "ngram+suffix[exact=True]": "ngram+suffix"}
     # "auto" loads the engine as the planner would (None: the engine's default proposer)
@@ -191,10 +191,10 @@ def test_plan_engine_maps_knobs():
         plan_engine([ConfigSpec.make("auto", {"min_n": 2})])
     # fixed lengths and adaptive control side by side; each suffix configuration gets its
     # own tree so none sees another's answer to the same prompt
-    plan = plan_engine([ConfigSpec.make("suffix", {"draft_len": 2, "adaptive": False}),
+    plan = plan_engine([ConfigSpec.make("suffix", {"max_draft": 2, "adaptive": False}),
                         ConfigSpec("suffix")])
     assert plan.extra == {"suffix#2": ("suffix", {})}
-    assert plan.request_name == {"suffix[adaptive=False,draft_len=2]": "suffix", "suffix": "suffix#2"}
+    assert plan.request_name == {"suffix[adaptive=False,max_draft=2]": "suffix", "suffix": "suffix#2"}
     with pytest.raises(InvalidInputError, match="one draft model"):
         plan_engine([ConfigSpec("draft"), ConfigSpec.make("draft", {"x": 1})])
 
@@ -357,12 +357,12 @@ def test_oracle_references_are_settled_before_the_warmups_per_turn():
     m = Matrix(target="t", configs=cfgs, spec_bench=("writing",), max_new_tokens=3, warmup=1,
                warmup_tokens=2)
     Runner(m, eng, references={"oracle": refs},
-           control={"oracle": {"adaptive": False, "draft_len": 16}}).run(PROMPTS, BenchRun(m))
+           control={"oracle": {"adaptive": False, "max_draft": 16}}).run(PROMPTS, BenchRun(m))
     pre = [c for c in eng.calls if c[0].startswith("generate:")]
     # per turn: the plain answer once, then the oracle until it reproduces its reference
     assert [c[0] for c in pre[:3]] == ["generate:none", "generate:oracle", "generate:oracle"]
     assert eng.calls.index(pre[-1]) < eng.calls.index(next(c for c in eng.calls if c[2] == 2))
-    assert all(c[3].adaptive is False and c[3].draft_length == 16 for c in pre[1:3])
+    assert all(c[3].adaptive is False and c[3].max_draft == 16 for c in pre[1:3])
     # the second turn continues the oracle's own first answer
     second = next(c for c in pre if len(c[1]) == 3)
     assert second[1][1] == {"role": "assistant", "content": "oracle 1"}

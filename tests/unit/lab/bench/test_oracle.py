@@ -93,17 +93,17 @@ def test_an_unknown_oracle_kind_is_refused():
 
 def test_oracle_configurations_run_fixed_control_on_their_own_proposer():
     plan = plan_engine([ConfigSpec("none"), ConfigSpec("oracle"),
-                        ConfigSpec.make("oracle-copy", {"draft_len": 8})])
-    assert plan.oracles == {"oracle": "oracle", "oracle-copy[draft_len=8]": "oracle-copy"}
+                        ConfigSpec.make("oracle-copy", {"max_draft": 8})])
+    assert plan.oracles == {"oracle": "oracle", "oracle-copy[max_draft=8]": "oracle-copy"}
     assert plan.request_name["oracle"] == "oracle"
-    assert plan.control["oracle"] == {"adaptive": False, "draft_len": 16}
-    assert plan.control["oracle-copy[draft_len=8]"] == {"adaptive": False, "draft_len": 8}
+    assert plan.control["oracle"] == {"adaptive": False, "max_draft": 16}
+    assert plan.control["oracle-copy[max_draft=8]"] == {"adaptive": False, "max_draft": 8}
     assert not plan.proposer_options and not plan.extra
 
 
 @pytest.mark.parametrize("knobs", [{"min_n": 2}, {"exact": True}, {"adaptive": True}])
 def test_an_oracle_takes_no_other_knobs(knobs):
-    with pytest.raises(InvalidInputError, match="an oracle takes only draft_len"):
+    with pytest.raises(InvalidInputError, match="an oracle takes only max_draft"):
         plan_engine([ConfigSpec("none"), ConfigSpec.make("oracle", knobs)])
 
 

@@ -100,10 +100,10 @@ def _fixed_record(accepted_first: int = 2) -> dict:
     """FixedController("ngram", 2) over output 1..7 (max_tokens 7), as the engine records it:
     pass 1 cuts [2, 3, 4, 5] to [2, 3] (both right), pass 2 drafts [5, 9] (one right), pass 3 is plain
     (one token left: no room to draft)."""
-    settings = ControlSettings(adaptive=False, proposer="ngram", draft_length=2)
+    settings = ControlSettings(adaptive=False, proposer="ngram", max_draft=2)
     from dataclasses import asdict
     return {
-        "engine": "default", "config": "ngram[draft_len=2]", "warmup": False, "unit": 0,
+        "engine": "default", "config": "ngram[max_draft=2]", "warmup": False, "unit": 0,
         "prompt_id": "p", "category": "c", "prompt": [100, 101, 102], "n_prompt": 3,
         "max_tokens": 7, "n_ctx": 512, "output": [1, 2, 3, 4, 5, 6, 7], "first_token": [1],
         "stop_reason": "length", "decode_tokens": 6, "decode_seconds": 0.1, "tail_seconds": 0.0,
@@ -164,7 +164,7 @@ def test_a_position_never_recorded_gets_the_latest_matching_candidate_shifted():
     # a controller that drafts 1 where the recording drafted 2 reaches a position the
     # recording never visited; the copy proposer's earlier draft still matches there
     r = _fixed_record()
-    r["controller"]["settings"]["draft_length"] = 1
+    r["controller"]["settings"]["max_draft"] = 1
     res = replay_request(r, build_controller(r, None), MODEL, OVER)
     assert res.diverged_at == 0
     # gen 1: [2] right -> gen 3: [2, 3, 4, 5] shifted to [4] right -> gen 5: the draft
