@@ -72,7 +72,11 @@ def llama_server(model_path):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("llama-server did not start:\n" + proc.stderr.read()[-4000:])
             time.sleep(0.5)
-        with httpx.Client(base_url=url, timeout=180) as c:
+        # a new connection per request: llama-server (cpp-httplib) may close a kept-alive
+        # one just as the client reuses it ("Server disconnected without sending a
+        # response", seen under load); what is compared here is the answers
+        with httpx.Client(base_url=url, timeout=180,
+                          limits=httpx.Limits(max_keepalive_connections=0)) as c:
             yield c
     finally:
         proc.terminate()
