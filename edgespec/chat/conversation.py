@@ -98,7 +98,7 @@ class Conversation:
         if not (exact or self._sent.sampling.promises_text) or not self.turns:
             return 0
         t0 = time.perf_counter()
-        n = self.engine.refresh_kv(exact=True, stop=stop)
+        n = self.engine.refresh_kv(stop=stop)
         turn = self.turns[-1]
         turn.refreshed += n
         turn.refresh_seconds += time.perf_counter() - t0

@@ -34,8 +34,8 @@ model generated.
 conversations) in a byte budget with least-recently-used eviction, through llama.cpp's
 per-sequence state API (``Context.state_get`` / ``state_set``).
 
-:meth:`PrefixCache.refresh` gives those requests their reuse back: once a turn has finished (idle
-time, while its answer is read), the generated tokens' positions are prefilled again, from
+:meth:`PrefixCache.refresh` gives those requests their reuse back: once a turn has finished
+(idle time, while its answer is read), the generated tokens' positions are prefilled again, from
 the last row-group boundary a prefill wrote, in passes that each start on a boundary and
 hold at least MIN_PASS tokens. The sequence then holds prefill-written KV for the whole turn
 and the next turn computes only its new message. Stopped between passes, it keeps what it
@@ -63,8 +63,8 @@ MIN_STATE_TOKENS = 16
 DEFAULT_RAM_BYTES = 256 << 20
 #: ggml-cpu's repacked matrix kernels evaluate a batch in groups of this many rows (gemm)
 #: and the rows left over one by one (gemv), which round differently: reusing prefilled
-#: positions only, a reused prefix ends, and the suffix starts, on a group boundary, so every position is
-#: computed as a prefill of the whole prompt from position 0 computes it
+#: positions only, a reused prefix ends, and the suffix starts, on a group boundary, so
+#: every position is computed as a prefill of the whole prompt from position 0 computes it
 ROW_GROUP = 4
 #: ... and a pass of fewer rows than this takes other kernels again (Qwen2.5 Q4_K, repacked:
 #: the rows of a 4-7 row pass differ from the same rows in a long pass; 8 and more agree,
@@ -282,7 +282,8 @@ class PrefixCache:
     def refresh(self, stop: Callable[[], bool] = lambda: False,
                 chunk: int | None = None) -> int:
         """Prefill the held positions no prefill wrote (the last answer's), so a
-        ``prefilled_only`` prefill reuses them; returns how many positions are now prefill-written that were not.
+        ``prefilled_only`` prefill reuses them; returns how many positions are now
+        prefill-written that were not.
 
         The pass starts at the last ROW_GROUP boundary a prefill wrote and goes in chunks of
         ``chunk`` positions (a multiple of ROW_GROUP), so every row is grouped as a prefill

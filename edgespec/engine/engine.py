@@ -386,14 +386,12 @@ class Engine:
         return ident.hash
 
     # --- idle time: conversations (edgespec.decoding.kvcache) ----------------------------------
-    def refresh_kv(self, exact: bool | None = None,
-                   stop: Callable[[], object] | None = None) -> int:
-        """After a turn that promises its text (exact mode, or ``exact=True`` for a greedy
-        or seeded one): prefill the answer's positions again so the next turn, which reuses
-        only what a prefill wrote, reuses them (PrefixCache.refresh); a no-op otherwise. Call it once the answer is shown; :meth:`cancel` (or ``stop()``
-        turning true) ends it between chunks. Returns the positions refreshed."""
-        if not (self.exact if exact is None else exact):
-            return 0
+    def refresh_kv(self, stop: Callable[[], object] | None = None) -> int:
+        """After a turn that promises its text (exact, greedy, seeded: the caller knows):
+        prefill the answer's positions again so the next turn, which reuses only what a
+        prefill wrote, reuses them (PrefixCache.refresh). Call it once the answer is shown;
+        :meth:`cancel` (or ``stop()`` turning true) ends it between chunks. Returns the
+        positions refreshed."""
         with self._lock:
             self._cancel.clear()
             return self.kv_cache.refresh(

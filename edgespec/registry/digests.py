@@ -3,12 +3,14 @@ the calibrations), size and name, and its vocabulary's digest. The calibration c
 engine, the bridge pins and the release identity (edgespec.identity) key on them."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
-from .. import paths
+from .. import paths, statefile
 from ..errors import EdgespecError
 
 
@@ -29,28 +31,13 @@ def model_identity(path: str | os.PathLike, sha256: str | None = None,
 
 
 def _cached_digest(path: Path, st: os.stat_result, store: Path) -> str:
-    stamp = f"{path}|{st.st_size}|{st.st_mtime_ns}"
-    try:
-        known = json.loads(store.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        known = {}
-    if isinstance(known, dict) and isinstance(known.get(stamp), str):
-        return known[stamp]
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    digest = h.hexdigest()
-    try:
-        store.parent.mkdir(parents=True, exist_ok=True)
-        known = known if isinstance(known, dict) else {}
-        known[stamp] = digest
-        tmp = store.with_suffix(".tmp")
-        tmp.write_text(json.dumps(known, indent=1), encoding="utf-8")
-        os.replace(tmp, store)
-    except OSError:
-        pass
-    return digest
+    def read() -> str:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    return _remembered(store, f"{path}|{st.st_size}|{st.st_mtime_ns}", read)
 
 
 def _vocabulary_cache() -> Path:
@@ -59,28 +46,27 @@ def _vocabulary_cache() -> Path:
 
 def vocabulary_digest(model, model_sha256: str | None = None) -> str:
     """sha256 over (text, attribute) of every token id in order; cached per model digest."""
-    store = _vocabulary_cache()
-    known: dict = {}
-    if model_sha256:
-        try:
-            known = json.loads(store.read_text(encoding="utf-8"))
-            if isinstance(known, dict) and isinstance(known.get(model_sha256), str):
-                return known[model_sha256]
-        except (OSError, ValueError):
-            known = {}
-    h = hashlib.sha256()
-    for t in range(int(model.n_vocab)):
-        h.update(model.token_text(t).encode("utf-8", "surrogatepass"))
-        h.update(b"\0%d\n" % int(model.token_attr(t)))
-    digest = h.hexdigest()
-    if model_sha256:
-        try:
-            store.parent.mkdir(parents=True, exist_ok=True)
-            known = known if isinstance(known, dict) else {}
-            known[model_sha256] = digest
-            tmp = store.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(known, indent=1), encoding="utf-8")
-            os.replace(tmp, store)
-        except OSError:
-            pass  # a read-only home only costs the recomputation
-    return digest
+    def read() -> str:
+        h = hashlib.sha256()
+        for t in range(int(model.n_vocab)):
+            h.update(model.token_text(t).encode("utf-8", "surrogatepass"))
+            h.update(b"\0%d\n" % int(model.token_attr(t)))
+        return h.hexdigest()
+    return _remembered(_vocabulary_cache(), model_sha256, read) if model_sha256 else read()
+
+
+def _remembered(store: Path, key: str, compute: Callable[[], str]) -> str:
+    """``compute()``, kept in the JSON map ``store`` under ``key`` so that it runs once
+    (statefile: a whole write, never half a file); a home that cannot be written only costs
+    the recomputation."""
+    try:
+        known = json.loads(store.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    known = known if isinstance(known, dict) else {}
+    if isinstance(known.get(key), str):
+        return known[key]
+    value = known[key] = compute()
+    with contextlib.suppress(statefile.StateFileError):
+        statefile.atomic_write(store, json.dumps(known, indent=1), what="digest cache")
+    return value

@@ -68,7 +68,8 @@ class Settings:
     @property
     def promises_text(self) -> bool:
         """Exact, greedy or seeded: its turns reuse only KV a prefill wrote (settle)."""
-        return self.exact or self.temperature <= 0.0 or self.seed is not None
+        return self.exact or SamplingParams(temperature=self.temperature,
+                                            seed=self.seed).promises_text
 
     @property
     def label(self) -> str:
@@ -320,7 +321,7 @@ class EngineSource:
         engine = self._engine
         if engine is None or not settings.promises_text or not self._serves(settings):
             return 0  # a changed setting loads another engine on the next turn
-        return engine.refresh_kv(exact=True, stop=stop)
+        return engine.refresh_kv(stop=stop)
 
     def close(self) -> None:
         engine, self._engine, self._key = self._engine, None, None

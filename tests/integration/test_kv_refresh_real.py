@@ -46,6 +46,9 @@ def test_refreshed_turn_two_reuses_the_answer_and_equals_a_fresh_prefill(engine,
     params = GenerationParams(max_tokens=48)
     # twice: the second time turn 1's prompt is mostly reused from the fresh prefill that
     # ended the first round, and its last few tokens are computed by a short pass
+    # the engine is shared with other modules: start from nothing they left in RAM
+    engine.kv_cache.invalidate()
+    engine.kv_cache.ram.clear()
     for _ in range(2):
         conv = Conversation(engine, params=params, exact=True)
         conv.ask(turns[0])
@@ -71,6 +74,9 @@ def test_refreshed_turn_two_reuses_the_answer_and_equals_a_fresh_prefill(engine,
 def test_refreshed_prefix_gives_the_fresh_prefills_logits_bitwise(engine):
     params = GenerationParams(max_tokens=40)
     turns = CONVERSATIONS[3]
+    # the engine is shared with other modules: start from nothing they left in RAM
+    engine.kv_cache.invalidate()
+    engine.kv_cache.ram.clear()
     for _ in range(2):
         conv = Conversation(engine, params=params, exact=True)
         conv.ask(turns[0])

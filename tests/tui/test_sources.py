@@ -123,8 +123,8 @@ class FakeEngine:
         self.chats.append((messages, exact))
         yield from TWO_STEPS
 
-    def refresh_kv(self, exact=None, stop=None):
-        self.refreshes.append((exact, stop()))
+    def refresh_kv(self, stop=None):
+        self.refreshes.append(stop())
         return 40
 
     def cancel(self) -> None:
@@ -226,10 +226,11 @@ def test_chat_messages_are_a_conversation_and_exact_turns_settle():
     assert list(src.start(msgs, Settings(target="qwen", exact=True))) == TWO_STEPS
     eng = loads[0]
     assert eng.chats == [(msgs, True)] and eng.streams == []
-    # the idle-time refresh runs only in exact mode, and hands the engine the stop signal
+    # a setting the loaded (exact) engine does not serve refreshes nothing; the refresh
+    # hands the engine the stop signal
     assert src.settle(Settings(target="qwen"), lambda: False) == 0 and eng.refreshes == []
     assert src.settle(Settings(target="qwen", exact=True), lambda: True) == 40
-    assert eng.refreshes == [(True, True)]
+    assert eng.refreshes == [True]
     # exact mode runs its own kernel configuration: unticking it loads a default engine
     assert eng.kw.get("exact") is True
     list(src.start("plain text", Settings(target="qwen")))
