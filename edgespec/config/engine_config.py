@@ -76,6 +76,10 @@ class EngineConfig:
     kv_cache_ram: int | None = None
     # a chat template (Jinja text, --chat-template FILE) replacing the target GGUF's own
     chat_template: str | None = None
+    # False reads the weights into RAM (llama.cpp's --no-mmap) whatever kernel is picked: a
+    # mapped load that repacks keeps both the file's pages and the repacked copy resident
+    # (edgespec.planner.repack); None keeps the kernel's own choice
+    use_mmap: bool | None = None
 
     def validate(self) -> "EngineConfig":
         ensure(bool(self.target), "a target model is required (a registry name or a .gguf path)")
@@ -128,7 +132,8 @@ class EngineConfig:
     def layout(self) -> KernelConfig:
         """The kernel configuration as far as it is known before a model is measured: the
         weight layout (repack, mmap) a load needs, with the mode's KV type and attention."""
-        return self.kernel if self.kernel is not None else KernelConfig()
+        k = self.kernel if self.kernel is not None else KernelConfig()
+        return k if self.use_mmap is None else replace(k, use_mmap=self.use_mmap)
 
     def with_(self, **changes: Any) -> "EngineConfig":
         return replace(self, **changes)

@@ -173,7 +173,8 @@ class Engine:
              sinks: Sequence[StatsSink] = (), pull: bool = True,
              budget: str | int | None = None, exact: bool = EngineConfig.exact,
              kernel: KernelConfig | None = None, parallel: int = 1,
-             kv_cache_ram: int | None = None, tree_width: int = 0) -> "Engine":
+             kv_cache_ram: int | None = None, tree_width: int = 0,
+             use_mmap: bool | None = None) -> "Engine":
         """Keyword form of :meth:`from_config`.
 
         ``exact=False`` (the default) is lossless: every emitted token is the target's
@@ -188,7 +189,7 @@ class Engine:
                            draft_gpu_layers=draft_gpu_layers, adaptive=adaptive,
                            max_draft=max_draft, control=control_settings,
                            budget=budget, pull=pull, parallel=parallel, kv_cache_ram=kv_cache_ram,
-                           tree_width=tree_width)
+                           tree_width=tree_width, use_mmap=use_mmap)
         return cls.from_config(cfg, sinks=sinks)
 
     def close(self) -> None:

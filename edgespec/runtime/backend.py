@@ -9,6 +9,7 @@ Everything above the runtime sees plain Python ints, bytes and numpy arrays.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -243,12 +244,47 @@ def json_object_gbnf() -> str:
 
 # --- llama-cpp-python's high-level API, for the bench's anchors (edgespec.lab.bench.anchors.llama_api) --
 def high_level_llama(model_path: str | os.PathLike, n_ctx: int, threads: int,
-                     **kwargs: Any) -> Any:
+                     loaded: Any = None, **kwargs: Any) -> Any:
     """llama-cpp-python's ``Llama`` as its users load it (its ValueError or RuntimeError
-    passes through: the caller says which anchor failed)."""
+    passes through: the caller says which anchor failed).
+
+    ``loaded``: a :class:`edgespec.runtime.model.Model` of the same file, loaded as
+    llama-cpp-python would load it, that the ``Llama`` computes with instead of loading the
+    file a second time: one llama_model with two contexts, which llama.cpp supports, so the
+    same weights and kernels without a second copy in memory. The caller closes the ``Llama``
+    before the model; the ``Llama`` never frees it."""
     ensure_init()
-    return _ll.Llama(model_path=str(model_path), n_ctx=n_ctx, n_threads=threads,
-                     n_threads_batch=threads, **kwargs, verbose=False)
+    if loaded is None:
+        return _ll.Llama(model_path=str(model_path), n_ctx=n_ctx, n_threads=threads,
+                         n_threads_batch=threads, **kwargs, verbose=False)
+    from llama_cpp import _internals  # deferred: bench-only
+
+    handle = loaded._m
+
+    class _Borrowed(_internals.LlamaModel):
+        """LlamaModel's state over a model loaded already, with no free on close."""
+
+        def __init__(self, *, path_model: str, params: Any, verbose: bool = True) -> None:
+            self.path_model, self.params, self.verbose = path_model, params, verbose
+            self._exit_stack = contextlib.ExitStack()
+            self.sampler = None
+            self.custom_samplers = []
+            self.model = handle
+            self.vocab = _ll.llama_model_get_vocab(handle)
+
+    # Llama.__init__ builds its model through the module attribute; swapped only for the
+    # duration of this constructor, under a lock
+    with _borrow_lock:
+        saved = _internals.LlamaModel
+        _internals.LlamaModel = _Borrowed
+        try:
+            return _ll.Llama(model_path=str(model_path), n_ctx=n_ctx, n_threads=threads,
+                             n_threads_batch=threads, **kwargs, verbose=False)
+        finally:
+            _internals.LlamaModel = saved
+
+
+_borrow_lock = threading.Lock()
 
 
 def prompt_lookup_decoding() -> type:

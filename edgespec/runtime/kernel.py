@@ -48,6 +48,7 @@ class KernelConfig:
         return KV_GGML_TYPE[self.kv_type]
 
     def key(self) -> str:
-        """A short stable label for caches keyed by kernel configuration."""
-        return (f"repack={int(self.repack)},fa={int(self.flash_attn)},kv={self.kv_type},"
-                f"mmap={int(self.use_mmap)}")
+        """A short stable label for caches of what this configuration computes (speed,
+        exactness, saved KV). Reading the weights into RAM instead of mapping them moves
+        memory, not arithmetic, so ``use_mmap`` is not part of it."""
+        return f"repack={int(self.repack)},fa={int(self.flash_attn)},kv={self.kv_type}"

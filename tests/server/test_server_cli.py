@@ -39,14 +39,14 @@ def test_a_bad_config_file_is_one_line_and_exit_2(tmp_path):
 
 
 def test_llama_server_flags_mean_the_same_here(tmp_path):
-    """-m/-c/-np/-t/--alias as llama-server spells them (issue #39); the several-models form
+    """-m/-c/-np/-t/--alias/--no-mmap as llama-server spells them (issue #39); the several-models form
     is --extra-model, so `--model X` cannot silently add a second model."""
     r = CliRunner().invoke(cli, ["serve", "-m", "smollm2-135m", "-c", "2048", "-np", "2",
                                  "-t", "2", "--alias", "coder", "-md", "qwen-0.5b",
-                                 "--print-config"], env={"EDGESPEC_CONFIG": str(_empty(tmp_path))})
+                                 "--no-mmap", "--print-config"], env={"EDGESPEC_CONFIG": str(_empty(tmp_path))})
     assert r.exit_code == 0, r.output
     for line in ('target = "smollm2-135m"  # flag', "ctx = 2048  # flag", "parallel = 2  # flag",
-                 "threads = 2  # flag", 'model-id = "coder"  # flag', 'draft = "qwen-0.5b"  # flag',
+                 "threads = 2  # flag", "mmap = false  # flag", 'model-id = "coder"  # flag', 'draft = "qwen-0.5b"  # flag',
                  "extra-model = []  # default"):
         assert line in r.output, r.output
     r = CliRunner().invoke(cli, ["serve", "--model", "smollm2-135m", "--print-config"],

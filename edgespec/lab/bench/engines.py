@@ -138,7 +138,11 @@ def load_engine(m: Matrix, plan: EnginePlan,
     kw = dict(draft=m.draft, proposer=AUTO if plan.auto else BASELINE, n_ctx=m.n_ctx,
               threads=m.threads, proposer_options=plan.proposer_options,
               n_gpu_layers=m.n_gpu_layers, draft_gpu_layers=m.n_gpu_layers,
-              tree_width=m.tree_width)
+              tree_width=m.tree_width,
+              # the weights read into RAM: the bench may hold a second engine and an anchor's
+              # copy, and a mapped load that repacks keeps the file's pages resident beside the
+              # repacked copy; it moves memory, not what is computed (KernelConfig.key)
+              use_mmap=False)
     engines = {False: Engine.load(m.target, **kw)}
     names = dict(plan.request_name)
     try:

@@ -52,6 +52,8 @@ def anchor_identity(a) -> dict:
                 "repack": st.repack, "draft_max": a.draft_max,
                 "build": stamp.read_text() if stamp.is_file() else None}
     return {"n_ctx": a.n_ctx, "num_pred_tokens": a.num_pred_tokens,
+            "weights": ("the engine's loaded model" if getattr(a, "shared_weights", False)
+                        else "its own copy"),
             "implementation": "llama_cpp.Llama + LlamaPromptLookupDecoding (library defaults: "
                               "flash attention off, repacked weights on)"}
 

@@ -453,12 +453,16 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
     try:
         pld = [c for c in m.anchor_configs if not ANCHORS[c.proposer].tool]
         if pld:
-            from .anchors.llama_api import anchor_prompt_lookup  # deferred: it loads llama.cpp
+            # deferred: it loads llama.cpp
+            from .anchors.llama_api import anchor_prompt_lookup, shares_weights
             n_ctx = anchor_context(m, engine, prompts)
             t0 = time.perf_counter()
             rss0 = rss_of(proc)
-            # one llama-cpp-python model for every llama-pld:N (PromptLookupAnchor.drafting)
-            pld_model = anchor_prompt_lookup(engine.target.path, n_ctx=n_ctx, threads=m.threads)
+            # one llama-cpp-python model for every llama-pld:N (PromptLookupAnchor.drafting),
+            # computing with the engine's loaded weights where they are what it would load
+            pld_model = anchor_prompt_lookup(
+                engine.target.path, n_ctx=n_ctx, threads=m.threads,
+                loaded=engine.target if shares_weights(engine.target) else None)
             run.load_seconds[pld[0].label] = time.perf_counter() - t0
             run.load_rss_bytes[pld[0].label] = rss_of(proc) - rss0
             for cfg in pld:

@@ -244,7 +244,7 @@ def test_load_or_measure_caches_per_device_and_model(tmp_path, model_file, monke
     # another kernel configuration: another curve and another exactness limit
     plain_kv = get(build="other-build", kernel=KernelConfig(repack=False, kv_type="f16"))
     assert len(loads) == 4 and plain_kv.key != rebuilt.key
-    assert plain_kv.device["kernel"] == "repack=0,fa=1,kv=f16,mmap=1"
+    assert plain_kv.device["kernel"] == "repack=0,fa=1,kv=f16"
     forced = get(force=True, build="other-build")
     assert len(loads) == 5 and forced.key == first.key
 

@@ -105,3 +105,29 @@ def test_a_default_engine_probes_no_exact_cap(world, monkeypatch):
     monkeypatch.setattr("edgespec.calibration.cache.exact_cap", never)
     with Engine.from_config(cfg()) as eng:
         assert eng.upkeep.exact_cap is None and eng.control.max_draft == 3
+
+
+def test_no_mmap_reads_every_load_into_ram_whatever_kernel_is_picked(world, monkeypatch):
+    """--no-mmap (EngineConfig.use_mmap=False) reaches the target's and the draft's loads and
+    the engine's kernel, which the default mode still picks (its KV type here); the kernel's
+    cache key is the mapped one's, since where the weights live changes no arithmetic."""
+    from dataclasses import replace as dc_replace
+    from edgespec.planner import kernels as kernel_choice
+    from edgespec.runtime.kernel import KernelConfig
+
+    loads: list[tuple[str, bool]] = []  # (file, use_mmap) per load
+    fake_load = runtime_model.load_model
+    monkeypatch.setattr(runtime_model, "load_model",
+                        lambda path, **kw: loads.append((str(path), kw["use_mmap"]))
+                        or fake_load(path, **kw))
+    picked = KernelConfig(kv_type="f16", flash_attn=True)
+    monkeypatch.setattr(kernel_choice, "cached",
+                        lambda *a, **k: type("C", (), {"kernel": picked, "source": "cache"})())
+    with Engine.from_config(cfg(draft="draft.gguf", proposer="draft", use_mmap=False)) as eng:
+        assert eng.config.kernel.use_mmap is False and eng.config.kernel.kv_type == "f16"
+        assert eng.config.kernel.key() == dc_replace(eng.config.kernel, use_mmap=True).key()
+    assert loads == [("target.gguf", False), ("draft.gguf", False)]
+    loads.clear()
+    with Engine.from_config(cfg()) as eng:
+        assert eng.config.kernel.use_mmap is True
+    assert loads == [("target.gguf", True)]

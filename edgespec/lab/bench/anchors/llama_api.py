@@ -33,8 +33,9 @@ class PromptLookupAnchor:
     today, traced for the benchmark (see edgespec.lab.bench.anchors.trace for how the trace is read)."""
 
     def __init__(self, llm, lookup, passes: list, num_pred_tokens: int | None = None,
-                 owner: bool = True) -> None:
+                 owner: bool = True, shared_weights: bool = False) -> None:
         self._llm = llm
+        self.shared_weights = shared_weights  # computes with the engine's loaded model
         self._lookup = lookup
         self._passes = passes  # the lookup appends (sequence length, drafted) on every call
         self._is_eog = backend.eog_test(llm)
@@ -49,7 +50,7 @@ class PromptLookupAnchor:
         prompt row is written to), instead of each holding its own (1.7 GiB at load and
         ~1 GiB of logits per instance for Qwen 1.5B at 4k context)."""
         return PromptLookupAnchor(self._llm, self._lookup, self._passes, num_pred_tokens,
-                                  owner=False)
+                                  owner=False, shared_weights=self.shared_weights)
 
     def generate(self, prompt_tokens: Sequence[int], max_tokens: int, temperature: float = 0.0):
         if len(prompt_tokens) + max_tokens + 1 > self.n_ctx:
@@ -94,10 +95,20 @@ class PromptLookupAnchor:
             self._llm.close()
 
 
+def shares_weights(model) -> bool:
+    """Whether the anchor may compute with ``model`` (an engine's loaded target) instead of
+    loading the file again: only a load llama-cpp-python's defaults would make too (all on
+    the CPU, repacked, no NextN layers, no RPC split), so its speed stays its own."""
+    return (getattr(model, "n_gpu_layers", 1) == 0 and bool(getattr(model, "use_extra_bufts", False))
+            and not getattr(model, "load_mtp", True) and not getattr(model, "placement", ""))
+
+
 def anchor_prompt_lookup(model_path: str | os.PathLike, n_ctx: int, threads: int | None,
-                         num_pred_tokens: int = 10, max_ngram_size: int = 2) -> PromptLookupAnchor:
-    """Load the anchor. It keeps logits for every position of its context (n_ctx x n_vocab
-    floats, 1.2 GiB at 2048 tokens for Qwen's vocabulary), so keep n_ctx modest."""
+                         num_pred_tokens: int = 10, max_ngram_size: int = 2,
+                         loaded=None) -> PromptLookupAnchor:
+    """Load the anchor, on ``loaded`` (the engine's target, see :func:`shares_weights`) when
+    given, else on its own copy of the file. It writes logits for every position it
+    evaluates; :func:`fold_scores` keeps those rows from staying resident."""
     LlamaPromptLookupDecoding = backend.prompt_lookup_decoding()
 
     passes: list[tuple[int, int]] = []
@@ -113,12 +124,31 @@ def anchor_prompt_lookup(model_path: str | os.PathLike, n_ctx: int, threads: int
     try:
         # logits_all=True by hand: with only draft_model set, Llama sizes its logits buffer
         # for n_batch rows but writes every prompt row, and fails on prompts over n_batch.
-        llm = backend.high_level_llama(model_path, n_ctx, threads, draft_model=lookup,
-                                       logits_all=True)
+        # use_mmap=False for its own copy: the bench holds it beside the engine's, and a
+        # mapped load that repacks keeps the file's pages resident beside the repacked copy
+        # (+0.6 GiB for Qwen 1.5B); where the weights live changes memory, not arithmetic
+        llm = backend.high_level_llama(model_path, n_ctx, threads, loaded=loaded,
+                                       draft_model=lookup, logits_all=True, use_mmap=False)
     except (ValueError, RuntimeError) as e:
         raise ModelError(f"llama-cpp-python could not load {model_path} for the prompt-lookup "
                          f"anchor: {e}") from None
-    return PromptLookupAnchor(llm, lookup, passes)
+    fold_scores(llm)
+    return PromptLookupAnchor(llm, lookup, passes, shared_weights=loaded is not None)
+
+
+def fold_scores(llm) -> None:
+    """Let every row of ``llm.scores`` share one row of memory.
+
+    With logits_all, llama-cpp-python copies every evaluated row's logits into ``scores``
+    (n_ctx x n_vocab floats: 0.6 MiB a token for Qwen's vocabulary, so a 2k-token prompt
+    pins 1.2 GiB) and reads them back only for logprobs, logits processors and stopping
+    criteria, none of which the anchor uses: it samples from llama.cpp's own logits. A
+    zero-stride view keeps the copy (the same work per row) but not the rows."""
+    import numpy as np  # deferred: bench-only
+
+    shape = llm.scores.shape
+    row = np.zeros((1, shape[1]), dtype=np.single)
+    llm.scores = np.lib.stride_tricks.as_strided(row, shape=shape, strides=(0, row.strides[1]))
 
 
 # --- llama-cpp-python's prompt cache across conversation turns -------------------------------
