@@ -11,7 +11,8 @@ BUSY_LIMIT = 0.25
 
 
 class CpuWatch:
-    """Other processes' share of this machine's CPUs between start and :meth:`share`.
+    """Other processes' share of this machine's CPUs between start and :meth:`share`
+    (this process's own children, once waited for, are its own).
 
     The load average lags by minutes (a machine that just went quiet still reads busy);
     this counts the CPU time actually spent by everyone else while we measured."""
@@ -29,8 +30,11 @@ class CpuWatch:
             getattr(t, "softirq", 0.0) + getattr(t, "steal", 0.0)
 
     def _busy_me(self) -> float:
+        # children included: a tool this process ran and waited for (the bench's
+        # llama-completion) is its own work, not another process's
         t = self._me.cpu_times()
-        return t.user + t.system
+        return (t.user + t.system + getattr(t, "children_user", 0.0)
+                + getattr(t, "children_system", 0.0))
 
     def share(self) -> float:
         wall = time.perf_counter() - self._t0
