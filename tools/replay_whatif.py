@@ -22,9 +22,10 @@ import ast
 import sys
 
 from edgespec.calibration.curve import Calibration
-from edgespec.control import ControlSettings, GoodputGuard, make_controller
+from edgespec.control import GoodputGuard, make_controller
 from edgespec.api.stats import geometric_mean
-from edgespec.lab.replay.replay import PLAIN_LABEL, fit, load_traces, models, replay_request
+from edgespec.lab.replay.replay import (PLAIN_LABEL, fit, load_traces, models, recorded_settings,
+                                       replay_request)
 
 
 def _variant(text: str) -> dict:
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios = []
         for r in requests:
             info = r["controller"]
-            settings = ControlSettings(**{**info["settings"], **kw})
+            settings = recorded_settings(info["settings"], **kw)
             if cal_name == "recorded":
                 cal = Calibration.from_json(info["calibration"]) if info.get("calibration") else None
             elif cal_name in curves:

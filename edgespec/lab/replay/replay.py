@@ -203,7 +203,7 @@ def build_controller(r: Mapping, guard: GoodputGuard | None):
     if not ctl:
         return None
     cal = Calibration.from_json(ctl["calibration"]) if ctl.get("calibration") else None
-    settings = ControlSettings(**ctl["settings"])
+    settings = recorded_settings(ctl["settings"])
     return make_controller(settings, dict(ctl["proposers"]), cal, guard, ctl.get("slice", "default"),
                            ctl.get("token_seconds"),
                            # a greedy or seeded request decided on its curve, not the clock
@@ -266,16 +266,22 @@ def replay_request(r: Mapping, controller, model: CostModel, over: Overheads) ->
     return res
 
 
+def recorded_settings(s: Mapping, **changes: object) -> ControlSettings:
+    """ControlSettings as a trace recorded them, with ``changes`` applied. A trace recorded
+    before 2026-12-05 also keeps ``draft_length``, fixed control's length (``max_draft``
+    now, which took its place)."""
+    fields = dict(s)
+    length = fields.pop("draft_length", None)
+    if length is not None and not fields.get("adaptive", True):
+        fields["max_draft"] = length
+    return ControlSettings(**{**fields, **changes})
+
+
 def _proposers(ctl_info: Mapping) -> tuple[set[str], list[str], int]:
     """The recorded controller's costly proposers, its free ones and its longest draft."""
     costly = {n for n, c in (ctl_info.get("proposers") or {}).items() if c}
     free = [n for n in (ctl_info.get("proposers") or {}) if n not in costly]
-    max_draft = 0
-    if ctl_info:
-        s = ctl_info["settings"]
-        # a trace recorded before 2026-12-05 keeps fixed control's length as draft_length
-        max_draft = int(s["draft_length"] if not s["adaptive"] and "draft_length" in s
-                        else s["max_draft"])
+    max_draft = int(recorded_settings(ctl_info["settings"]).max_draft) if ctl_info else 0
     return costly, free, max_draft
 
 
@@ -337,7 +343,8 @@ def replay_run(traces: Traces, model_for: Mapping[str, CostModel],
     ``model_for`` maps an engine key ("default", "exact") to its cost model."""
     guards: dict[str, GoodputGuard] = {}
     for key, e in traces.header["engines"].items():
-        guards[key] = GoodputGuard(ControlSettings(**e["control"]), plain_seconds_prior=e.get("guard_prior"))
+        guards[key] = GoodputGuard(recorded_settings(e["control"]),
+                                   plain_seconds_prior=e.get("guard_prior"))
     out = []
     for r in traces.requests:
         ctl = build_controller(r, guards[r["engine"]])

@@ -139,6 +139,17 @@ def test_replay_reproduces_the_recorded_passes_and_charges_the_model():
     assert res.decode_tokens == 6 and res.rate == pytest.approx(6 / res.seconds)
 
 
+def test_a_record_from_before_the_max_draft_rename_replays_as_it_ran():
+    """Runs recorded before 2026-12-05 keep fixed control's length as ``draft_length``
+    (replaying one raised TypeError); it is max_draft now."""
+    r = _fixed_record()
+    old = dict(r["controller"]["settings"])
+    old["draft_length"], old["max_draft"] = old.pop("max_draft"), 15
+    r = {**r, "controller": {**r["controller"], "settings": old}}
+    res = replay_request(r, build_controller(r, None), MODEL, OVER)
+    assert res.reproduced and [k for _, _, k, _ in res.passes] == [2, 2, 0]
+
+
 def test_replay_reports_where_it_left_the_recording():
     r = _fixed_record(accepted_first=1)  # the recording says 1; the output accepts 2
     res = replay_request(r, build_controller(r, None), MODEL, OVER)
