@@ -9,8 +9,9 @@ Protocol (why each rule exists):
   fastest one measured, planner.kernels), beside its own plain path ``none[exact=True]``
   whose text they must reproduce; their speed is still paired with our plain path.
 * A *unit* is one turn of one prompt. Each unit runs every configuration back to
-  back, the order rotating from unit to unit (A B C, B C A, ...), so slow drift of a
-  shared machine and any first-or-last position effect fall on every configuration alike.
+  back, the order rotating from unit to unit (A B C, B C A, ...) and from round to round
+  (a prompt's unit starts one place further on each round), so slow drift of a shared
+  machine and any first-or-last position effect fall on every configuration alike.
 * Multi-turn prompts carry each configuration's *own* earlier answers, as a user's
   conversation would; with exact decoding those answers are identical anyway.
 * A warm-up request per configuration runs first and is thrown away (page faults,
@@ -167,7 +168,9 @@ class Runner:
                 answers: dict[str, list[str] | None] = {c.label: [] for c in self.m.configs}
                 for turn in range(len(prompt.turns)):
                     watch = CpuWatch()
-                    k = unit % len(self.m.configs)
+                    # + rnd: with as many units a round as configurations (or a multiple),
+                    # unit % n alone gave each prompt the same order in every round
+                    k = (unit + rnd) % len(self.m.configs)
                     order = list(self.m.configs[k:]) + list(self.m.configs[:k])
                     unit_records = pending = []
                     for pos, cfg in enumerate(order):

@@ -287,9 +287,13 @@ def test_repeats_measure_every_unit_once_per_round_and_keep_rotating():
     assert total_requests(m, PROMPTS) == 18
     assert len(run.records) == 18
     assert [r["round"] for r in run.records] == [0] * 9 + [1] * 9
-    # round 1 is round 0 again, prompt by prompt, with the rotation carried on
+    # round 1 is round 0 again, prompt by prompt, each unit's order one place further on:
+    # with 3 units a round and 3 configurations, unit % 3 alone repeated round 0's orders
     assert [r["prompt_id"] for r in run.records[9:]] == [r["prompt_id"] for r in run.records[:9]]
-    assert [r["config"] for r in run.records[9:12]] == ["none", "a", "b"]  # unit 3: 3 % 3 == 0
+    assert [r["config"] for r in run.records[:3]] == ["none", "a", "b"]
+    assert [r["config"] for r in run.records[9:12]] == ["a", "b", "none"]
+    for i in range(0, 9, 3):  # every unit: another configuration first in round 1
+        assert run.records[i]["config"] != run.records[9 + i]["config"]
     assert len({r["unit"] for r in run.records}) == 6
     assert len({unit_key(r) for r in run.records}) == 6
 
