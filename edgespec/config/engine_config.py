@@ -132,8 +132,11 @@ class EngineConfig:
     def layout(self) -> KernelConfig:
         """The kernel configuration as far as it is known before a model is measured: the
         weight layout (repack, mmap) a load needs, with the mode's KV type and attention."""
-        k = self.kernel if self.kernel is not None else KernelConfig()
-        return k if self.use_mmap is None else replace(k, use_mmap=self.use_mmap)
+        return self.loaded_as(self.kernel if self.kernel is not None else KernelConfig())
+
+    def loaded_as(self, kernel: KernelConfig) -> KernelConfig:
+        """``kernel`` with the weight loading this configuration asks for (``use_mmap``)."""
+        return kernel if self.use_mmap is None else replace(kernel, use_mmap=self.use_mmap)
 
     def with_(self, **changes: Any) -> "EngineConfig":
         return replace(self, **changes)

@@ -65,8 +65,8 @@ def load_parts(config: EngineConfig, stack: ExitStack) -> Parts:
     tmodel = _load(config.target, config, config.n_gpu_layers, stack, rpc=config.rpc,
                    load_mtp="mtp" in split_proposers(config.proposer))
     tsha = digests.model_identity(tmodel.path)["sha256"]  # digested once: the kernel cache and proposers
-    picked = _default_kernel(tmodel, tsha, config, pick_kernel, plan.kernel if plan else None)
-    config = replace(config, kernel=replace(config, kernel=picked).layout())  # with --no-mmap
+    config = replace(config, kernel=config.loaded_as(
+        _default_kernel(tmodel, tsha, config, pick_kernel, plan.kernel if plan else None)))
     ctx, n_ctx = _context(tmodel, config, stack)
     dmodel = None
     if config.draft is not None:

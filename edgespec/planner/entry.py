@@ -71,8 +71,8 @@ def plan_engine(config: EngineConfig, *, device: Device | None = None, calibrate
     if cfg.kernel is None and kv_type is None:
         choice = _kernel_choice(tpath, tsha, cfg, measure and not dev.synthetic,
                                 recalibrate and not dev.synthetic)
-    default_kernel = replace(cfg, kernel=cfg.kernel or (choice.kernel if choice is not None
-                                                        else exact_kernel)).layout()
+    default_kernel = cfg.loaded_as(cfg.kernel or (choice.kernel if choice is not None
+                                                  else exact_kernel))
     base = replace(cfg, draft=dname if dname else cfg.draft, kernel=cfg.kernel)
 
     def plan_with(kernel: KernelConfig, exact: bool, cap: int | None,

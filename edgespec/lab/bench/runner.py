@@ -408,8 +408,8 @@ class Runner:
 
 # --- load everything, run, close ---------------------------------------------------
 def anchor_context(m: Matrix, engine, prompts: Sequence[BenchPrompt]) -> int:
-    """A context just big enough for the longest conversation (the anchor's logits buffer grows
-    with n_ctx x n_vocab), rounded up to 256 and capped by the matrix."""
+    """A context just big enough for the longest conversation (the anchor's KV cache grows
+    with n_ctx), rounded up to 256 and capped by the matrix."""
     need = 0
     params = GenerationParams(max_tokens=m.max_new_tokens)
     for p in prompts:
@@ -456,16 +456,14 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
     try:
         pld = [c for c in m.anchor_configs if not ANCHORS[c.proposer].tool]
         if pld:
-            # deferred: it loads llama.cpp
-            from .anchors.llama_api import anchor_prompt_lookup, shares_weights
+            from .anchors.llama_api import anchor_prompt_lookup  # deferred: it loads llama.cpp
             n_ctx = anchor_context(m, engine, prompts)
             t0 = time.perf_counter()
             rss0 = rss_of(proc)
             # one llama-cpp-python model for every llama-pld:N (PromptLookupAnchor.drafting),
             # computing with the engine's loaded weights where they are what it would load
-            pld_model = anchor_prompt_lookup(
-                engine.target.path, n_ctx=n_ctx, threads=m.threads,
-                loaded=engine.target if shares_weights(engine.target) else None)
+            pld_model = anchor_prompt_lookup(engine.target.path, n_ctx=n_ctx, threads=m.threads,
+                                             loaded=engine.target)
             run.load_seconds[pld[0].label] = time.perf_counter() - t0
             run.load_rss_bytes[pld[0].label] = rss_of(proc) - rss0
             for cfg in pld:

@@ -106,9 +106,11 @@ def shares_weights(model) -> bool:
 def anchor_prompt_lookup(model_path: str | os.PathLike, n_ctx: int, threads: int | None,
                          num_pred_tokens: int = 10, max_ngram_size: int = 2,
                          loaded=None) -> PromptLookupAnchor:
-    """Load the anchor, on ``loaded`` (the engine's target, see :func:`shares_weights`) when
-    given, else on its own copy of the file. It writes logits for every position it
+    """Load the anchor, on ``loaded`` (the engine's target) where :func:`shares_weights`
+    allows, else on its own copy of the file. It writes logits for every position it
     evaluates; :func:`fold_scores` keeps those rows from staying resident."""
+    if loaded is not None and not shares_weights(loaded):
+        loaded = None
     LlamaPromptLookupDecoding = backend.prompt_lookup_decoding()
 
     passes: list[tuple[int, int]] = []
