@@ -12,8 +12,7 @@ an n-token target pass (:mod:`edgespec.calibration`). Every d from ``min_draft``
 candidate's length is tried on the curve as measured: the curve need not be monotone (on a
 2-core CPU with repacked weights a 4-token pass takes the 4-column gemm and costs less than
 a 3-token one), so no shape is assumed. A draft is taken only if it beats a plain step by
-``margin`` (by ``first_margin`` until one of the request's drafts has been accepted: before
-that the estimates rest on priors and shadows alone). On that CPU t(2) = 1.5 t(1), so a 1-token draft must be accepted more than half
+``margin``. On that CPU t(2) = 1.5 t(1), so a 1-token draft must be accepted more than half
 the time to pay; on a GPU t(k) ≈ t(1) and long drafts pay at modest acceptance. Nothing is
 tuned per device except the measured curve.
 
@@ -188,7 +187,6 @@ class AdaptiveController:
         self._guarded_told = False
         self.decisions = 0
         self.drafts = 0
-        self._paid = False  # has a draft of this request been accepted?
         # policy choice (control/policy.py): needs every proposer's draft as a candidate
         # (free ones) to score the policies that did not run
         free = [n for n, st in self._p.items() if not st.costly]
@@ -237,12 +235,7 @@ class AdaptiveController:
         # this is the single-request rule; as B grows on a compute-bound device the
         # marginal rows cost as much as a whole sequence's token and drafting yields.
         t1 = self.pass_seconds(view.batch_rows + 1)
-        # a request's first drafts bet on priors and shadows alone: they must beat a plain
-        # step by more (settings.first_margin) until one of its drafts has been accepted
-        # (not under policy choice: its paired scoring already weighs those first steps, and
-        # an incumbent that waits them out loses its first comparisons to the fixed caps)
-        margin = s.margin if self._paid or self.chooser is not None else max(s.margin, s.first_margin)
-        bar = (1 + margin) * (view.batch_tokens + 1) / t1  # the goodput a draft must beat
+        bar = (1 + s.margin) * (view.batch_tokens + 1) / t1  # the goodput a draft must beat
         best: _Choice | None = None
         blocked: list[str] = []
         for name, st in self._p.items():
@@ -458,8 +451,6 @@ class AdaptiveController:
     def _observe_draft(self, name: str, o: Outcome, view: StepView | None) -> None:
         st = self._p[name]
         st.last_evidence = self._step
-        if o.accepted > 0:
-            self._paid = True
         if st.costly and o.draft_seconds > 0 and not self.deterministic:
             per = o.draft_seconds / o.drafted
             if st.token_seconds is None:

@@ -45,13 +45,6 @@ class ControlSettings:
     floor_min: int = 16  # positions needed before the floor judges
     window: int = 16  # about this many recent drafts (used or shadow-scored) drive the estimates
     margin: float = 0.08  # a draft must beat a plain step's goodput by this fraction
-    # adaptive: the margin until one of this request's drafts has been accepted. Before
-    # that the estimates rest on the priors and on shadow-scored candidates, and on open
-    # prompts those match the question's own phrases early on: measured on Spec-Bench
-    # (docs/benchmarks.md, 2026-12-05) the first 3-token drafts were predicted to emit
-    # 2.6-3.0 tokens, a 1.10-1.33x gain at 2.3 steps a pass, and emitted one. A copy that
-    # pays clears the higher bar: its first drafts follow long matches
-    first_margin: float = 0.3
     # adaptive: a proposer drafts at most max(ramp, 2 x the longest run of its tokens that
     # matched so far in this request, verified or shadow-scored); 0 = no ramp. A request's
     # first few steps give the acceptance model little evidence and its deep positions
@@ -88,7 +81,6 @@ class ControlSettings:
                "floor window must be >= floor_min >= 1")
         ensure(self.window >= 1, f"window must be >= 1 (got {self.window})")
         ensure(self.margin >= 0.0, f"margin must be >= 0 (got {self.margin})")
-        ensure(self.first_margin >= 0.0, f"first margin must be >= 0 (got {self.first_margin})")
         ensure(self.ramp >= 0, f"ramp must be >= 0 (got {self.ramp})")
         ensure(self.guard_threshold > 0.0,
                f"guard threshold is a speedup ratio and must be > 0 (got {self.guard_threshold})")

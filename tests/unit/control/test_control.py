@@ -321,9 +321,7 @@ def test_confidence_steers_the_cut():
     # stop the draft before the first low-confidence token
     prop = scripted(tr, lambda i: conf[i] >= 0.8, match_length=lambda pos: 6,
                     confidence=lambda i: conf[i] if i < 400 else 0.0)
-    # one- and two-token runs gain 1.1-1.2x a draft: below a request's first bar
-    # (test_a_requests_first_drafts_must_beat_a_higher_bar), so that bar is lowered here
-    ctl, res = run(tr, prop, settings=ControlSettings(first_margin=0.0))
+    ctl, res = run(tr, prop)
     assert res.acceptance > 0.85
     assert speedup(tr, res, CPU) > 1.1
 
@@ -473,7 +471,7 @@ def test_a_costly_proposer_is_chosen_without_a_candidate_and_asked_for_k():
 
 def test_both_free_proposers_every_step_the_confident_one_drafts_and_both_are_scored():
     # suffix says how sure it is of each token; the n-gram match is one token long
-    ctl = AdaptiveController({"ngram": False, "suffix": False}, CPU, ControlSettings(first_margin=0.0))
+    ctl = AdaptiveController({"ngram": False, "suffix": False}, CPU)
     sure = Draft(tokens=(10, 11, 12, 13), confidence=(0.95, 0.95, 0.9, 0.9), match_length=8)
     weak = Draft(tokens=(20, 21, 22, 23), match_length=1)
     d = ctl.decide(StepView(remaining=100, candidates={"ngram": weak, "suffix": sure}))
@@ -512,40 +510,12 @@ def test_the_verify_size_is_searched_on_the_curve_as_it_is():
 def test_a_cheaper_longer_pass_makes_a_draft_pay_where_a_monotone_curve_would_not():
     cand = Draft(tokens=tuple(range(100, 115)), match_length=3)  # prior acceptance 0.5
     view = StepView(remaining=100, candidates={"ngram": cand})
-    paid = ControlSettings(first_margin=0.0)  # not a request's first draft: the usual margin
     # 1-2 drafts lose (1.0x, 0.875x) but 3 drafts in a 4-token pass win 1.10x
-    assert AdaptiveController({"ngram": False}, REPACKED, paid).decide(view).k == 3
+    assert AdaptiveController({"ngram": False}, REPACKED).decide(view).k == 3
     # the same numbers with the 4-token pass forced up to the 3-token one's cost: plain
     clipped = Calibration.from_costs({1: 1.0, 2: 1.5, 3: 2.0, 4: 2.0, 8: 3.0, 16: 3.4},
                                      step_seconds=0.086)
-    assert AdaptiveController({"ngram": False}, clipped, paid).decide(view).plain
-
-
-def test_a_requests_first_drafts_must_beat_a_higher_bar():
-    """Defect: on open Spec-Bench prompts (docs/benchmarks.md, 2026-12-05) a request's first
-    3-token drafts, priced on priors and on candidates that had matched the question's own
-    phrases, were predicted 1.10-1.33x a plain step and emitted one token each: about 3% of
-    those requests. Until one of its drafts is accepted a request needs first_margin."""
-    mid = Draft(tokens=tuple(range(100, 115)), match_length=3)  # 3 drafts: 1.10x on REPACKED
-    sure = Draft(tokens=tuple(range(200, 215)), match_length=15, confidence=(1.0,) * 15)
-
-    def view(c):
-        return StepView(remaining=100, candidates={"ngram": c})
-
-    ctl = AdaptiveController({"ngram": False}, REPACKED, ControlSettings(guard=False))
-    assert ctl.decide(view(mid)).plain  # above the margin (0.08), below the first bar (0.3)
-    ctl.observe(Outcome(None, 0, 0, 0.0, REPACKED.seconds(1)))  # nothing to score
-    d = ctl.decide(view(sure))  # a long confident match clears it
-    assert d.proposer == "ngram" and d.k >= 1
-    ctl.observe(Outcome("ngram", d.k, d.k, 0.0, REPACKED.seconds(d.k + 1),
-                        confidence=(1.0,) * d.k, match_length=15))
-    assert ctl.decide(view(mid)).k == 3  # paid once: the usual margin
-    # the bar is the request's own: a new one starts high again, and 0 turns it off
-    assert AdaptiveController({"ngram": False}, REPACKED).decide(view(mid)).plain
-    assert AdaptiveController({"ngram": False}, REPACKED,
-                              ControlSettings(first_margin=0.0)).decide(view(mid)).k == 3
-    with pytest.raises(InvalidInputError, match="first margin"):
-        ControlSettings(first_margin=-0.1).validate()
+    assert AdaptiveController({"ngram": False}, clipped).decide(view).plain
 
 
 def test_on_the_repacked_curve_a_well_accepted_proposer_verifies_4_token_passes():

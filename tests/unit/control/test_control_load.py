@@ -11,8 +11,7 @@ DRAFT = Draft(tokens=(5, 6, 7, 8), confidence=(0.95, 0.95, 0.9, 0.9), match_leng
 
 
 def decide(cal: Calibration, rows: int = 0, tokens: float = 0.0):
-    # a request whose drafts have paid already: its first drafts' higher bar is not the point
-    ctl = AdaptiveController({"suffix": False}, cal, ControlSettings(guard=False, first_margin=0.0))
+    ctl = AdaptiveController({"suffix": False}, cal, ControlSettings(guard=False))
     return ctl.decide(StepView(generated=10, remaining=100, candidates={"suffix": DRAFT},
                                batch_rows=rows, batch_tokens=tokens))
 
