@@ -12,8 +12,10 @@ an n-token target pass (:mod:`edgespec.calibration`). Every d from ``min_draft``
 candidate's length is tried on the curve as measured: the curve need not be monotone (on a
 2-core CPU with repacked weights a 4-token pass takes the 4-column gemm and costs less than
 a 3-token one), so no shape is assumed. A draft is taken only if it beats a plain step by
-``margin``. On that CPU t(2) = 1.5 t(1), so a 1-token draft must be accepted more than half
-the time to pay; on a GPU t(k) ≈ t(1) and long drafts pay at modest acceptance. Nothing is
+``margin``; it grows only while its extra tokens pay for the extra time with
+``extend_margin`` to spare (the extra rows cost for certain, the deep positions' tokens
+are the least sure). On that CPU t(2) = 1.5 t(1), so a 1-token draft must be accepted more
+than half the time to pay; on a GPU t(k) ≈ t(1) and long drafts pay at modest acceptance. Nothing is
 tuned per device except the measured curve.
 
 Free proposers (n-gram, suffix) hand in their drafts as candidates before the decision,
@@ -273,11 +275,20 @@ class AdaptiveController:
         e = expected_tokens(st.model.predict(feats, st.hit))
         b, bt = view.batch_rows, view.batch_tokens
 
-        def rate(dd: int) -> float:
-            return (bt + e[dd]) / (self.pass_seconds(b + dd + 1)
-                                   + self._draft_seconds(name, dd, cand is not None))
+        def seconds(dd: int) -> float:
+            return self.pass_seconds(b + dd + 1) + self._draft_seconds(name, dd, cand is not None)
 
-        dd = max(range(s.min_draft, n_max + 1), key=rate)
+        def rate(dd: int) -> float:
+            return (bt + e[dd]) / seconds(dd)
+
+        # grow the draft while the extra tokens pay for the extra time at the current
+        # length's rate with extend_margin to spare: deep positions' estimates are the
+        # least sure, the extra rows' price is not (where rows are nearly free, as on a
+        # GPU, any likely token pays; a cheaper longer pass is always taken)
+        dd = s.min_draft
+        for d in range(s.min_draft + 1, n_max + 1):
+            if e[d] - e[dd] > (1 + s.extend_margin) * rate(dd) * (seconds(d) - seconds(dd)):
+                dd = d
         gate, why = self._gate(st, cand, rate(dd) > bar)
         if gate is None:
             return None

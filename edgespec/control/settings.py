@@ -45,6 +45,12 @@ class ControlSettings:
     floor_min: int = 16  # positions needed before the floor judges
     window: int = 16  # about this many recent drafts (used or shadow-scored) drive the estimates
     margin: float = 0.08  # a draft must beat a plain step's goodput by this fraction
+    # adaptive: a draft grows only while its extra tokens pay for the extra pass time at
+    # the shorter draft's goodput with this fraction to spare. The extra rows cost for
+    # certain; the extra tokens rest on deep positions' estimates, verified least often.
+    # Measured on open Spec-Bench prompts (docs/benchmarks.md, 2026-12-05): 6-token drafts
+    # predicted to emit 6.5 tokens emitted 3.1, where 3-token ones emitted 2.6
+    extend_margin: float = 0.25
     # adaptive: a proposer drafts at most max(ramp, 2 x the longest run of its tokens that
     # matched so far in this request, verified or shadow-scored); 0 = no ramp. A request's
     # first few steps give the acceptance model little evidence and its deep positions
@@ -81,6 +87,8 @@ class ControlSettings:
                "floor window must be >= floor_min >= 1")
         ensure(self.window >= 1, f"window must be >= 1 (got {self.window})")
         ensure(self.margin >= 0.0, f"margin must be >= 0 (got {self.margin})")
+        ensure(self.extend_margin >= 0.0,
+               f"extend margin must be >= 0 (got {self.extend_margin})")
         ensure(self.ramp >= 0, f"ramp must be >= 0 (got {self.ramp})")
         ensure(self.guard_threshold > 0.0,
                f"guard threshold is a speedup ratio and must be > 0 (got {self.guard_threshold})")

@@ -19,7 +19,7 @@ from dataclasses import replace
 # Knobs of the speculation controller: per request (Engine.stream(control=...)), so fixed
 # draft lengths and adaptive control compare on one loaded model. Besides these three, the
 # controller's tunables (TUNABLE_KNOBS) can be A/B-tested against the default in one run.
-TUNABLE_KNOBS = ("margin", "window", "min_draft", "position_calibration", "ramp", "policy")
+TUNABLE_KNOBS = ("margin", "extend_margin", "window", "min_draft", "position_calibration", "ramp", "policy")
 CONTROL_KNOBS = ("max_draft", "adaptive", "exact", *TUNABLE_KNOBS)
 
 @dataclass(frozen=True)

@@ -518,6 +518,39 @@ def test_a_cheaper_longer_pass_makes_a_draft_pay_where_a_monotone_curve_would_no
     assert AdaptiveController({"ngram": False}, clipped).decide(view).plain
 
 
+#: this machine's measured curve (AMD EPYC AVX2, qwen-1.5b, 2026-12-05): 4 rows cost 2.29
+#: steps, 7 rows 3.82; the 8-row pass jumps to 5.46 (docs/benchmarks.md)
+EPYC = Calibration.from_costs({2: 1.55, 3: 2.06, 4: 2.29, 5: 2.85, 6: 3.33, 7: 3.82, 8: 5.46,
+                               12: 6.85, 16: 6.86}, step_seconds=0.059)
+
+
+def _sure_of_everything(cal: Calibration, settings: ControlSettings) -> AdaptiveController:
+    """A controller whose candidates have matched 6 tokens deep on 12 plain steps."""
+    ctl = AdaptiveController({"ngram": False}, cal, settings)
+    for i in range(12):
+        cand = Draft(tokens=tuple(range(10 * i, 10 * i + 6)), match_length=6)
+        ctl.decide(StepView(remaining=200, candidates={"ngram": cand}))
+        ctl.observe(Outcome(None, 0, 0, 0.0, cal.seconds(1), tokens=cand.tokens))
+    return ctl
+
+
+def test_a_draft_grows_only_while_its_extra_tokens_pay_for_the_extra_rows():
+    """Defect: on open Spec-Bench prompts (2026-12-05) 6-token drafts, chosen over 3-token
+    ones for a 3% better estimate, were predicted to emit 6.5 tokens and emitted 3.1: the
+    three extra rows cost 1.5 steps for certain, the deep positions' estimates were the
+    least verified. A longer draft must now pay for its extra time with extend_margin."""
+    view = StepView(remaining=200, candidates={"ngram": Draft(tokens=tuple(range(500, 506)),
+                                                                match_length=6)})
+    free = ControlSettings(ramp=0, guard=False, extend_margin=0.0)
+    assert _sure_of_everything(EPYC, free).decide(view).k == 6  # the estimate's best
+    d = _sure_of_everything(EPYC, ControlSettings(ramp=0, guard=False)).decide(view)
+    assert d.k == 3  # 3 more tokens for 1.5 steps: not by enough
+    # where rows are nearly free every likely token pays for itself
+    assert _sure_of_everything(GPU, ControlSettings(ramp=0, guard=False)).decide(view).k == 6
+    with pytest.raises(InvalidInputError, match="extend margin"):
+        ControlSettings(extend_margin=-0.1).validate()
+
+
 def test_on_the_repacked_curve_a_well_accepted_proposer_verifies_4_token_passes():
     tr = make_trace(400)
     ctl, res = run(tr, scripted(tr, bernoulli(0.8, 400, seed=9), match_length=lambda pos: 4),

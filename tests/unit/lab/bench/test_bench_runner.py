@@ -298,6 +298,23 @@ def test_repeats_measure_every_unit_once_per_round_and_keep_rotating():
     assert len({unit_key(r) for r in run.records}) == 6
 
 
+@pytest.mark.parametrize("n_prompts", [2, 3, 4, 5])
+def test_every_round_gives_every_unit_another_order_whatever_the_counts(n_prompts):
+    """Defect: 14 units a round and 5 configurations kept every order in both rounds (the
+    rotation used the global unit number + round: 14 + 1 is a multiple of 5)."""
+    eng = FakeEngine()
+    m = _matrix(warmup=0, repeats=3)
+    prompts = [BenchPrompt(f"p{i}", "qa", (f"question {i}",), "x") for i in range(n_prompts)]
+    run = Runner(m, eng).run(prompts, BenchRun(m))
+    n = len(m.configs)
+    firsts = {}
+    for r in run.records:
+        if r["position"] == 0:
+            firsts.setdefault(r["prompt_id"], []).append(r["config"])
+    for pid, order in firsts.items():
+        assert len(order) == 3 and len(set(order)) == min(3, n), (pid, order)
+
+
 def test_a_new_round_gives_each_configuration_fresh_learning_proposers():
     from edgespec.proposers import free_proposer
 
