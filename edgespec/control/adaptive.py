@@ -15,8 +15,8 @@ a 3-token one), so no shape is assumed. A draft is taken only if it beats a plai
 ``margin``; it grows only while its extra tokens pay for the extra time with
 ``extend_margin`` to spare (the extra rows cost for certain, the deep positions' tokens
 are the least sure). On that CPU t(2) = 1.5 t(1), so a 1-token draft must be accepted more
-than half the time to pay; on a GPU t(k) ≈ t(1) and long drafts pay at modest acceptance. Nothing is
-tuned per device except the measured curve.
+than half the time to pay; on a GPU t(k) ≈ t(1) and long drafts pay at modest acceptance.
+Nothing is tuned per device except the measured curve.
 
 Free proposers (n-gram, suffix) hand in their drafts as candidates before the decision,
 all of them at every step; every candidate, used or not, is later scored against the

@@ -162,12 +162,10 @@ class Runner:
                         done += 1
                         self.progress(done, total, None)
             unit = 0
-            slot = 0  # the unit's place within its round
+            per_round = sum(len(p.turns) for p in prompts)  # units
             for rnd, prompt in ((r, p) for r in range(self.m.repeats) for p in prompts):
-                if prompt is prompts[0]:
-                    slot = 0
-                    if rnd > 0:
-                        self._renew_learners()
+                if rnd > 0 and prompt is prompts[0]:
+                    self._renew_learners()
                 answers: dict[str, list[str] | None] = {c.label: [] for c in self.m.configs}
                 for turn in range(len(prompt.turns)):
                     watch = CpuWatch()
@@ -175,7 +173,7 @@ class Runner:
                     # by one. The global unit number kept an order whenever the units a round
                     # were a multiple of the configurations (unit % n), or one short of one
                     # (unit + rnd: 14 units, 5 configurations)
-                    k = (slot + rnd) % len(self.m.configs)
+                    k = (unit - rnd * per_round + rnd) % len(self.m.configs)
                     order = list(self.m.configs[k:]) + list(self.m.configs[:k])
                     unit_records = pending = []
                     for pos, cfg in enumerate(order):
@@ -212,7 +210,6 @@ class Runner:
                     self._keep(run, unit_records)
                     pending = []
                     unit += 1
-                    slot += 1
         except KeyboardInterrupt:
             run.interrupted = True
             self._keep(run, pending)  # the interrupted unit's finished requests
