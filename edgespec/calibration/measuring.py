@@ -162,12 +162,15 @@ def _largest_exact(ctx, toks: Sequence[int], n_cached: int, limit: int) -> int:
     return limit
 
 
-def time_passes(ctx, toks, pos: int, ks, repeats: int, clock) -> dict[int, list[float]]:
+def time_passes(ctx, toks, pos: int, ks, repeats: int, clock, *, why: str = "",
+                cached: bool = True) -> dict[int, list[float]]:
     """Seconds of a k-token pass after ``pos`` cached tokens, ``repeats`` times per k in
-    round-robin, each pass trimmed away again; round 0 warms caches and is discarded."""
+    round-robin, each pass trimmed away again; round 0 warms caches and is discarded.
+    ``why`` is appended to the progress line; ``cached`` says whether the result is kept
+    for later runs."""
     samples: dict[int, list[float]] = {k: [] for k in ks}
-    with progress.task(f"timing verify passes of {min(ks)}-{max(ks)} tokens",
-                       total=(repeats + 1) * len(ks)) as done:
+    with progress.task(f"timing verify passes of {min(ks)}-{max(ks)} tokens{why}",
+                       total=(repeats + 1) * len(ks), cached=cached) as done:
         for r in range(repeats + 1):
             for k in ks:
                 t0 = clock()

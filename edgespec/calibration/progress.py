@@ -20,9 +20,11 @@ from typing import Iterator, Protocol
 
 
 class Reporter(Protocol):
-    """Where progress goes. ``update`` is called at most a few times a second."""
+    """Where progress goes. ``update`` is called at most a few times a second; ``cached``
+    says whether what is measured is kept for later runs (a first run's calibration) or
+    measured for this run only (a bench's ``--record`` curves)."""
 
-    def begin(self, what: str, total: int) -> None: ...
+    def begin(self, what: str, total: int, cached: bool = True) -> None: ...
 
     def update(self, what: str, done: int, total: int, elapsed: float) -> None: ...
 
@@ -68,13 +70,14 @@ class Task:
 
 
 @contextmanager
-def task(what: str, total: int) -> Iterator[Task]:
+def task(what: str, total: int, cached: bool = True) -> Iterator[Task]:
     """A measurement of ``total`` units named ``what`` (the reporter's begin/end around it;
-    the end is reported whether it completed or failed)."""
+    the end is reported whether it completed or failed); ``cached=False`` for one measured
+    for this run only."""
     reporter = _reporter
     t = Task(what, total, reporter)
     if reporter is not None:
-        reporter.begin(what, t.total)
+        reporter.begin(what, t.total, cached)
     try:
         yield t
     finally:

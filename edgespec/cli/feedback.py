@@ -42,8 +42,8 @@ class Progress:
         self.tty = bool(getattr(out, "isatty", lambda: False)())
         self.first = True
 
-    def begin(self, what: str, total: int) -> None:
-        if self.first:
+    def begin(self, what: str, total: int, cached: bool = True) -> None:
+        if self.first and cached:
             self._line("first run of this model on this machine: measuring it once "
                        "(cached afterwards)", end="\n")
             self.first = False

@@ -46,6 +46,22 @@ def test_a_pipe_gets_one_note_per_measurement_and_no_redraws(monkeypatch):
                      "edgespec: timing verify passes of 1-16 tokens..."]
 
 
+def test_a_measurement_for_this_run_only_does_not_claim_to_be_a_cached_first_run(monkeypatch):
+    """A bench's --record curves are measured on every run: saying "first run ... cached
+    afterwards" before them is false, and had a reader wait for a cache that never came."""
+    monkeypatch.setattr(progress, "UPDATE_INTERVAL", 0.0)
+    out = io.StringIO()
+    old = progress.set_reporter(feedback.Progress(out))
+    try:
+        with progress.task("timing verify passes after 4096 cached tokens", total=2, cached=False) as t:
+            t.advance(2)
+    finally:
+        progress.set_reporter(old)
+    text = out.getvalue()
+    assert "first run" not in text and "cached afterwards" not in text
+    assert "edgespec: timing verify passes after 4096 cached tokens..." in text
+
+
 def test_without_a_reporter_measuring_prints_nothing(capsys):
     old = progress.set_reporter(None)
     try:

@@ -54,7 +54,9 @@ def measure_depths(model, depths: Sequence[int], *, n_threads: int | None = None
         for depth in depths:
             ctx.decode(toks[pos:depth], pos, logits="none")  # extend the cached prefix
             pos = depth
-            samples = time_passes(ctx, toks, depth, ks, repeats, clock)
+            samples = time_passes(ctx, toks, depth, ks, repeats, clock, cached=False,
+                                  why=f" after {depth} cached tokens ({depths.index(depth) + 1} "
+                                      f"of {len(depths)} depths, for this run's replay)")
             med = {k: statistics.median(v) for k, v in samples.items()}
             base = med[1]
             curves.append((depth, Calibration(

@@ -185,6 +185,43 @@ def test_measure_recovers_the_fake_cost_curve():
     assert len({c[1] for c in ctx.calls[1:]}) == 1
 
 
+class _Begins:
+    """A progress reporter that keeps what each measurement said when it began."""
+
+    def __init__(self) -> None:
+        self.begun: list[tuple[str, bool]] = []
+
+    def begin(self, what: str, total: int, cached: bool = True) -> None:
+        self.begun.append((what, cached))
+
+    def update(self, what, done, total, elapsed) -> None:
+        pass
+
+    def end(self, what, elapsed) -> None:
+        pass
+
+
+def test_a_run_only_depth_curve_says_so_and_the_cached_calibration_says_it_is_kept():
+    """--record's curves are measured on every run: their progress names the depth and is
+    not announced as a first run's cached measurement (that note had a bench log wait half
+    an hour for a cache that is never written)."""
+    from edgespec.calibration import progress
+    from edgespec.lab.replay.depth import measure_depths
+
+    seen = _Begins()
+    old = progress.set_reporter(seen)
+    try:
+        clock = FakeClock()
+        measure_depths(FakeModel(cpu_like, clock), (64, 256), repeats=1, clock=clock)
+        measuring.measure(FakeModel(cpu_like, clock), repeats=1, probe=False, clock=clock)
+    finally:
+        progress.set_reporter(old)
+    assert [c for _, c in seen.begun] == [False, False, True]
+    assert "after 64 cached tokens (1 of 2 depths" in seen.begun[0][0]
+    assert "after 256 cached tokens (2 of 2 depths" in seen.begun[1][0]
+    assert seen.begun[2][0] == "timing verify passes of 1-16 tokens"
+
+
 def test_measure_takes_the_median_so_one_slow_pass_does_not_matter():
     clock = FakeClock()
     calls = {"n": 0}
