@@ -51,12 +51,12 @@ def measure_depths(model, depths: Sequence[int], *, n_threads: int | None = None
     try:
         toks = probe_tokens(model, top + kmax)
         pos = 0
-        for depth in depths:
+        for i, depth in enumerate(depths, 1):
             ctx.decode(toks[pos:depth], pos, logits="none")  # extend the cached prefix
             pos = depth
             samples = time_passes(ctx, toks, depth, ks, repeats, clock, cached=False,
-                                  why=f" after {depth} cached tokens ({depths.index(depth) + 1} "
-                                      f"of {len(depths)} depths, for this run's replay)")
+                                  why=f" after {depth} cached tokens ({i} of {len(depths)} "
+                                      "depths, for this run's replay)")
             med = {k: statistics.median(v) for k, v in samples.items()}
             base = med[1]
             curves.append((depth, Calibration(

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from edgespec.calibration import cache, cpu, curve, measuring
+from edgespec.calibration import cache, cpu, curve, measuring, progress
 from edgespec.registry import digests
 from edgespec.calibration.curve import DEFAULT_KS, Calibration, CalibrationWarning
 from edgespec.runtime.kernel import KernelConfig
@@ -205,7 +205,6 @@ def test_a_run_only_depth_curve_says_so_and_the_cached_calibration_says_it_is_ke
     """--record's curves are measured on every run: their progress names the depth and is
     not announced as a first run's cached measurement (that note had a bench log wait half
     an hour for a cache that is never written)."""
-    from edgespec.calibration import progress
     from edgespec.lab.replay.depth import measure_depths
 
     seen = _Begins()
