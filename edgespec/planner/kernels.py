@@ -10,8 +10,13 @@ candidates below on the loaded model and runs the winner.
 A measurement holds one context per candidate and times, at a few cached-context depths
 (requests do not decode at position 64), a single-token step and a verify pass of
 ``PASS_TOKENS`` tokens, round-robin over the candidates so that drift and other load hit
-them alike. Score: the mean over depths of ``(step + PASS_WEIGHT * pass)``, i.e. mostly
-the plain step (most steps of a request) with the verify pass the controller prices.
+them alike; filling each context up to those depths times its prompt processing too.
+Score: the mean over depths of ``(step + PASS_WEIGHT * pass + PREFILL_WEIGHT * prefill)``
+(``prefill``: seconds per prompt token): mostly the plain step (most steps of a request),
+the verify pass the controller prices, and the prompt a request computes first. The
+prompt term decides it on CPUs: flash attention over a Q8_0 cache has no tiled batch
+kernel in ggml-cpu, so a 1,800-token prompt prefills at 38 tok/s against 55 with F16
+(qwen-1.5b, 2 threads), while their steps differ by a percent or two.
 The result is cached beside the calibrations, keyed by model digest, device, threads,
 GPU layers and weight layout; a choice measured while other processes held the CPUs is
 used but measured again once the machine is quiet.
@@ -28,7 +33,7 @@ import os
 import statistics
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -55,20 +60,27 @@ FALLBACK = CANDIDATES[0]
 DEPTHS: tuple[int, ...] = (256, 1024)
 PASS_TOKENS = 4
 PASS_WEIGHT = 0.25
-_FORMAT = 2  # 2: no candidate without flash attention
+#: prompt tokens a request computes per token it generates: editors and agents send
+#: prompts of 500-2,000 tokens for answers of 100-300 (the grounded preset: 166-2,063 for
+#: 128), less what the prefix cache reuses across turns. Two is the low end of that.
+PREFILL_WEIGHT = 2.0
+_FORMAT = 3  # 2: no candidate without flash attention; 3: prompt processing timed too
 
 
 @dataclass(frozen=True)
 class KernelTiming:
-    """One candidate's median seconds per depth: a 1-token step and a PASS_TOKENS pass."""
+    """One candidate's median seconds per depth: a 1-token step and a PASS_TOKENS pass;
+    and the seconds per prompt token of the prefill that filled the context up to it."""
 
     kv_type: str
     flash_attn: bool
     step: Mapping[int, float]
     pass_: Mapping[int, float]
+    prefill: Mapping[int, float] = field(default_factory=dict)
 
     def score(self) -> float:
-        return statistics.fmean(self.step[d] + PASS_WEIGHT * self.pass_[d] for d in self.step)
+        return statistics.fmean(self.step[d] + PASS_WEIGHT * self.pass_[d]
+                                + PREFILL_WEIGHT * self.prefill.get(d, 0.0) for d in self.step)
 
     def matches(self, k: KernelConfig) -> bool:
         return k.kv_type == self.kv_type and k.flash_attn == self.flash_attn
@@ -98,9 +110,12 @@ class KernelChoice:
         for t in sorted(self.timings, key=KernelTiming.score):
             steps = ", ".join(f"{t.step[d] * 1000:.1f} ms at {d}" for d in sorted(t.step))
             mark = "*" if t.matches(self.kernel) else " "
+            deepest = max(t.step)
+            prompt = (f"prompt {1 / t.prefill[deepest]:.0f} tok/s up to {deepest}; "
+                      if t.prefill.get(deepest, 0) > 0 else "")
             out.append(f"{mark} KV {t.kv_type:<4} flash attention {'on ' if t.flash_attn else 'off'}: "
-                       f"step {steps}; {PASS_TOKENS}-token pass {t.pass_[max(t.pass_)] / t.step[max(t.step)]:.2f} "
-                       f"steps; score {t.score() / best:.3f}")
+                       f"step {steps}; {PASS_TOKENS}-token pass {t.pass_[deepest] / t.step[deepest]:.2f} "
+                       f"steps; {prompt}score {t.score() / best:.3f}")
         if self.busy > cpu.BUSY_LIMIT:
             out.append(f"  (measured while other processes used {self.busy:.0%} of the CPUs: "
                        "measured again once the machine is quiet)")
@@ -111,7 +126,9 @@ class KernelChoice:
                                               "flash_attn": self.kernel.flash_attn},
                 "timings": [{"kv_type": t.kv_type, "flash_attn": t.flash_attn,
                              "step": {str(d): s for d, s in t.step.items()},
-                             "pass": {str(d): s for d, s in t.pass_.items()}} for t in self.timings],
+                             "pass": {str(d): s for d, s in t.pass_.items()},
+                             "prefill": {str(d): s for d, s in t.prefill.items()}}
+                            for t in self.timings],
                 "busy": self.busy, "measured_at": self.measured_at, "key": self.key,
                 "build": self.build}
 
@@ -143,12 +160,18 @@ def measure(model: Model, *, n_threads: int | None = None, repack: bool = True,
         for k in candidates:
             ctxs.append(model.new_context(n_ctx=n_ctx, n_batch=min(512, n_ctx), n_threads=n_threads,
                                           **measuring.context_options(k)))
+        for ctx in ctxs:  # each context's first pass (its graph, first touches) is not timed
+            ctx.decode(toks[:1], 0, logits="none")
+            ctx.trim(0, 0)
         filled = [0] * len(ctxs)
+        prefill: dict[tuple[int, int], float] = {}
         with progress.task(f"timing {len(ctxs)} kernel configurations",
                            total=len(depths) * (repeats + 1)) as done:
             for d in depths:
                 for i, ctx in enumerate(ctxs):
+                    t0 = clock()
                     ctx.decode(toks[filled[i]:d], filled[i], logits="none")
+                    prefill[(i, d)] = (clock() - t0) / (d - filled[i])
                     filled[i] = d
                 for r in range(repeats + 1):  # round 0 warms caches and is discarded
                     for i, ctx in enumerate(ctxs):
@@ -166,7 +189,8 @@ def measure(model: Model, *, n_threads: int | None = None, repack: bool = True,
     timings = tuple(KernelTiming(
         kv_type=k.kv_type, flash_attn=k.flash_attn,
         step={d: statistics.median(samples[(i, d, 1)]) for d in depths},
-        pass_={d: statistics.median(samples[(i, d, PASS_TOKENS)]) for d in depths})
+        pass_={d: statistics.median(samples[(i, d, PASS_TOKENS)]) for d in depths},
+        prefill={d: prefill[(i, d)] for d in depths})
         for i, k in enumerate(candidates))
     if any(not s > 0 for t in timings for s in t.step.values()):
         raise EdgespecError("the kernel measurement timed a zero-length pass; the clock is not advancing")
@@ -199,13 +223,20 @@ def load_cached(key: str, home: Path | None = None, base: KernelConfig = FALLBAC
     path = _path(key, home)
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(d, dict) and isinstance(d.get("format"), int) and d["format"] < _FORMAT:
+            warnings.warn(f"the cached kernel choice {path} predates what this version times "
+                          f"(format {d['format']}, now {_FORMAT}: prompt processing too); "
+                          "measuring it again", CalibrationWarning, stacklevel=2)
+            return None
         if d.get("format") != _FORMAT:
             raise ValueError(f"format {d.get('format')!r}, expected {_FORMAT}")
         timings = tuple(KernelTiming(
             kv_type=str(t["kv_type"]), flash_attn=bool(t["flash_attn"]),
             step={int(k): float(v) for k, v in t["step"].items()},
-            pass_={int(k): float(v) for k, v in t["pass"].items()}) for t in d["timings"])
-        if not timings or any(not s > 0 for t in timings for s in [*t.step.values(), *t.pass_.values()]):
+            pass_={int(k): float(v) for k, v in t["pass"].items()},
+            prefill={int(k): float(v) for k, v in t["prefill"].items()}) for t in d["timings"])
+        if not timings or any(not s > 0 for t in timings
+                              for s in [*t.step.values(), *t.pass_.values(), *t.prefill.values()]):
             raise ValueError("no positive timings")
     except FileNotFoundError:
         return None

@@ -19,13 +19,15 @@ F16, Q8 = KV_GGML_TYPE["f16"], KV_GGML_TYPE["q8_0"]
 
 
 class Clocked(FakeModel):
-    """Each decode costs costs[(type_k, flash_attn)] * (1 + 0.5 * (n - 1)) fake seconds."""
+    """Each decode of n tokens costs costs[key] * (1 + 0.5 * (min(n, 8) - 1)) fake seconds,
+    plus bulk[key] for every token past the eighth (a prompt's), key (type_k, flash_attn)."""
 
-    def __init__(self, costs, path: Path):
+    def __init__(self, costs, path: Path, bulk=None):
         super().__init__(name=path.name)
         self.path = path
         self.now = 0.0
         self.costs = costs
+        self.bulk = bulk or {}
         self.opened: list[tuple[int, int]] = []
 
     def new_context(self, n_ctx, n_batch=512, n_threads=None, flash_attn=1, type_k=None, **kw):
@@ -34,7 +36,9 @@ class Clocked(FakeModel):
         self.opened.append(key)
 
         def tick(_ctx, tokens, _pos0):
-            self.now += self.costs[key] * (1 + 0.5 * (len(tokens) - 1))
+            n = len(tokens)
+            self.now += (self.costs[key] * (1 + 0.5 * (min(n, 8) - 1))
+                         + self.bulk.get(key, 0.0) * max(0, n - 8))
         ctx.on_decode = tick
         return ctx
 
@@ -86,6 +90,41 @@ def test_measure_times_every_candidate_at_every_depth_and_picks_the_fastest(mode
     assert t.pass_[64] == pytest.approx(0.033 * 2.5)
     lines = choice.describe()
     assert lines[0].startswith("* KV f16  flash attention on") and len(lines) == 2
+
+
+def test_the_prompt_a_request_computes_first_weighs_in_the_choice(tmp_path):
+    """This CPU's case: a Q8_0 cache steps a little faster, an F16 one prefills much faster
+    (ggml-cpu has a tiled flash-attention kernel for F16 batches only): F16 wins."""
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF" + b"\0" * 64)
+    m = Clocked({(F16, 1): 0.031, (Q8, 1): 0.030}, f, bulk={(F16, 1): 0.018, (Q8, 1): 0.026})
+    choice = kernels.measure(m, n_threads=2, depths=(64, 128), repeats=2, clock=m.clock)
+    assert (choice.kernel.kv_type, choice.kernel.flash_attn) == ("f16", True)
+    q8 = choice.timing(KernelConfig(kv_type="q8_0"))
+    # 0 -> 64, then 64 -> 128: the first pass of each context is a warm-up, never timed
+    assert q8.prefill[64] == pytest.approx((0.030 * 4.5 + 0.026 * 56) / 64)
+    assert q8.prefill[128] == pytest.approx((0.030 * 4.5 + 0.026 * 56) / 64)
+    assert q8.step[128] < choice.timing(KernelConfig(kv_type="f16")).step[128]
+    assert "prompt 56 tok/s up to 128" in choice.describe()[0]
+    # without the prompt term the faster step would have won
+    bare = [kernels.KernelTiming(t.kv_type, t.flash_attn, t.step, t.pass_) for t in choice.timings]
+    assert kernels.choose(bare).kv_type == "q8_0"
+
+
+def test_a_choice_cached_before_prompts_were_timed_is_measured_again(model, tmp_path):
+    home = tmp_path / "home"
+    kw = dict(n_threads=2, home=home, build="b1", depths=(64,), repeats=1, clock=model.clock)
+    first = kernels.load_or_measure(model, **kw)
+    path = cache.cache_path(first.key, home)
+    d = json.loads(path.read_text())
+    d["format"] = 2
+    for t in d["timings"]:
+        del t["prefill"]
+    path.write_text(json.dumps(d))
+    opened = len(model.opened)
+    with pytest.warns(curve.CalibrationWarning, match=r"predates .*format 2, now 3"):
+        again = kernels.load_or_measure(model, **kw)
+    assert len(model.opened) == 2 * opened and again.timings[0].prefill
 
 
 def test_the_choice_is_cached_and_a_corrupt_or_stale_file_is_measured_again(model, tmp_path):
