@@ -2,10 +2,10 @@
 
 Exact mode needs a batch-invariant configuration (flash attention on, a Q8_0 KV cache:
 docs/parity.md) and keeps it. The default mode is lossless whatever the kernels compute,
-so it has no reason to pay for that: llama.cpp itself decodes 3-9% slower with a Q8_0 KV
-cache than with its F16 default on a 2-core CPU, and which of flash attention on or off
-is faster depends on the device and the context. So the default mode measures the
-candidates below on the loaded model and runs the winner.
+but its greedy and seeded requests promise one text with a warm or a cold KV cache, which
+needs attention that computes a row the same in any batch (``FALLBACK`` says why): it runs
+the fastest such candidate. Every candidate is timed on the loaded model, so `edgespec plan`
+shows what the others would give.
 
 A measurement holds one context per candidate and times, at a few cached-context depths
 (requests do not decode at position 64), a single-token step and a verify pass of
@@ -13,10 +13,10 @@ A measurement holds one context per candidate and times, at a few cached-context
 them alike; filling each context up to those depths times its prompt processing too.
 Score: the mean over depths of ``(step + PASS_WEIGHT * pass + PREFILL_WEIGHT * prefill)``
 (``prefill``: seconds per prompt token): mostly the plain step (most steps of a request),
-the verify pass the controller prices, and the prompt a request computes first. The
-prompt term decides it on CPUs: flash attention over a Q8_0 cache has no tiled batch
-kernel in ggml-cpu, so a 1,800-token prompt prefills at 38 tok/s against 55 with F16
-(qwen-1.5b, 2 threads), while their steps differ by a percent or two.
+the verify pass the controller prices, and the prompt a request computes first. On CPUs
+the prompt term separates F16 from Q8_0: flash attention over a Q8_0 cache has no tiled
+batch kernel in ggml-cpu, so a 1,800-token prompt prefills at 38 tok/s against 55 with
+F16 (qwen-1.5b, 2 threads), while their steps differ by a percent or two.
 The result is cached beside the calibrations, keyed by model digest, device, threads,
 GPU layers and weight layout; a choice measured while other processes held the CPUs is
 used but measured again once the machine is quiet.
@@ -46,16 +46,23 @@ from ..errors import EdgespecError
 if TYPE_CHECKING:
     from ..runtime.model import Model
 
-#: what the default mode may run: llama.cpp's CPU default (F16 KV, flash attention on) and
-#: the exact configuration. Not attention without flash attention: its matmuls take other
-#: kernels for one token than for a batch at every size (docs/parity.md), so the default's
-#: greedy text would leave the plain path's at near-ties far more often
+#: what is timed: llama.cpp's CPU default (F16 KV, flash attention on) and the exact
+#: configuration. Not attention without flash attention: its matmuls take other kernels for
+#: one token than for a batch at every size (docs/parity.md), so the default's greedy text
+#: would leave the plain path's at near-ties far more often
 CANDIDATES: tuple[KernelConfig, ...] = (
     KernelConfig(kv_type="f16", flash_attn=True),
     KernelConfig(kv_type="q8_0", flash_attn=True),
 )
-#: the default before any measurement: llama.cpp's own CPU default
-FALLBACK = CANDIDATES[0]
+#: the default before any measurement, and the only kind the default mode runs: attention
+#: that computes a row the same in any batch (``KernelConfig.exact_capable``). A greedy or
+#: seeded request promises one text whether the KV cache is warm or cold, and reuses only
+#: prefill-written rows for it (edgespec.decoding.kvcache). Over an F16 cache a prefill's
+#: rows go through the tiled kernel in batches of 64+, a shorter suffix through another:
+#: a warm cache moved the first token's logits (tests/integration/test_reproducible_real.py
+#: failed with it, 2026-12-05). F16 is still timed, so `edgespec plan` shows what it would
+#: give (its prompts prefill 21-32% faster at 1-2k tokens here).
+FALLBACK = CANDIDATES[1]
 #: cached-context depths timed (a request's decode runs past its prompt)
 DEPTHS: tuple[int, ...] = (256, 1024)
 PASS_TOKENS = 4
@@ -113,9 +120,10 @@ class KernelChoice:
             deepest = max(t.step)
             prompt = (f"prompt {1 / t.prefill[deepest]:.0f} tok/s up to {deepest}; "
                       if t.prefill.get(deepest, 0) > 0 else "")
+            why = "" if runnable(t) else " (not run: a warm KV cache would change a greedy text)"
             out.append(f"{mark} KV {t.kv_type:<4} flash attention {'on ' if t.flash_attn else 'off'}: "
                        f"step {steps}; {PASS_TOKENS}-token pass {t.pass_[deepest] / t.step[deepest]:.2f} "
-                       f"steps; {prompt}score {t.score() / best:.3f}")
+                       f"steps; {prompt}score {t.score() / best:.3f}{why}")
         if self.busy > cpu.BUSY_LIMIT:
             out.append(f"  (measured while other processes used {self.busy:.0%} of the CPUs: "
                        "measured again once the machine is quiet)")
@@ -133,11 +141,18 @@ class KernelChoice:
                 "build": self.build}
 
 
+def runnable(t: KernelTiming) -> bool:
+    """Whether the default mode may run it (FALLBACK says why not every candidate)."""
+    return KernelConfig(kv_type=t.kv_type, flash_attn=t.flash_attn).exact_capable
+
+
 def choose(timings: Sequence[KernelTiming], base: KernelConfig = FALLBACK) -> KernelConfig:
-    """The candidate with the lowest score, as ``base`` with its KV type and attention."""
-    if not timings:
+    """The runnable candidate with the lowest score, as ``base`` with its KV type and
+    attention."""
+    ok = [t for t in timings if runnable(t)]
+    if not ok:
         return base
-    t = min(timings, key=KernelTiming.score)
+    t = min(ok, key=KernelTiming.score)
     return replace(base, kv_type=t.kv_type, flash_attn=t.flash_attn).validate()
 
 

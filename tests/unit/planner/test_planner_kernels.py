@@ -15,7 +15,7 @@ from edgespec.runtime.kernel import KV_GGML_TYPE, KernelConfig
 from edgespec.planner import kernels
 from fakes import FakeModel
 
-F16, Q8 = KV_GGML_TYPE["f16"], KV_GGML_TYPE["q8_0"]
+F16, Q8, Q4 = KV_GGML_TYPE["f16"], KV_GGML_TYPE["q8_0"], KV_GGML_TYPE["q4_0"]
 
 
 class Clocked(FakeModel):
@@ -66,22 +66,28 @@ def model(tmp_path):
     return Clocked({(F16, 1): 0.025, (Q8, 1): 0.033}, f)
 
 
-def test_choose_takes_the_lowest_score_and_keeps_the_layout():
-    fast = kernels.KernelTiming("f16", False, {256: 0.02, 1024: 0.03}, {256: 0.05, 1024: 0.06})
+def test_choose_takes_the_lowest_runnable_score_and_keeps_the_layout():
+    fast = kernels.KernelTiming("q4_0", True, {256: 0.02, 1024: 0.03}, {256: 0.05, 1024: 0.06})
     slow = kernels.KernelTiming("q8_0", True, {256: 0.02, 1024: 0.04}, {256: 0.05, 1024: 0.06})
-    got = kernels.choose([slow, fast], KernelConfig(kv_type="f16", repack=False))
-    assert (got.kv_type, got.flash_attn, got.repack) == ("f16", False, False)
+    got = kernels.choose([slow, fast], KernelConfig(kv_type="q8_0", repack=False))
+    assert (got.kv_type, got.flash_attn, got.repack) == ("q4_0", True, False)
     assert kernels.choose([]) == kernels.FALLBACK
+    assert kernels.FALLBACK.exact_capable
     # the verify pass counts too: equal steps, a cheaper pass wins
-    cheap = kernels.KernelTiming("f16", True, {256: 0.02}, {256: 0.04})
-    dear = kernels.KernelTiming("f16", False, {256: 0.02}, {256: 0.05})
-    assert kernels.choose([dear, cheap]).flash_attn
+    cheap = kernels.KernelTiming("q8_0", True, {256: 0.02}, {256: 0.04})
+    dear = kernels.KernelTiming("q4_0", True, {256: 0.02}, {256: 0.05})
+    assert kernels.choose([dear, cheap]).kv_type == "q8_0"
+    # never an F16 cache, however fast: a warm KV cache would change a greedy text
+    f16 = kernels.KernelTiming("f16", True, {256: 0.01}, {256: 0.02}, {256: 0.001})
+    assert kernels.choose([f16, dear]).kv_type == "q4_0"
+    assert kernels.choose([f16]) == kernels.FALLBACK
 
 
-def test_measure_times_every_candidate_at_every_depth_and_picks_the_fastest(model):
+def test_measure_times_every_candidate_at_every_depth_and_runs_the_fastest_runnable(model):
     choice = kernels.measure(model, n_threads=2, depths=(64, 128), repeats=2, clock=model.clock)
     assert choice.source == "measured"
-    assert (choice.kernel.kv_type, choice.kernel.flash_attn) == ("f16", True)
+    # F16 is faster in this fake, but the default mode runs Q8_0 (kernels.FALLBACK says why)
+    assert (choice.kernel.kv_type, choice.kernel.flash_attn) == ("q8_0", True)
     # never attention without flash attention: batch-dependent at every size
     assert sorted(model.opened) == sorted([(F16, 1), (Q8, 1)])
     assert all(c.closed for c in model.contexts)
@@ -89,22 +95,27 @@ def test_measure_times_every_candidate_at_every_depth_and_picks_the_fastest(mode
     assert t.step == {64: pytest.approx(0.033), 128: pytest.approx(0.033)}
     assert t.pass_[64] == pytest.approx(0.033 * 2.5)
     lines = choice.describe()
-    assert lines[0].startswith("* KV f16  flash attention on") and len(lines) == 2
+    assert len(lines) == 2
+    assert lines[0].startswith("  KV f16  flash attention on") and "not run" in lines[0]
+    assert lines[1].startswith("* KV q8_0 flash attention on") and "not run" not in lines[1]
 
 
 def test_the_prompt_a_request_computes_first_weighs_in_the_choice(tmp_path):
-    """This CPU's case: a Q8_0 cache steps a little faster, an F16 one prefills much faster
-    (ggml-cpu has a tiled flash-attention kernel for F16 batches only): F16 wins."""
+    """A KV type whose step is a little faster loses to one that prefills much faster
+    (on this CPU F16 against Q8_0: ggml-cpu has a tiled flash-attention kernel for F16
+    batches only; here two runnable types stand in)."""
     f = tmp_path / "m.gguf"
     f.write_bytes(b"GGUF" + b"\0" * 64)
-    m = Clocked({(F16, 1): 0.031, (Q8, 1): 0.030}, f, bulk={(F16, 1): 0.018, (Q8, 1): 0.026})
-    choice = kernels.measure(m, n_threads=2, depths=(64, 128), repeats=2, clock=m.clock)
-    assert (choice.kernel.kv_type, choice.kernel.flash_attn) == ("f16", True)
+    m = Clocked({(Q4, 1): 0.031, (Q8, 1): 0.030}, f, bulk={(Q4, 1): 0.018, (Q8, 1): 0.026})
+    cands = (KernelConfig(kv_type="q4_0"), KernelConfig(kv_type="q8_0"))
+    choice = kernels.measure(m, n_threads=2, candidates=cands, depths=(64, 128), repeats=2,
+                             clock=m.clock)
+    assert (choice.kernel.kv_type, choice.kernel.flash_attn) == ("q4_0", True)
     q8 = choice.timing(KernelConfig(kv_type="q8_0"))
     # 0 -> 64, then 64 -> 128: the first pass of each context is a warm-up, never timed
     assert q8.prefill[64] == pytest.approx((0.030 * 4.5 + 0.026 * 56) / 64)
     assert q8.prefill[128] == pytest.approx((0.030 * 4.5 + 0.026 * 56) / 64)
-    assert q8.step[128] < choice.timing(KernelConfig(kv_type="f16")).step[128]
+    assert q8.step[128] < choice.timing(KernelConfig(kv_type="q4_0")).step[128]
     assert "prompt 56 tok/s up to 128" in choice.describe()[0]
     # without the prompt term the faster step would have won
     bare = [kernels.KernelTiming(t.kv_type, t.flash_attn, t.step, t.pass_) for t in choice.timings]
