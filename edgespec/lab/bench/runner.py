@@ -53,7 +53,8 @@ from .records import (compact, error_record, mark_parity, process, rss_of, stats
 from ...calibration.cpu import BUSY_LIMIT, CpuWatch, machine_busy
 from ..analysis.parity import TOP_N, attribute_divergence
 from .identity import collect_identity
-from ..replay.depth import depths_for, measure_depths
+from ..replay import depth_cache
+from ..replay.depth import depths_for
 from ..replay.record import Recorder
 
 # Not one of the measured prompts: a proposer that learns across requests (the suffix tree)
@@ -481,7 +482,7 @@ def run_bench(m: Matrix, progress: Progress | None = None, on_loaded: Callable[[
         if gset is not None:
             run.identity["grounded"] = gset.to_dict()
         if m.record:
-            run.recorder = _recorder(m, engines, prompts)
+            run.recorder = _recorder(m, engines, prompts, warn)
         if on_loaded is not None:
             on_loaded(run)
         Runner(m, engine, anchors, request_names, progress, plan.control,
@@ -519,13 +520,19 @@ def deepest_pass(m: Matrix, engine, prompts: Sequence[BenchPrompt]) -> int:
     return need
 
 
-def _recorder(m: Matrix, engines: dict, prompts: Sequence[BenchPrompt]):
-    """--record: the pass-time curve at the depths this run's passes have, measured on each
-    engine's kernel configuration before any request, and the hooks that keep each pass."""
+def _recorder(m: Matrix, engines: dict, prompts: Sequence[BenchPrompt], warn: Warn):
+    """--record: the pass-time curve at the depths this run's passes have, on each engine's
+    kernel configuration (measured before any request, or cached from an earlier run on
+    this machine: edgespec.lab.replay.depth_cache), and the hooks that keep each pass."""
     rec = Recorder()
     for exact, eng in engines.items():
         depths = depths_for(deepest_pass(m, eng, prompts), eng.ctx.n_ctx)
-        curve = measure_depths(eng.target, depths, n_threads=eng.ctx.n_threads,
-                               kernel=eng.config.kernel)
+        curve, measured_at = depth_cache.load_or_measure(
+            eng.target, depths, n_threads=eng.ctx.n_threads, kernel=eng.config.layout())
+        if measured_at is not None:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(measured_at))
+            warn(f"--record: the {'exact' if exact else 'default'} engine's pass-time curve at "
+                 f"{', '.join(map(str, depths))} cached tokens is the one measured {when} "
+                 f"(cached: delete {depth_cache.pattern(eng.target.path)} to measure it again)")
         rec.attach("exact" if exact else "default", eng, curve)
     return rec

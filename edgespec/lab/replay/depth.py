@@ -30,10 +30,13 @@ def depths_for(deepest: int, n_ctx: int, kmax: int = max(DEFAULT_KS)) -> tuple[i
 
 def measure_depths(model, depths: Sequence[int], *, n_threads: int | None = None,
                    kernel: KernelConfig | None = None, ks: Sequence[int] = DEFAULT_KS,
-                   repeats: int = 3, clock: Callable[[], float] = time.perf_counter) -> DepthCurve:
+                   repeats: int = 3, clock: Callable[[], float] = time.perf_counter,
+                   cached: bool = True) -> DepthCurve:
     """Time ``ks``-token passes (all-position logits, as verification asks) at each depth.
 
-    ``model`` is a loaded backend model (or a fake with the same ``new_context``)."""
+    ``model`` is a loaded backend model (or a fake with the same ``new_context``).
+    ``cached``: whether the caller keeps the result (:mod:`.depth_cache` does), which the
+    progress line tells the user."""
     kernel = kernel or KernelConfig()
     ks = sorted({int(k) for k in ks} | {1})
     depths = sorted({int(d) for d in depths})
@@ -54,9 +57,9 @@ def measure_depths(model, depths: Sequence[int], *, n_threads: int | None = None
         for i, depth in enumerate(depths, 1):
             ctx.decode(toks[pos:depth], pos, logits="none")  # extend the cached prefix
             pos = depth
-            samples = time_passes(ctx, toks, depth, ks, repeats, clock, cached=False,
+            samples = time_passes(ctx, toks, depth, ks, repeats, clock, cached=cached,
                                   why=f" after {depth} cached tokens ({i} of {len(depths)} "
-                                      "depths, for this run's replay)")
+                                      "depths, for --record's replays)")
             med = {k: statistics.median(v) for k, v in samples.items()}
             base = med[1]
             curves.append((depth, Calibration(

@@ -201,21 +201,23 @@ class _Begins:
         pass
 
 
-def test_a_run_only_depth_curve_says_so_and_the_cached_calibration_says_it_is_kept():
-    """--record's curves are measured on every run: their progress names the depth and is
-    not announced as a first run's cached measurement (that note had a bench log wait half
-    an hour for a cache that is never written)."""
+def test_a_depth_curve_names_its_depth_and_says_whether_it_is_kept():
+    """--record's curves: their progress names the depth and the count, and says they are
+    kept only when the caller keeps them (lab.replay.depth_cache does; that note once had a
+    bench log wait half an hour for a cache that was never written)."""
     from edgespec.lab.replay.depth import measure_depths
 
     seen = _Begins()
     old = progress.set_reporter(seen)
     try:
         clock = FakeClock()
-        measure_depths(FakeModel(cpu_like, clock), (64, 256), repeats=1, clock=clock)
+        measure_depths(FakeModel(cpu_like, clock), (64, 256), repeats=1, clock=clock,
+                       cached=False)
         measuring.measure(FakeModel(cpu_like, clock), repeats=1, probe=False, clock=clock)
+        measure_depths(FakeModel(cpu_like, clock), (64,), repeats=1, clock=clock)
     finally:
         progress.set_reporter(old)
-    assert [c for _, c in seen.begun] == [False, False, True]
+    assert [c for _, c in seen.begun] == [False, False, True, True]
     assert "after 64 cached tokens (1 of 2 depths" in seen.begun[0][0]
     assert "after 256 cached tokens (2 of 2 depths" in seen.begun[1][0]
     assert seen.begun[2][0] == "timing verify passes of 1-16 tokens"
