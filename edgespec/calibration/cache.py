@@ -156,7 +156,7 @@ def load_or_measure(model_path: str | os.PathLike, *, n_threads: int | None = No
                  loader)
     if not force:
         cal = load_cached(key, home, device["build"])
-        if cal is not None and not (cal.busy > cpu.BUSY_LIMIT and cpu.machine_busy() <= cpu.BUSY_LIMIT / 2):
+        if cal is not None and not cpu.measure_again(cal.busy):
             return head.completed(cal, model, home)
         if cal is not None:
             warnings.warn(f"the cached calibration {key} was timed while other processes used "

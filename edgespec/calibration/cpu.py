@@ -52,3 +52,10 @@ def machine_busy(seconds: float = 0.3) -> float:
         return 0.0
     time.sleep(seconds)
     return w.share()
+
+
+def measure_again(busy: float) -> bool:
+    """Whether a cached timing taken while other processes used ``busy`` of the CPUs is to be
+    measured again: it was over BUSY_LIMIT and the machine is quiet now (while it is still
+    busy, the old timing is no worse than a new one)."""
+    return busy > BUSY_LIMIT and machine_busy() <= BUSY_LIMIT / 2

@@ -308,8 +308,7 @@ def load_or_measure(model: Model, *, n_threads: int | None = None, sha256: str |
     build = build if build is not None else cache.llama_build()
     if not force:
         got = load_cached(key, home, replace(FALLBACK, repack=repack), build)
-        if got is not None and not (got.busy > cpu.BUSY_LIMIT
-                                    and cpu.machine_busy() <= cpu.BUSY_LIMIT / 2):
+        if got is not None and not cpu.measure_again(got.busy):
             return got
     choice = replace(measure(model, n_threads=n_threads, repack=repack, **measure_kw), key=key,
                      build=build)

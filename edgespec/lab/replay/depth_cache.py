@@ -13,7 +13,6 @@ the depths and sizes timed, so it is keyed by all of them and kept like a calibr
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 import warnings
@@ -37,14 +36,13 @@ def cache_key(model_path, depths: Sequence[int], ks: Sequence[int], *, n_threads
     """``(key, build)``: the file name (``depths-<model>-<hash>``) and the llama.cpp build the
     curve must have been measured with (left out of the key, so another build's file is
     found, said to be stale, and replaced)."""
-    device = cache.device_fingerprint(n_threads, n_gpu_layers, build, kernel=kernel)
+    timed = {"depths": ",".join(map(str, sorted({int(d) for d in depths}))),
+             "ks": ",".join(map(str, sorted({int(k) for k in ks} | {1})))}
+    device = cache.device_fingerprint(n_threads, n_gpu_layers, build, extra=timed, kernel=kernel)
     ident = digests.model_identity(model_path, sha256, home)
-    blob = json.dumps({"device": {k: v for k, v in device.items() if k != "build"},
-                       "sha256": ident["sha256"], "size": ident.get("size", ""),
-                       "depths": sorted({int(d) for d in depths}),
-                       "ks": sorted({int(k) for k in ks} | {1})}, sort_keys=True)
-    digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
-    return f"depths-{Path(model_path).stem}-{digest}", device["build"]
+    # the calibration's own key, under a name of its own (``name``'s stem prefixes the file)
+    key = cache.cache_key(device, {**ident, "name": f"depths-{Path(model_path).name}"})
+    return key, device["build"]
 
 
 def pattern(model_path, home: Path | None = None) -> Path:
@@ -100,7 +98,7 @@ def load_or_measure(model, depths: Sequence[int], *, n_threads: int, kernel: Ker
         got = load(key, build, home)
         if got is not None:
             curve, measured_at = got
-            if not (curve.busy > cpu.BUSY_LIMIT and cpu.machine_busy() <= cpu.BUSY_LIMIT / 2):
+            if not cpu.measure_again(curve.busy):
                 return curve, measured_at
             warnings.warn(f"the cached depth curve {key} was timed while other processes used "
                           f"{curve.busy:.0%} of the CPUs; the machine is quiet now, measuring it "
