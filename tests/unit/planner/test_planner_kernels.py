@@ -66,6 +66,14 @@ def model(tmp_path):
     return Clocked({(F16, 1): 0.025, (Q8, 1): 0.033}, f)
 
 
+def _measured(model, tmp_path):
+    """A choice measured into a fresh home: the arguments that read it again, it, its file."""
+    kw = dict(n_threads=2, home=tmp_path / "home", build="b1", depths=(64,), repeats=1,
+              clock=model.clock)
+    first = kernels.load_or_measure(model, **kw)
+    return kw, first, cache.cache_path(first.key, kw["home"])
+
+
 def test_choose_takes_the_lowest_runnable_score_and_keeps_the_layout():
     fast = kernels.KernelTiming("q4_0", True, {256: 0.02, 1024: 0.03}, {256: 0.05, 1024: 0.06})
     slow = kernels.KernelTiming("q8_0", True, {256: 0.02, 1024: 0.04}, {256: 0.05, 1024: 0.06})
@@ -123,10 +131,7 @@ def test_the_prompt_a_request_computes_first_weighs_in_the_choice(tmp_path):
 
 
 def test_a_choice_cached_before_prompts_were_timed_is_measured_again(model, tmp_path):
-    home = tmp_path / "home"
-    kw = dict(n_threads=2, home=home, build="b1", depths=(64,), repeats=1, clock=model.clock)
-    first = kernels.load_or_measure(model, **kw)
-    path = cache.cache_path(first.key, home)
+    kw, first, path = _measured(model, tmp_path)
     d = json.loads(path.read_text())
     d["format"] = 2
     for t in d["timings"]:
@@ -139,14 +144,12 @@ def test_a_choice_cached_before_prompts_were_timed_is_measured_again(model, tmp_
 
 
 def test_the_choice_is_cached_and_a_corrupt_or_stale_file_is_measured_again(model, tmp_path):
-    home = tmp_path / "home"
-    kw = dict(n_threads=2, home=home, build="b1", depths=(64,), repeats=1, clock=model.clock)
-    first = kernels.load_or_measure(model, **kw)
+    kw, first, path = _measured(model, tmp_path)
+    home = kw["home"]
     opened = len(model.opened)
     again = kernels.load_or_measure(model, **kw)
     assert len(model.opened) == opened and again.kernel == first.kernel  # read, not measured
     assert kernels.cached(model.path, n_threads=2, home=home, build="b1").kernel == first.kernel
-    path = cache.cache_path(first.key, home)
     path.write_text("{not json", encoding="utf-8")
     with pytest.warns(curve.CalibrationWarning, match="unreadable"):
         kernels.load_or_measure(model, **kw)
@@ -162,10 +165,8 @@ def test_the_choice_is_cached_and_a_corrupt_or_stale_file_is_measured_again(mode
 
 
 def test_a_choice_measured_under_load_is_measured_again_once_quiet(model, tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    kw = dict(n_threads=2, home=home, build="b1", depths=(64,), repeats=1, clock=model.clock)
-    first = kernels.load_or_measure(model, **kw)
-    path = cache.cache_path(first.key, home)
+    kw, first, path = _measured(model, tmp_path)
+    home = kw["home"]
     d = json.loads(path.read_text())
     d["busy"] = 0.9
     path.write_text(json.dumps(d))
