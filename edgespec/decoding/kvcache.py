@@ -18,9 +18,11 @@ Spec-Bench question 81 changed; the same prompt sent twice, reusing all but its 
 moved the first token's logits by up to 0.52), so the previous answer is prefilled again
 and the output stays the output without reuse. Even a prefilled prefix is reused only up to
 a multiple of ROW_GROUP, so the kernels group every row as a prefill of the whole prompt
-would, and only rows of passes of at least MIN_PASS tokens count as prefill-written
-(shorter passes take other kernels); the suffix computed is never shorter than MIN_PASS
-either. Positions stay what they were when the tokens were first evaluated, so a reused
+would, and only rows of passes of at least the context's ``min_pass`` tokens (MIN_PASS, or
+64 over an F16 cache with flash attention: runtime.kernel.min_pass) count as
+prefill-written (shorter passes take other kernels); the suffix computed is never shorter
+either, and the context never splits a long input into a short last pass
+(runtime.kernel.pass_sizes), so a cold prefill computes every row as a warm one does. Positions stay what they were when the tokens were first evaluated, so a reused
 prefix means exactly what it meant then. An unseeded sampled request promises nothing and
 reuses every held position.
 
@@ -37,7 +39,7 @@ per-sequence state API (``Context.state_get`` / ``state_set``).
 :meth:`PrefixCache.refresh` gives those requests their reuse back: once a turn has finished
 (idle time, while its answer is read), the generated tokens' positions are prefilled again, from
 the last row-group boundary a prefill wrote, in passes that each start on a boundary and
-hold at least MIN_PASS tokens. The sequence then holds prefill-written KV for the whole turn
+hold at least ``min_pass`` tokens. The sequence then holds prefill-written KV for the whole turn
 and the next turn computes only its new message. Stopped between passes, it keeps what it
 refreshed.
 """
@@ -51,6 +53,8 @@ import numpy as np
 
 from ..api.arrays import FloatArray
 from ..errors import EdgespecError
+# the kernels' grouping of a pass's rows (runtime.kernel says why each is what it is)
+from ..runtime.kernel import MIN_PASS, ROW_GROUP, pass_sizes
 
 if TYPE_CHECKING:
     from ..runtime.context import Context
@@ -61,16 +65,6 @@ SAVE_MIN_DROPPED = 32
 #: a state shorter than this is cheaper to prefill than to keep
 MIN_STATE_TOKENS = 16
 DEFAULT_RAM_BYTES = 256 << 20
-#: ggml-cpu's repacked matrix kernels evaluate a batch in groups of this many rows (gemm)
-#: and the rows left over one by one (gemv), which round differently: reusing prefilled
-#: positions only, a reused prefix ends, and the suffix starts, on a group boundary, so
-#: every position is computed as a prefill of the whole prompt from position 0 computes it
-ROW_GROUP = 4
-#: ... and a pass of fewer rows than this takes other kernels again (Qwen2.5 Q4_K, repacked:
-#: the rows of a 4-7 row pass differ from the same rows in a long pass; 8 and more agree,
-#: tests/integration/test_kv_refresh_real.py probes it). Such a prefill computes at
-#: least this many rows, and only the rows of passes this long count as prefill-written
-MIN_PASS = 8
 #: positions one refresh pass prefills: a multiple of ROW_GROUP, large enough for the gemm
 #: kernels' throughput, small enough that a cancel waits well under a second
 REFRESH_CHUNK = 64
@@ -202,6 +196,8 @@ class PrefixCache:
         self.ram = ram if hasattr(ctx, "state_get") else None
         self.held: list[int] = []
         self.prefilled = 0  # held[:prefilled] were written by prefill passes
+        #: the shortest pass whose rows count as prefill-written (the context's kernels)
+        self.min_pass = max(MIN_PASS, int(getattr(ctx, "min_pass", MIN_PASS)))
         # what is held belongs to a conversation someone may come back to (its request
         # reused, or a session was loaded): only then is it worth a copy in RAM when a
         # request that does not reuse takes the sequence over
@@ -233,14 +229,14 @@ class PrefixCache:
         if reuse:
             n = min(common_prefix(self.held, prompt), len(prompt) - 1)
             if prefilled_only:
-                n = _aligned(max(0, min(n, self.prefilled, len(prompt) - MIN_PASS)))
+                n = _aligned(max(0, min(n, self.prefilled, len(prompt) - self.min_pass)))
             if self.ram is not None:
                 if self.conversation and len(self.held) - n >= SAVE_MIN_DROPPED:
                     self.save()
                 entry, m = self.ram.best(prompt)
                 m = min(m, len(prompt) - 1)
                 if prefilled_only and entry is not None:
-                    m = _aligned(max(0, min(m, entry.prefilled, len(prompt) - MIN_PASS)))
+                    m = _aligned(max(0, min(m, entry.prefilled, len(prompt) - self.min_pass)))
                 if entry is not None and m > n:
                     n, restored = self._restore(self.ram, entry, m), True
         elif self.ram is not None and self.conversation and len(self.held) >= SAVE_MIN_DROPPED:
@@ -302,16 +298,17 @@ class PrefixCache:
         if end <= self.prefilled:
             return 0
         before = self.prefilled
-        # a pass shorter than MIN_PASS marks nothing: start early enough for one that long
-        start = max(0, min(_aligned(self.prefilled), _aligned(len(tokens) - MIN_PASS)))
-        chunk = max(MIN_PASS, min(chunk, _aligned(self.ctx.n_batch) - MIN_PASS))
+        # a pass shorter than min_pass marks nothing: start early enough for one that long
+        least = self.min_pass
+        start = max(0, min(_aligned(self.prefilled), _aligned(len(tokens) - least)))
+        chunk = max(least, min(chunk, _aligned(self.ctx.n_batch) - least))
         pos = start
         try:
             self.ctx.trim(self.seq_id, start)
             self.held, self.prefilled = tokens[:start], min(self.prefilled, start)
             while pos < len(tokens) and not stop():
                 n = min(chunk, len(tokens) - pos)
-                if len(tokens) - pos - n < MIN_PASS:  # no short pass at the end
+                if len(tokens) - pos - n < least:  # no short pass at the end
                     n = len(tokens) - pos
                 self.ctx.decode(tokens[pos:pos + n], pos, self.seq_id, logits="none")
                 self.held = tokens[:pos + n]
@@ -326,12 +323,13 @@ class PrefixCache:
     def _marked(self, pos0: int, end: int) -> int:
         """The prefill-written extent after a prefill of positions pos0..end-1 that continues
         one ending at pos0 (a row-group boundary): its whole row groups, except those of a
-        pass shorter than MIN_PASS (the context splits a long input into n_batch passes)."""
+        pass shorter than min_pass (only an input shorter than that: the context splits a
+        long one by runtime.kernel.pass_sizes)."""
         n = end - pos0
         n_batch = getattr(self.ctx, "n_batch", n) or n
-        last = n - (n - 1) // n_batch * n_batch if n else 0  # the final pass's rows
-        if last < MIN_PASS:
-            end -= last
+        sizes = pass_sizes(n, n_batch, self.min_pass)
+        if sizes and sizes[-1] < self.min_pass:
+            end -= sizes[-1]
         return max(pos0, _aligned(end))
 
     def invalidate(self) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import ContextOverflowError, EdgespecError
 from .backend import ll as _ll, recent_log
+from .kernel import MIN_PASS, pass_sizes
 import weakref
 
 
@@ -83,8 +84,11 @@ class Context:
     """One llama.cpp context: a KV cache with sequences, and batched decoding."""
 
     def __init__(self, model: ModelShape, handle, n_ctx: int, n_batch: int, n_threads: int,
-                 unified: bool = False) -> None:
+                 unified: bool = False, min_pass: int = MIN_PASS) -> None:
         self.model = model
+        #: the fewest rows a pass of a long input holds (runtime.kernel.min_pass): fewer
+        #: would take other kernels than a longer pass over the same rows
+        self.min_pass = min_pass
         self._c = handle
         self.n_ctx = n_ctx
         self.n_batch = n_batch
@@ -114,15 +118,16 @@ class Context:
 
         Returns a float32 copy of the logits: shape (1, n_vocab) for "last",
         (len(tokens), n_vocab) for "all", (0, n_vocab) for "none". Inputs longer
-        than n_batch are split; only the final chunk can carry logits.
+        than n_batch are split (runtime.kernel.pass_sizes: never into a short last pass);
+        only the final chunk can carry logits.
         """
         n = len(tokens)
         check_decode(n, pos0, self.n_ctx, self.n_batch, logits)
         nv = self.model.n_vocab
         out = None
         start = 0
-        while start < n:
-            chunk = tokens[start:start + self.n_batch]
+        for size in pass_sizes(n, self.n_batch, self.min_pass):
+            chunk = tokens[start:start + size]
             last_chunk = start + len(chunk) >= n
             b = self._batch
             for i, t in enumerate(chunk):

@@ -14,7 +14,7 @@ from .backend import default_threads, ensure_init, ll as _ll, recent_log, rpc_re
 from .context import Context
 from .grammar_binding import Grammar, grammar_log_error
 from .gguf_header import read_gguf_header
-from .kernel import KV_GGML_TYPE
+from .kernel import KV_GGML_TYPE, min_pass
 from .rpc import placement_key
 
 GGML_TYPE_Q8_0 = KV_GGML_TYPE["q8_0"]
@@ -177,7 +177,8 @@ class Model:
         cells = int(_ll.llama_n_ctx(handle))
         return Context(self, handle, n_ctx=min(n_ctx, cells if unified else cells // n_seq_max),
                        n_batch=min(int(_ll.llama_n_batch(handle)), int(_ll.llama_n_ubatch(handle))),
-                       n_threads=threads, unified=unified)
+                       n_threads=threads, unified=unified,
+                       min_pass=min_pass(type_k, flash_attn != 0))
 
     def close(self) -> None:
         if not self._closed and self._m:

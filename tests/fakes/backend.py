@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from edgespec.runtime.context import check_decode, check_multi
+from edgespec.runtime.kernel import KV_GGML_TYPE, MIN_PASS, min_pass
 from edgespec.errors import EdgespecError
 
 BOS, EOS, EOT = 0, 1, 2
@@ -182,7 +183,9 @@ class FakeModel:
         if n_ctx <= 0:
             raise EdgespecError(f"context size must be positive (got {n_ctx})")
         ctx = FakeContext(self, n_ctx=n_ctx, n_batch=max(1, min(n_batch, n_ctx)),
-                          n_threads=n_threads or 1, n_seq_max=n_seq_max)
+                          n_threads=n_threads or 1, n_seq_max=n_seq_max,
+                          min_pass=min_pass(KV_GGML_TYPE["q8_0"] if type_k is None else type_k,
+                                            flash_attn != 0))
         self.contexts.append(ctx)
         return ctx
 
@@ -194,9 +197,10 @@ class FakeContext:
     """A KV cache that knows its tokens; see the module docstring for what it refuses."""
 
     def __init__(self, model: FakeModel, n_ctx: int, n_batch: int, n_threads: int,
-                 n_seq_max: int = 1) -> None:
+                 n_seq_max: int = 1, min_pass: int = MIN_PASS) -> None:
         self.model = model
         self.n_ctx, self.n_batch, self.n_threads = n_ctx, n_batch, n_threads
+        self.min_pass = min_pass
         self.n_seq_max = n_seq_max
         self.kv: dict[int, list[int]] = {}
         self.calls: list[Decode | Trim | str] = []

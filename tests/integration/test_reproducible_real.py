@@ -19,6 +19,7 @@ from edgespec import paths
 from edgespec.api.events import Finished
 from edgespec.api.params import GenerationParams, SamplingParams
 from edgespec.cli import cli
+from edgespec.runtime.kernel import KernelConfig
 from edgespec.serving import DONE, Scheduler
 
 PROMPT = "Write a short poem about the sea, then repeat its first line."
@@ -148,14 +149,17 @@ def test_exact_mode_keeps_seeded_texts_under_concurrency(engine_factory):
 LONG = (Path(__file__).resolve().parents[2] / "edgespec/decoding/kvcache.py").read_text()[:2500]
 
 
+@pytest.mark.parametrize("kv", ["q8_0", "f16"])
 @pytest.mark.parametrize("sampling", [SamplingParams(), SEEDED], ids=["greedy", "seeded"])
-def test_a_warm_cache_gives_the_cold_prefills_logits(engine_factory, sampling):
+def test_a_warm_cache_gives_the_cold_prefills_logits(engine_factory, sampling, kv):
     """Qwen2.5 1.5B's default kernels are batch-dependent: reusing all but the last prompt
     token moved the first token's logits by up to 0.52 (2026-12-05), and reusing an answer a
     decode wrote by 0.43. A request that promises its text reuses only what a prefill wrote,
-    so sent again, or as the next turn, it computes the logits of a cold prefill, bit for bit."""
+    so sent again, or as the next turn, it computes the logits of a cold prefill, bit for bit;
+    over either KV cache the default mode may run (an F16 one with passes of at least 64
+    rows, runtime.kernel.min_pass). The prompts pass one n_batch."""
     eng = engine_factory("qwen-1.5b", proposer="ngram+suffix", adaptive=True, exact=False,
-                         n_ctx=2048)
+                         n_ctx=2048, kernel=KernelConfig(kv_type=kv, flash_attn=True))
     params = GenerationParams(max_tokens=8, logprobs=4, chat=False, sampling=sampling)
 
     def run(prompt, reuse):

@@ -65,9 +65,29 @@ def test_passes_shorter_than_min_pass_mark_nothing():
     assert kv.prefilled == 40
     kv.prefill(PROMPT[:40] + [BANG] * 16, prefilled_only=True)  # recomputes from 40: 16 rows
     assert kv.prefilled == 56
-    # the context splits a long input into n_batch passes: a short last one is not marked
-    kv.prefill(PROMPT[:8] * 8 + [BANG] * 4, reuse=False)  # 68 = 64 + a pass of 4
-    assert kv.prefilled == 64
+    # the context splits a long input into passes of n_batch or less, never a short last
+    # one (runtime.kernel.pass_sizes): 68 = 60 + 8, every row marked
+    kv.prefill(PROMPT[:8] * 8 + [BANG] * 4, reuse=False)
+    assert kv.prefilled == 68
+
+
+def test_over_an_f16_cache_with_flash_attention_a_pass_counts_from_64_rows():
+    """ggml-cpu's tiled flash attention takes passes of 64+ query rows over an F16 cache, a
+    one-row loop below (runtime.kernel.FA_TILE_ROWS): the context says so, and prefix reuse
+    follows it."""
+    ctx = FakeModel().new_context(n_ctx=512, n_batch=128, type_k=1, type_v=1)
+    assert ctx.min_pass == 64
+    kv = PrefixCache(ctx)
+    assert kv.min_pass == 64
+    long = (PROMPT[:8] * 12)[:96]
+    kv.prefill(long[:40], reuse=False)
+    assert kv.prefilled == 0  # one pass of 40 rows
+    kv.prefill(long, reuse=False)
+    assert kv.prefilled == 96
+    again = kv.prefill(long + [BANG] * 8, prefilled_only=True)
+    assert (again.reused, again.computed) == (40, 64)  # a suffix of at least 64 rows
+    assert kv.prefilled == 104
+    assert PrefixCache(FakeModel().new_context(n_ctx=512, n_batch=128)).min_pass == MIN_PASS
 
 
 def test_the_tail_past_the_last_boundary_is_prefilled_but_not_marked():
