@@ -3,9 +3,9 @@
 Exact mode needs a batch-invariant configuration (flash attention on, a Q8_0 KV cache:
 docs/parity.md) and keeps it. The default mode is lossless whatever the kernels compute,
 but its greedy and seeded requests promise one text with a warm or a cold KV cache, which
-needs attention that computes a row the same in any batch (``FALLBACK`` says why): it runs
-the fastest such candidate. Every candidate is timed on the loaded model, so `edgespec plan`
-shows what the others would give.
+needs a prefill to compute a row the same however the prompt splits into passes (``runnable``
+says which candidates do): it runs the fastest such candidate. Every candidate is timed on
+the loaded model, so `edgespec plan` shows what the others would give.
 
 A measurement holds one context per candidate and times, at a few cached-context depths
 (requests do not decode at position 64), a single-token step and a verify pass of
@@ -54,14 +54,8 @@ CANDIDATES: tuple[KernelConfig, ...] = (
     KernelConfig(kv_type="f16", flash_attn=True),
     KernelConfig(kv_type="q8_0", flash_attn=True),
 )
-#: the default before any measurement, and the only kind the default mode runs: attention
-#: that computes a row the same in any batch (``KernelConfig.exact_capable``). A greedy or
-#: seeded request promises one text whether the KV cache is warm or cold, and reuses only
-#: prefill-written rows for it (edgespec.decoding.kvcache). Over an F16 cache a prefill's
-#: rows go through the tiled kernel in batches of 64+, a shorter suffix through another:
-#: a warm cache moved the first token's logits (tests/integration/test_reproducible_real.py
-#: failed with it, 2026-12-05). F16 is still timed, so `edgespec plan` shows what it would
-#: give (its prompts prefill 21-32% faster at 1-2k tokens here).
+#: the default before any measurement: the exact configuration, which serves exact requests
+#: too and holds half the KV memory of F16
 FALLBACK = CANDIDATES[1]
 #: cached-context depths timed (a request's decode runs past its prompt)
 DEPTHS: tuple[int, ...] = (256, 1024)
@@ -111,7 +105,7 @@ class KernelChoice:
     def describe(self) -> list[str]:
         if not self.timings:
             return [f"KV {self.kernel.kv_type}, flash attention {'on' if self.kernel.flash_attn else 'off'}"
-                    " (llama.cpp's CPU default; not measured here yet: `edgespec plan --calibrate`)"]
+                    " (the exact configuration; not measured here yet: `edgespec plan --calibrate`)"]
         best = min(t.score() for t in self.timings)
         out = []
         for t in sorted(self.timings, key=KernelTiming.score):
@@ -142,8 +136,13 @@ class KernelChoice:
 
 
 def runnable(t: KernelTiming) -> bool:
-    """Whether the default mode may run it (FALLBACK says why not every candidate)."""
-    return KernelConfig(kv_type=t.kv_type, flash_attn=t.flash_attn).exact_capable
+    """Whether the default mode may run it: a greedy or seeded request promises one text
+    whether the KV cache is warm or cold, and reuses only prefill-written rows for it
+    (edgespec.decoding.kvcache), which needs a prefill to compute each row the same in any
+    pass of at least ``min_pass`` rows (``KernelConfig.reproducible``: flash attention on.
+    Over an F16 cache that takes passes of 64+ rows, the tiled attention kernel's;
+    tests/integration/test_reproducible_real.py holds both caches to it)."""
+    return KernelConfig(kv_type=t.kv_type, flash_attn=t.flash_attn).reproducible
 
 
 def choose(timings: Sequence[KernelTiming], base: KernelConfig = FALLBACK) -> KernelConfig:

@@ -8,6 +8,8 @@ import json
 import warnings
 from pathlib import Path
 
+from dataclasses import replace
+
 import pytest
 
 from edgespec.calibration import cache, cpu, curve
@@ -85,17 +87,20 @@ def test_choose_takes_the_lowest_runnable_score_and_keeps_the_layout():
     cheap = kernels.KernelTiming("q8_0", True, {256: 0.02}, {256: 0.04})
     dear = kernels.KernelTiming("q4_0", True, {256: 0.02}, {256: 0.05})
     assert kernels.choose([dear, cheap]).kv_type == "q8_0"
-    # never an F16 cache, however fast: a warm KV cache would change a greedy text
+    # an F16 cache with flash attention runs (a warm prefill computes it in passes of 64+
+    # rows, as a cold one does); never attention without flash attention, however fast: a
+    # warm KV cache would change a greedy text
     f16 = kernels.KernelTiming("f16", True, {256: 0.01}, {256: 0.02}, {256: 0.001})
-    assert kernels.choose([f16, dear]).kv_type == "q4_0"
-    assert kernels.choose([f16]) == kernels.FALLBACK
+    assert kernels.choose([f16, dear]).kv_type == "f16"
+    no_fa = kernels.KernelTiming("f16", False, {256: 0.005}, {256: 0.01}, {256: 0.001})
+    assert kernels.choose([no_fa, dear]).kv_type == "q4_0"
+    assert kernels.choose([no_fa]) == kernels.FALLBACK
 
 
 def test_measure_times_every_candidate_at_every_depth_and_runs_the_fastest_runnable(model):
     choice = kernels.measure(model, n_threads=2, depths=(64, 128), repeats=2, clock=model.clock)
     assert choice.source == "measured"
-    # F16 is faster in this fake, but the default mode runs Q8_0 (kernels.FALLBACK says why)
-    assert (choice.kernel.kv_type, choice.kernel.flash_attn) == ("q8_0", True)
+    assert (choice.kernel.kv_type, choice.kernel.flash_attn) == ("f16", True)  # the fastest
     # never attention without flash attention: batch-dependent at every size
     assert sorted(model.opened) == sorted([(F16, 1), (Q8, 1)])
     assert all(c.closed for c in model.contexts)
@@ -104,8 +109,12 @@ def test_measure_times_every_candidate_at_every_depth_and_runs_the_fastest_runna
     assert t.pass_[64] == pytest.approx(0.033 * 2.5)
     lines = choice.describe()
     assert len(lines) == 2
-    assert lines[0].startswith("  KV f16  flash attention on") and "not run" in lines[0]
-    assert lines[1].startswith("* KV q8_0 flash attention on") and "not run" not in lines[1]
+    assert lines[0].startswith("* KV f16  flash attention on") and "not run" not in lines[0]
+    assert lines[1].startswith("  KV q8_0 flash attention on") and "not run" not in lines[1]
+    # a candidate without flash attention is shown, never run
+    no_fa = replace(choice, timings=(*choice.timings, kernels.KernelTiming(
+        "f16", False, {64: 0.001, 128: 0.001}, {64: 0.002, 128: 0.002})))
+    assert "not run" in no_fa.describe()[0]
 
 
 def test_the_prompt_a_request_computes_first_weighs_in_the_choice(tmp_path):
