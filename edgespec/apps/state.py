@@ -72,9 +72,12 @@ def load(engine: "Engine", state: LlamaState) -> None:
 
 
 def reset(engine: "Engine") -> None:
-    """Forget what the request sequence holds: the next prompt is prefilled whole."""
+    """Forget what the request sequence holds, and the sequence states kept in RAM (else a
+    kept earlier turn would serve the next prompt): the next prompt is prefilled whole."""
     with engine.exclusive():
         engine.kv_cache.invalidate()
+        if engine.kv_cache.ram is not None:
+            engine.kv_cache.ram.clear()
 
 
 def held(engine: "Engine") -> list[int]:

@@ -10,6 +10,9 @@ from edgespec.errors import ContextOverflowError, InvalidInputError, Unsupported
 
 MODEL = "smollm2-135m"
 FOX = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+#: long enough that a greedy request reuses a prefix over either KV cache the default may run
+#: (it recomputes at least the context's min_pass rows: 64 over F16, runtime.kernel.min_pass)
+FOX_LONG = " ".join([FOX + " jumps over the lazy dog."] * 8)
 PICK = "Pick a number from 1 to 10?:\n"
 NUMBERS = 'root ::= "1" | "2" | "3" | "4" | "5" | "6" | "7" | "8" | "9" | "10"'
 
@@ -83,16 +86,16 @@ def test_saved_state_is_reused(llm):
     llm.engine.sinks.append(records)
     try:
         llm.reset()
-        greedy = llm.create_completion(FOX, max_tokens=6, temperature=0)["choices"][0]["text"]
+        greedy = llm.create_completion(FOX_LONG, max_tokens=6, temperature=0)["choices"][0]["text"]
         saved = llm.save_state()
         assert saved.n_tokens > 0 and saved.llama_state_size == len(saved.llama_state)
         llm.create_completion("Something unrelated", max_tokens=2, temperature=0)
         llm.load_state(saved)
-        again = llm.create_completion(FOX, max_tokens=6, temperature=0)["choices"][0]["text"]
+        again = llm.create_completion(FOX_LONG, max_tokens=6, temperature=0)["choices"][0]["text"]
         assert again == greedy
         assert records.records[-1].prompt_reused > 0  # prefilled only what the state lacked
         llm.reset()
-        llm.create_completion(FOX, max_tokens=6, temperature=0)
+        llm.create_completion(FOX_LONG, max_tokens=6, temperature=0)
         assert records.records[-1].prompt_reused == 0
     finally:
         llm.engine.sinks.remove(records)

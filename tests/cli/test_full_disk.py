@@ -65,6 +65,13 @@ def test_models_add_on_a_full_disk_is_one_line_and_keeps_the_registry(tmp_path, 
         assert temps(disk.root) == []
 
 
+#: long enough that turn 2 reuses turn 1 over either KV cache the default may run (a greedy
+#: turn recomputes at least the context's min_pass rows: 64 over F16, runtime.kernel.min_pass)
+FIRST = "Name a colour. " + " ".join(f"Not {c}." for c in (
+    "red", "blue", "green", "yellow", "purple", "orange", "black", "white", "grey", "brown",
+    "pink", "cyan", "magenta", "teal", "navy", "olive", "maroon", "silver", "gold", "beige"))
+
+
 def test_chat_save_on_a_full_disk_keeps_the_conversation(tmp_path, monkeypatch, model_path):
     model = model_path("smollm2-135m")
     with full_disk(tmp_path, monkeypatch) as disk:
@@ -78,7 +85,7 @@ def test_chat_save_on_a_full_disk_keeps_the_conversation(tmp_path, monkeypatch, 
         r = CliRunner().invoke(cli, [
             "chat", "--target", str(model), "--threads", THREADS, "--ctx", "256",
             "--proposer", "none", "--max-tokens", "4", "--json"],
-            input="Name a colour.\n/save first\nAnd another?\n/quit\n")
+            input=f"{FIRST}\n/save first\nAnd another?\n/quit\n")
         assert r.exit_code == 0, r.output
         assert "Traceback" not in r.output
         turns = [json.loads(x) for x in r.stdout.splitlines() if x.startswith('{"turn"')]

@@ -21,6 +21,7 @@ import pytest
 from server_env import COUNTING, MODEL, THREADS
 
 from edgespec.lab.bench.anchors.paths import anchors_bin_dir
+from edgespec.planner import kernels
 
 #: what edgespec adds or leaves out, per endpoint and field path; the reasons are in
 #: docs/server.md ("llama.cpp native: differences from llama-server")
@@ -49,15 +50,18 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def llama_server(model_path):
+def llama_server(ours, model_path):
     binary = anchors_bin_dir() / "llama-server"
     if not os.access(binary, os.X_OK):
         pytest.skip(f"llama-server is not built ({binary} is missing): run `make anchors` "
                     "(shared/docs/anchors.md) to compare edgespec serve with it")
+    # the KV cache our server runs: the kernel choice it measured on loading (``ours`` is up
+    # first), so the greedy texts compare the same arithmetic
+    kv = kernels.cached(model_path(MODEL), n_threads=int(THREADS)).kernel.kv_type
     port = _free_port()
     proc = subprocess.Popen(
         [str(binary), "-m", str(model_path(MODEL)), "--host", "127.0.0.1", "--port", str(port),
-         "-c", "2048", "-np", "2", "-t", THREADS, "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0",
+         "-c", "2048", "-np", "2", "-t", THREADS, "-fa", "on", "-ctk", kv, "-ctv", kv,
          "--no-webui", "--no-warmup"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
