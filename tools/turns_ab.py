@@ -17,6 +17,7 @@ import time
 from collections import defaultdict
 
 from edgespec.api.params import GenerationParams
+from edgespec.apps import state
 from edgespec.engine.engine import Engine
 from edgespec.lab.bench import grounded
 from edgespec.runtime.kernel import KernelConfig
@@ -25,9 +26,7 @@ KV = ("q8_0", "f16")
 
 
 def conversation(eng: Engine, prompt, max_tokens: int) -> list[dict]:
-    eng.kv_cache.invalidate()  # each conversation starts cold, as a new agent session would
-    if eng.kv_cache.ram is not None:
-        eng.kv_cache.ram.clear()
+    state.reset(eng)  # each conversation starts cold, as a new agent session would
     answers: list[str] = []
     rows = []
     params = GenerationParams(max_tokens=max_tokens)

@@ -22,8 +22,9 @@ would, and only rows of passes of at least the context's ``min_pass`` tokens (MI
 64 over an F16 cache with flash attention: runtime.kernel.min_pass) count as
 prefill-written (shorter passes take other kernels); the suffix computed is never shorter
 either, and the context never splits a long input into a short last pass
-(runtime.kernel.pass_sizes), so a cold prefill computes every row as a warm one does. Positions stay what they were when the tokens were first evaluated, so a reused
-prefix means exactly what it meant then. An unseeded sampled request promises nothing and
+(runtime.kernel.pass_sizes), so a cold prefill computes every row as a warm one does.
+Positions stay what they were when the tokens were first evaluated, so a reused prefix
+means exactly what it meant then. An unseeded sampled request promises nothing and
 reuses every held position.
 
 What is held after a request is the prompt and the generated tokens the target has
@@ -196,8 +197,9 @@ class PrefixCache:
         self.ram = ram if hasattr(ctx, "state_get") else None
         self.held: list[int] = []
         self.prefilled = 0  # held[:prefilled] were written by prefill passes
-        #: the shortest pass whose rows count as prefill-written (the context's kernels)
-        self.min_pass = max(MIN_PASS, int(getattr(ctx, "min_pass", MIN_PASS)))
+        #: the shortest pass whose rows count as prefill-written: the context's own, which
+        #: also shapes how it splits a long input (``_marked`` predicts that split)
+        self.min_pass = int(getattr(ctx, "min_pass", MIN_PASS))
         # what is held belongs to a conversation someone may come back to (its request
         # reused, or a session was loaded): only then is it worth a copy in RAM when a
         # request that does not reuse takes the sequence over

@@ -27,7 +27,7 @@ FA_TILE_ROWS = 64
 
 def min_pass(kv_ggml_type: int, flash_attn: bool) -> int:
     """The fewest rows a pass may hold and compute each row as any longer pass does."""
-    f16_or_f32 = kv_ggml_type in (KV_GGML_TYPE["f16"], 0)
+    f16_or_f32 = kv_ggml_type in (KV_GGML_TYPE["f16"], 0)  # 0: GGML_TYPE_F32
     return max(MIN_PASS, FA_TILE_ROWS if flash_attn and f16_or_f32 else 0)
 
 
@@ -92,10 +92,6 @@ class KernelConfig:
         flash attention on (without it attention's matrix products differ at every batch
         size, docs/parity.md)."""
         return self.flash_attn
-
-    @property
-    def min_pass(self) -> int:
-        return min_pass(self.kv_ggml_type, self.flash_attn)
 
     @property
     def kv_ggml_type(self) -> int:

@@ -30,7 +30,7 @@ def test_only_the_last_two_passes_change():
 def test_the_minimum_pass_follows_the_kv_cache_and_attention():
     assert min_pass(KV_GGML_TYPE["f16"], True) == FA_TILE_ROWS
     assert min_pass(KV_GGML_TYPE["q8_0"], True) == MIN_PASS
-    assert KernelConfig(kv_type="f16").min_pass == 64
-    assert KernelConfig(kv_type="q8_0").min_pass == 8
+    assert min_pass(KernelConfig(kv_type="f16").kv_ggml_type, True) == 64
+    assert min_pass(KernelConfig(kv_type="q8_0").kv_ggml_type, True) == 8
     assert KernelConfig(kv_type="f16").reproducible
     assert not KernelConfig(kv_type="f16", flash_attn=False).reproducible
