@@ -93,7 +93,7 @@ class EngineFlags:
     tensor_split: tuple[float, ...] | None = None
     proposer_options: Mapping[str, Mapping] = field(default_factory=dict)
     chat_template: str | None = None  # the --chat-template file's text, read and compiled
-    use_mmap: bool | None = None  # --no-mmap: False
+    use_mmap: bool | None = None  # --no-mmap: False, --mmap: True
 
     def config(self):
         """The validated EngineConfig these flags ask for (a --draft nothing reads refused)."""
@@ -137,7 +137,7 @@ def engine_options(fn):
             n_ctx=v["n_ctx"], threads=v["threads"], budget=v["budget"],
             tree_width=v["tree_width"], rpc=v["rpc"], n_gpu_layers=v["gpu_layers"],
             tensor_split=v["tensor_split"], proposer_options=v["proposer_option"],
-            chat_template=v["chat_template"], use_mmap=None if v["mmap"] else False)
+            chat_template=v["chat_template"], use_mmap=v["mmap"])
         return fn(*args, flags=flags, **kwargs)
 
     hidden = dict(expose_value=False)
@@ -175,11 +175,12 @@ def engine_options(fn):
         click.option("--ctx", "-c", "--ctx-size", "n_ctx", type=click.IntRange(64), default=None,
                      callback=_keep(), **hidden,
                      help="Context size in tokens (-c/--ctx-size as in llama.cpp)."),
-        click.option("--mmap/--no-mmap", "mmap", default=True, show_default=True,
+        click.option("--mmap/--no-mmap", "mmap", default=None,
                      callback=_keep(), **hidden,
-                     help="--no-mmap reads the weights into RAM (as llama.cpp's --no-mmap): "
-                          "a mapped load that repacks them for the CPU keeps both the file's "
-                          "pages and the repacked copy resident."),
+                     help="--no-mmap reads the weights into RAM (as llama.cpp's --no-mmap), "
+                          "--mmap maps the file. Unasked, a CPU load that repacks the weights "
+                          "reads them into RAM where they can go on huge pages (faster decode, "
+                          "one copy resident), else maps the file."),
         click.option("--threads", "-t", "threads", type=THREADS, default=None,
                      callback=_keep(), **hidden,
                      help="CPU threads, 1 up to this machine's cores."),

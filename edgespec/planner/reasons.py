@@ -12,7 +12,7 @@ from .result import Candidate
 from .speed import SpeedModel, break_even_alpha
 
 
-def _kernel_reasons(chosen: KernelConfig, asked: KernelConfig) -> list[str]:
+def _kernel_reasons(chosen: KernelConfig, asked: KernelConfig, huge_pages: bool) -> list[str]:
     r = []
     if chosen.kv_type == asked.kv_type:
         r.append(f"KV cache: {chosen.kv_type} (the engine's kernel configuration"
@@ -21,11 +21,18 @@ def _kernel_reasons(chosen: KernelConfig, asked: KernelConfig) -> list[str]:
     else:
         r.append(f"KV cache: {chosen.kv_type} because a {asked.kv_type} cache does not fit at this context")
     if chosen.repack:
-        r.append("weights: repacked for the CPU kernels (much cheaper verify passes)"
-                 + ("" if chosen.use_mmap == asked.use_mmap else
-                    "; read into RAM instead of mapped, so the repacked matrices are not also "
-                    "resident as file pages (fits the budget; slower to load, not shared "
-                    "with other processes)"))
+        if chosen.use_mmap != asked.use_mmap:
+            how = ("; read into RAM instead of mapped, so the repacked matrices are not also "
+                   "resident as file pages (fits the budget; slower to load, not shared with "
+                   "other processes)")
+        elif chosen.use_mmap:
+            how = "; mapped from the file"
+        elif huge_pages:
+            how = ("; read into RAM on 2 MiB pages (decode ~5% faster than from the mapped "
+                   "file's small pages, one copy resident; --mmap maps it)")
+        else:
+            how = "; read into RAM"
+        r.append("weights: repacked for the CPU kernels (much cheaper verify passes)" + how)
     else:
         r.append("weights: not repacked" + (" (as asked)" if not asked.repack else ""))
     if chosen.n_batch != DEFAULT_BATCH:
@@ -75,7 +82,7 @@ def _fit_reasons(best: Candidate, dev: Device, budgets: tuple[int, int],
     else:
         r.append(f"context: {ctx} tokens ({'as asked' if explicit_ctx else 'default'}; "
                  f"trained for {target.n_ctx_train})")
-    r += _kernel_reasons(cfg["kernel"], asked_kernel)
+    r += _kernel_reasons(cfg["kernel"], asked_kernel, dev.huge_pages)
     if dev.gpu is None:
         r.append("offload: none (no GPU in this llama.cpp build or device)")
     else:

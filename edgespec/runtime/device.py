@@ -21,6 +21,7 @@ planner can be asked about a machine that is not this one (``edgespec plan
                 "step_ms": 12, "draft_step_ratio": 0.25}
     }
 
+``"huge_pages": true`` says anonymous memory can go on transparent huge pages (Linux).
 Every key is optional; sizes are bytes or strings such as ``"4GiB"``. The
 ``speed`` block stands in for a calibration the described machine cannot run
 here: the relative cost of an n-token target pass, the one-token step time,
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import EdgespecError, InvalidInputError
+from .hugepages import available as huge_pages_available
 from .llama_build import _cpuinfo
 import psutil
 
@@ -102,6 +104,8 @@ class Device:
     synthetic: bool = False       # described by JSON, not probed
     # stand-ins for calibration on a described machine (see the module docstring)
     speed: Mapping = field(default_factory=dict)
+    # anonymous memory can be put on transparent huge pages (edgespec.runtime.hugepages)
+    huge_pages: bool = False
 
     @property
     def gpu(self) -> Accelerator | None:
@@ -139,6 +143,7 @@ def probe(with_accelerators: bool = True) -> Device:
         logical_cpus=psutil.cpu_count(logical=True) or os.cpu_count() or 1,
         isa=tuple(f for f in ISA_FLAGS if f in flags),
         ram_total=int(total), ram_available=int(avail), accelerators=accels,
+        huge_pages=huge_pages_available(),
     )
 
 
@@ -195,6 +200,7 @@ def from_json(source: str | os.PathLike | Mapping) -> Device:
         isa=tuple(str(f).lower() for f in flags) if isinstance(flags, list) else local().isa,
         ram_total=ram_total, ram_available=ram_avail, accelerators=tuple(accels),
         synthetic=True, speed=speed,
+        huge_pages=bool(d["huge_pages"]) if "huge_pages" in d else local().huge_pages,
     )
 
 

@@ -30,10 +30,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _plan(target, draft=None, ctx=4096, kernel=None) -> planner.Plan:
-    """The plan for fixed settings in the engine's kernel configuration (unless given)."""
+    """The plan for fixed settings in the engine's kernel configuration (unless given),
+    weights loaded as that kernel says (mapped unless it says otherwise)."""
+    kernel = kernel or KernelConfig()
     cfg = EngineConfig(target=str(target), draft=str(draft) if draft else None,
-                       proposer="draft" if draft else "none", kernel=kernel or KernelConfig(),
-                       n_ctx=ctx, threads=2)
+                       proposer="draft" if draft else "none", kernel=kernel,
+                       n_ctx=ctx, threads=2, use_mmap=kernel.use_mmap)
     p = planner.plan_engine(cfg, device=probe(with_accelerators=False))
     assert p.kernel.kv_type == (kernel or KernelConfig()).kv_type
     return p

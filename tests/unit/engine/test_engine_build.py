@@ -128,6 +128,13 @@ def test_no_mmap_reads_every_load_into_ram_whatever_kernel_is_picked(world, monk
         assert eng.config.kernel.key() == dc_replace(eng.config.kernel, use_mmap=True).key()
     assert loads == [("target.gguf", False), ("draft.gguf", False)]
     loads.clear()
-    with Engine.from_config(cfg()) as eng:
+    # unasked: read into RAM where huge pages are available (EngineConfig.loaded_as), else mapped
+    for huge in (False, True):
+        monkeypatch.setattr("edgespec.runtime.hugepages.available", lambda: huge)
+        with Engine.from_config(cfg()) as eng:
+            assert eng.config.kernel.use_mmap is not huge
+        assert loads == [("target.gguf", not huge)]
+        loads.clear()
+    with Engine.from_config(cfg(use_mmap=True)) as eng:  # --mmap maps it whatever the pages
         assert eng.config.kernel.use_mmap is True
     assert loads == [("target.gguf", True)]
