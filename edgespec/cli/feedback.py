@@ -44,8 +44,9 @@ class Progress:
 
     def begin(self, what: str, total: int, cached: bool = True) -> None:
         if self.first and cached:
-            self._line("first run of this model on this machine: measuring it once "
-                       "(cached afterwards)", end="\n")
+            # a first run, or a cache this build or machine no longer matches: both wait
+            self._line("measuring this model on this machine once (cached afterwards)",
+                       end="\n")
             self.first = False
         if not self.tty:
             self._line(f"{what}...", end="\n")

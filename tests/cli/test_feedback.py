@@ -31,7 +31,7 @@ def test_a_terminal_sees_what_is_measured_how_far_and_when_it_ends(monkeypatch):
     out = _Tty()
     _run_task(out, monkeypatch)
     text = out.getvalue()
-    assert "first run of this model on this machine" in text
+    assert "measuring this model on this machine once" in text
     assert "timing verify passes of 1-16 tokens: 25%" in text and "s left" in text
     assert "100%" in text and "done in" in text
     assert "\r\x1b[K" in text  # one line redrawn, not a scroll of updates
@@ -41,8 +41,7 @@ def test_a_pipe_gets_one_note_per_measurement_and_no_redraws(monkeypatch):
     out = io.StringIO()
     _run_task(out, monkeypatch)
     lines = out.getvalue().splitlines()
-    assert lines == ["edgespec: first run of this model on this machine: measuring it once "
-                     "(cached afterwards)",
+    assert lines == ["edgespec: measuring this model on this machine once (cached afterwards)",
                      "edgespec: timing verify passes of 1-16 tokens..."]
 
 
@@ -58,7 +57,7 @@ def test_a_measurement_for_this_run_only_does_not_claim_to_be_a_cached_first_run
     finally:
         progress.set_reporter(old)
     text = out.getvalue()
-    assert "first run" not in text and "cached afterwards" not in text
+    assert "measuring this model" not in text and "cached afterwards" not in text
     assert "edgespec: timing verify passes after 4096 cached tokens..." in text
 
 
