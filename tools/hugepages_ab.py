@@ -4,8 +4,9 @@ Each arm runs in a fresh process, interleaved in rotating order over rounds, at 
 lengths, with an F16 KV cache and flash attention (the kernel choice on the Xeon and EPYC):
 
 * ``ours-4k-mmap``: our plain path without the huge-page advice (EDGESPEC_HUGE_PAGES=0);
-* ``ours-huge-mmap``: with it, the weights mapped from the file (the default);
-* ``ours-4k-ram`` / ``ours-huge-ram``: the weights read into RAM (``--no-mmap``);
+* ``ours-huge-mmap``: with it, the weights mapped from the file (``--mmap``);
+* ``ours-4k-ram`` / ``ours-huge-ram``: the weights read into RAM (``--no-mmap``; unasked,
+  the engine reads a repacking CPU load into RAM where huge pages exist);
 * ``llama``: llama-completion as shipped (what the bench compares with);
 * ``llama-thp``: llama-completion with glibc's hugetlb tunable, its huge pages.
 
@@ -14,17 +15,14 @@ lengths, with an F16 KV cache and flash attention (the kernel choice on the Xeon
 from __future__ import annotations
 
 import argparse
-import difflib
-import inspect
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kv_ab import N_BATCH, N_CTX, llama, ours  # noqa: E402
+from kv_ab import N_BATCH, N_CTX, interleaved, llama, long_text, ours, report  # noqa: E402
 
 from edgespec.lab.bench.tools import check_built, tool_path  # noqa: E402
 from edgespec.runtime.kernel import KV_GGML_TYPE  # noqa: E402
@@ -38,8 +36,7 @@ def worker(model: Path, mmap: bool, n_prompt: int, n: int, threads: int) -> None
     f16 = KV_GGML_TYPE["f16"]
     ctx = m.new_context(n_ctx=N_CTX, n_batch=N_BATCH, n_threads=threads, flash_attn=1,
                         type_k=f16, type_v=f16)
-    toks = m.tokenize(inspect.getsource(difflib), add_special=False)[:n_prompt]
-    print(json.dumps(ours(ctx, toks, n)))
+    print(json.dumps(ours(ctx, long_text(m)[:n_prompt], n)))
 
 
 def run_arm(arm: str, a, binary: Path, prompt: bytes, n_prompt: int) -> tuple[float, float]:
@@ -77,26 +74,10 @@ def main() -> None:
     binary = tool_path(check_built(["llama-completion"]), "llama-completion")
     lengths = [int(x) for x in a.lengths.split(",")]
     m = load_model(a.model, use_mmap=True)
-    text = m.tokenize(inspect.getsource(difflib), add_special=False)
-    got: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for r in range(a.rounds):
-        for n in lengths:
-            prompt = m.detokenize(text[:n])
-            for arm in ARMS[r % len(ARMS):] + ARMS[:r % len(ARMS)]:
-                pf, dc = run_arm(arm, a, binary, prompt, n)
-                got.setdefault((arm, n), []).append((pf, dc))
-                print(f"round {r} n={n} {arm}: prefill {pf:.1f} tok/s, decode {dc:.2f} tok/s",
-                      flush=True)
-    print("\nmedians over rounds, ratios to llama")
-    for n in lengths:
-        bd = statistics.median(x[1] for x in got[("llama", n)])
-        bp = statistics.median(x[0] for x in got[("llama", n)])
-        for arm in ARMS:
-            p = statistics.median(x[0] for x in got[(arm, n)])
-            d = statistics.median(x[1] for x in got[(arm, n)])
-            print(f"n={n:5d} {arm:15s} prefill {p:6.1f} tok/s ({p / bp:.2f}x)  "
-                  f"decode {d:6.2f} tok/s ({d / bd:.3f}x)")
-
+    text = long_text(m, max(lengths))
+    got = interleaved(list(ARMS), lengths, a.rounds, lambda arm, n: run_arm(
+        arm, a, binary, m.detokenize(text[:n]), n))
+    report(got, list(ARMS), lengths, "llama")
 
 if __name__ == "__main__":
     main()

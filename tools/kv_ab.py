@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -66,6 +67,45 @@ def llama(binary: Path, model: Path, prompt: bytes, n: int, threads: int,
     return int(pe.group(2)) / float(pe.group(1)) * 1e3, int(ev.group(2)) / float(ev.group(1)) * 1e3
 
 
+def long_text(model, n: int = 0) -> list[int]:
+    """A real, long text's tokens (difflib's source), refused when shorter than ``n``."""
+    text = model.tokenize(inspect.getsource(difflib), add_special=False)
+    if len(text) < n:
+        raise SystemExit(f"the text has {len(text)} tokens, fewer than {n}")
+    return text
+
+
+def interleaved(names: list[str], lengths: list[int], rounds: int,
+                run: Callable[[str, int], tuple[float, float]]
+                ) -> dict[tuple[str, int], list[tuple[float, float]]]:
+    """(prefill, decode) tok/s of every arm at every prompt length, a round at a time, the
+    arms in an order that rotates by one each round (a slow drift hits each arm alike)."""
+    got: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for r in range(rounds):
+        for n in lengths:
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                pf, dc = run(name, n)
+                got.setdefault((name, n), []).append((pf, dc))
+                print(f"round {r} n={n} {name}: prefill {pf:.1f} tok/s, decode {dc:.2f} tok/s",
+                      flush=True)
+    return got
+
+
+def report(got: dict[tuple[str, int], list[tuple[float, float]]], names: list[str],
+           lengths: list[int], base: str) -> None:
+    """Medians over rounds per arm and length, with ratios to the ``base`` arm."""
+    print(f"\nmedians over rounds, ratios to {base}")
+    width = max(len(name) for name in names)
+    for n in lengths:
+        bp = statistics.median(x[0] for x in got[(base, n)])
+        bd = statistics.median(x[1] for x in got[(base, n)])
+        for name in names:
+            p = statistics.median(x[0] for x in got[(name, n)])
+            d = statistics.median(x[1] for x in got[(name, n)])
+            print(f"n={n:5d} {name:{width}s} prefill {p:6.1f} tok/s ({p / bp:.2f}x)  "
+                  f"decode {d:6.2f} tok/s ({d / bd:.3f}x)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", type=Path)
@@ -77,9 +117,7 @@ def main() -> None:
     binary = tool_path(check_built(["llama-completion"]), "llama-completion")
     lengths = [int(x) for x in a.lengths.split(",")]
     model = load_model(a.model, use_mmap=False)
-    text = model.tokenize(inspect.getsource(difflib), add_special=False)  # a real, long text
-    if len(text) < max(lengths):
-        raise SystemExit(f"the text has {len(text)} tokens, fewer than {max(lengths)}")
+    text = long_text(model, max(lengths))
     ctxs = {kv: model.new_context(n_ctx=N_CTX, n_batch=N_BATCH, n_threads=a.threads,
                                   flash_attn=1, type_k=KV_GGML_TYPE[kv], type_v=KV_GGML_TYPE[kv])
             for kv in ("q8_0", "f16")}
@@ -91,25 +129,8 @@ def main() -> None:
         "llama-q8_0": lambda t: llama(binary, a.model, model.detokenize(t), a.tokens, a.threads,
                                       ["-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0"]),
     }
-    names = list(arms)
-    got: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    for r in range(a.rounds):
-        for n in lengths:
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                pf, dc = arms[name](text[:n])
-                got.setdefault((name, n), []).append((pf, dc))
-                print(f"round {r} n={n} {name}: prefill {pf:.1f} tok/s, decode {dc:.2f} tok/s",
-                      flush=True)
-    print("\nmedians over rounds, ratios to llama-default")
-    for n in lengths:
-        bp = statistics.median(x[0] for x in got[("llama-default", n)])
-        bd = statistics.median(x[1] for x in got[("llama-default", n)])
-        for name in names:
-            p = statistics.median(x[0] for x in got[(name, n)])
-            d = statistics.median(x[1] for x in got[(name, n)])
-            print(f"n={n:5d} {name:14s} prefill {p:6.1f} tok/s ({p / bp:.2f}x)  "
-                  f"decode {d:6.2f} tok/s ({d / bd:.3f}x)")
-
+    got = interleaved(list(arms), lengths, a.rounds, lambda name, n: arms[name](text[:n]))
+    report(got, list(arms), lengths, "llama-default")
 
 if __name__ == "__main__":
     main()

@@ -172,14 +172,13 @@ class Model:
         p.type_v = type_v
         advice = Advice()
         handle = _ll.llama_init_from_model(self._m, p)
-        if handle:
-            # new faults (compute buffers) come huge; the KV cache llama.cpp cleared stays
-            # small until khugepaged collapses it: collapsing it here costs ~0.3 s a context
-            # for ~0.5% of a step (qwen-1.5b, 300 cached tokens)
-            advice.mark()
         if not handle:
             raise EdgespecError(f"llama.cpp could not create a context of {n_ctx} tokens for "
                                 f"{self.path.name}: {recent_log(4)}")
+        # new faults (compute buffers) come huge; the KV cache llama.cpp cleared stays
+        # small until khugepaged collapses it: collapsing it here costs ~0.3 s a context
+        # for ~0.5% of a step (qwen-1.5b, 300 cached tokens)
+        advice.mark()
         # llama.cpp may round the context up (the user's limit still holds) and clamp the batch.
         cells = int(_ll.llama_n_ctx(handle))
         return Context(self, handle, n_ctx=min(n_ctx, cells if unified else cells // n_seq_max),
@@ -247,25 +246,26 @@ def load_model(path: str | os.PathLike, n_gpu_layers: int = 0, use_extra_bufts: 
     # written: mark them for huge pages then, so the weights fault in huge (hugepages.py)
     advice = Advice()
     if advice.on:
+        marked = False  # only the first call: later ones would read /proc per tensor
+
         def progress(_done: float, _data: ctypes.c_void_p) -> bool:
-            # an exception here would return False to llama.cpp, which aborts the load
-            if not advice_marked:
+            nonlocal marked
+            if not marked:
+                marked = True
                 try:
-                    advice_marked.append(advice.mark())
+                    advice.mark()
                 except Exception:  # pragma: no cover - pages are an optimisation only
-                    advice_marked.append(0)
+                    pass  # raising here would return False to llama.cpp: the load aborts
             return True
-        advice_marked: list[int] = []
         callback = _ll.llama_progress_callback(progress)
         params.progress_callback = callback
         keep.append(callback)
     handle = _ll.llama_model_load_from_file(str(p).encode(), params)
-    if handle and advice.on:
-        advice.mark()  # anything the loader mapped after its first progress call
-        advice.collapse()  # and what it wrote before it
     if not handle:
         raise ModelError(f"llama.cpp could not load {p}: {recent_log(4) or 'unknown error'}. "
                          "Check the file with `edgespec models verify`.")
+    advice.mark()  # anything the loader mapped after its first progress call
+    advice.collapse()  # and what it wrote before it
     model = Model(p, handle, n_gpu_layers, use_extra_bufts)
     model.rpc = tuple(rpc)
     model.load_mtp = load_mtp
