@@ -13,6 +13,7 @@ an engine-wide copy to seed each request from earlier ones.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Hashable, NamedTuple, Sequence
 
@@ -256,3 +257,18 @@ class ControlMemory:
     def seed(self, proposer: str, window: float, position_calibration: bool = True) -> AcceptanceModel:
         return self.model(proposer).seeded_copy(window, self.seed_weight, position_calibration)
 
+
+
+def wilson_upper(accepted: int, n: int, z: float) -> float:
+    """The upper Wilson score bound of a rate seen as ``accepted`` of ``n`` (1.0 when n = 0).
+
+    Unlike the normal approximation it stays inside [0, 1] and is honest at small n: 0 of
+    6 gives 0.21 at z = 1.28, 2 of 6 gives 0.59, so a handful of rejections can already
+    show a rate below a 0.6 floor while 3 of 6 cannot."""
+    if n <= 0:
+        return 1.0
+    p = accepted / n
+    z2 = z * z
+    centre = p + z2 / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return min(1.0, (centre + spread) / (1 + z2 / n))

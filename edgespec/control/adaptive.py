@@ -63,7 +63,8 @@ from typing import Literal, Mapping, Optional
 
 from ..calibration.curve import Calibration
 from ..proposers.base import Draft
-from .acceptance import AcceptanceModel, ControlMemory, Feature, expected_tokens, token_features
+from .acceptance import (AcceptanceModel, ControlMemory, Feature, expected_tokens, token_features,
+                         wilson_upper)
 from .guard import GoodputGuard
 from .policy import ADAPTIVE, CAPS, PLAIN, Policy, PolicyChooser
 from .settings import ControlRecord, ControlSettings, Decision, Outcome, StepView
@@ -491,7 +492,7 @@ class AdaptiveController:
                 st.probe_interval = min(st.probe_interval * 2, self.settings.probe_after_max)
             return
         w = st.floor_window
-        if not st.fallback and len(w) >= self.settings.floor_min and sum(w) / len(w) < self.floor:
+        if not st.fallback and self._below_floor(sum(w), len(w)):
             st.fallback = True
             st.fallback_step = self._step
             st.shadow_window.clear()
@@ -499,6 +500,14 @@ class AdaptiveController:
                 "fallback", f"{name}: acceptance {sum(w) / len(w):.0%} over the last {len(w)} "
                 f"verified draft tokens is below the floor {self.floor:.0%}", 0, name))
             w.clear()
+
+    def _below_floor(self, accepted: int, n: int) -> bool:
+        s = self.settings
+        if n >= s.floor_min:
+            return accepted / n < self.floor
+        # early: only when the rate is surely below it; the mean of a few positions would
+        # bench a copy that starts with one miss
+        return n >= s.floor_early and wilson_upper(accepted, n, s.floor_z) < self.floor
 
     def _recover(self, name: str, st: _ProposerState, why: str) -> None:
         st.fallback = False

@@ -591,3 +591,47 @@ def test_shadow_scored_runs_earn_length_without_drafting():
     ks = drafted_k(res)
     assert ks[0] <= 6  # earned by the shadow runs of the plain steps before it, not assumed
     assert max(ks) == 15 and res.accepted == res.drafted
+
+
+def test_wilson_upper_bound_is_honest_at_small_counts():
+    from edgespec.control.acceptance import wilson_upper
+    assert wilson_upper(0, 0, 1.28) == 1.0
+    assert wilson_upper(0, 6, 1.28) == pytest.approx(0.214, abs=0.002)
+    assert wilson_upper(2, 6, 1.28) == pytest.approx(0.590, abs=0.002)
+    assert wilson_upper(3, 6, 1.28) > 0.6  # half right over 6 is not yet surely below 0.6
+    assert wilson_upper(6, 6, 1.28) == pytest.approx(1.0)
+    # more evidence at the same rate narrows the bound towards it
+    assert wilson_upper(20, 60, 1.28) < wilson_upper(2, 6, 1.28)
+    assert wilson_upper(20, 60, 1.28) > 20 / 60
+
+
+def _fallback_positions(events) -> int:
+    fb = next(e for e in events if e.kind == "fallback")
+    return int(fb.reason.split("over the last ")[1].split()[0])
+
+
+def test_a_request_whose_drafts_all_miss_is_benched_early():
+    # Only verified drafts teach it (no shadow scoring), and they all miss at once: the
+    # upper bound of 0 of 6 is far below the floor, so it stops after 6 positions, not 16.
+    tr = make_trace(300)
+    prop = scripted(tr, lambda i: False, match_length=lambda pos: 10)
+    s = ControlSettings(floor=0.6)
+    _, early = run(tr, prop, cal=GPU, settings=s, report_tokens=False)
+    assert 6 <= _fallback_positions(early.events) < 10
+    _, late = run(tr, prop, cal=GPU, settings=ControlSettings(floor=0.6, floor_early=16),
+                  report_tokens=False)
+    assert _fallback_positions(late.events) >= 16
+
+
+def test_a_copy_that_starts_with_one_miss_is_not_benched_early():
+    tr = make_trace(300)
+    prop = scripted(tr, lambda i: i != 0, match_length=lambda pos: 10)
+    _, res = run(tr, prop, cal=GPU, settings=ControlSettings(floor=0.6), report_tokens=False)
+    assert "fallback" not in [e.kind for e in res.events]
+    assert res.accepted >= 250
+
+
+@pytest.mark.parametrize("kw", [dict(floor_early=0), dict(floor_early=17), dict(floor_z=-1.0)])
+def test_bad_early_floor_settings_are_refused(kw):
+    with pytest.raises(InvalidInputError):
+        ControlSettings(**kw).validate()
