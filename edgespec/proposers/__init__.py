@@ -161,6 +161,11 @@ def _suffix(ctx: BuildContext, opts: Options) -> Proposer:
     return SuffixProposer(**opts)
 
 
+def _realign(ctx: BuildContext, opts: Options) -> Proposer:
+    from .realign import RealignProposer  # deferred: see _ngram
+    return RealignProposer(**opts)
+
+
 def _lookahead(ctx: BuildContext, opts: Options) -> Proposer:
     from .lookahead import LookaheadProposer  # deferred: see _ngram
     return LookaheadProposer(**opts)
@@ -265,6 +270,16 @@ REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
             "max_depth": Option(int, 64, "longest suffix indexed"),
             "cache_bytes": Option(int, 64 << 20, "global tree memory cap, bytes"),
             "use_global": Option(bool, True, "learn across requests"),
+        }),
+    ProposerSpec(
+        "realign", "copy tracking: follows the text an edit copies and re-enters it after a "
+        "changed token (opt-in: auto does not weigh it until measured)", costly=False, needs=(),
+        factory=_realign, opt_in=True, options={
+            "min_match": Option(int, 3, "tail tokens that must match to follow or re-enter a copy"),
+            "window": Option(int, 64, "how far past the broken-off position re-entry looks"),
+            "substitution": Option(int, 3, "tokens after a change drafted as a same-length "
+                                   "replacement (0: off)"),
+            "max_draft": Option(int, 16, "most tokens per draft"),
         }),
     ProposerSpec(
         "lookahead", "lookahead decoding: an n-gram pool fed by Jacobi iterations on the verify "

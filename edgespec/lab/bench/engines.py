@@ -19,7 +19,8 @@ from dataclasses import replace
 # Knobs of the speculation controller: per request (Engine.stream(control=...)), so fixed
 # draft lengths and adaptive control compare on one loaded model. Besides these three, the
 # controller's tunables (TUNABLE_KNOBS) can be A/B-tested against the default in one run.
-TUNABLE_KNOBS = ("margin", "extend_margin", "window", "min_draft", "position_calibration", "ramp", "policy")
+TUNABLE_KNOBS = ("margin", "extend_margin", "window", "min_draft", "position_calibration", "ramp",
+                 "floor_early", "policy")
 CONTROL_KNOBS = ("max_draft", "adaptive", "exact", *TUNABLE_KNOBS)
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ def plan_engine(configs: Sequence[ConfigSpec]) -> EnginePlan:
                                         f"knobs ({', '.join(CONTROL_KNOBS)}); set proposer "
                                         "options on a single-proposer configuration")
             names[c.label] = None if c.proposer == AUTO else c.proposer
+            # an opt-in free proposer named in the combination is built only when asked for
+            for part in c.proposer.split("+"):
+                if part in REGISTRY and REGISTRY[part].opt_in and not REGISTRY[part].costly:
+                    options.setdefault(part, {})
         elif c.proposer not in options:
             options[c.proposer] = own
             names[c.label] = c.proposer
@@ -175,6 +180,12 @@ def _free(name: str, options: dict):
     return free_proposer(name, **options)
 
 
+def _clone_prefix(label: str) -> str:
+    """What a configuration's own instances are named by: its label (a combination's '+'
+    would read as several proposers in a request label)."""
+    return label.replace("+", "_") + "/"
+
+
 def _own_instances(engine, c: ConfigSpec, asked: str | None) -> str:
     from ...engine.engine import split_proposers  # deferred: it loads llama.cpp
     label = asked or engine.default_proposer
@@ -189,7 +200,7 @@ def _own_instances(engine, c: ConfigSpec, asked: str | None) -> str:
         if engine.proposers[n].costly:
             parts.append(n)  # one model; it learns nothing across requests
         else:
-            parts.append(engine.clone_proposer(n, f"{c.label}/{n}", **_no_persistence(
+            parts.append(engine.clone_proposer(n, _clone_prefix(c.label) + n, **_no_persistence(
                 getattr(engine.proposers[n], "name", n))))
     return "+".join(parts) if parts else BASELINE
 
@@ -200,7 +211,7 @@ def renew_clones(engine, label: str, request_name: str) -> int:
     round taught them: a suffix tree that holds the previous round's answer to the same
     prompt would make every round after the first look better than a user's first request.
     Returns how many were renewed."""
-    prefix = f"{label}/"
+    prefix = _clone_prefix(label)
     renewed = 0
     for part in request_name.split("+"):
         if not part.startswith(prefix):

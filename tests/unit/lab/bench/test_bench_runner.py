@@ -199,6 +199,18 @@ def test_plan_engine_maps_knobs():
         plan_engine([ConfigSpec("draft"), ConfigSpec.make("draft", {"x": 1})])
 
 
+def test_a_combination_naming_an_opt_in_proposer_has_the_engine_build_it():
+    # realign is opt-in: the engine builds it only when asked for, and a combination asks
+    plan = plan_engine([ConfigSpec("auto"), ConfigSpec("ngram+suffix+realign")])
+    assert plan.proposer_options == {"realign": {}}
+    assert plan.request_name["ngram+suffix+realign"] == "ngram+suffix+realign"
+    # a configuration's own instances are named by its label without the '+' a request
+    # label would split on
+    from edgespec.lab.bench.engines import _clone_prefix
+    assert _clone_prefix("ngram+suffix+realign") == "ngram_suffix_realign/"
+    assert "+" not in _clone_prefix("a+b[max_draft=3]")
+
+
 def test_controller_tunables_are_control_knobs_typed_like_their_defaults():
     plan = plan_engine([ConfigSpec("auto"),
                         ConfigSpec.make("auto", {"position_calibration": False, "margin": 0})])
