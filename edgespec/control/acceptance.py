@@ -258,7 +258,6 @@ class ControlMemory:
         return self.model(proposer).seeded_copy(window, self.seed_weight, position_calibration)
 
 
-
 def wilson_upper(accepted: int, n: int, z: float) -> float:
     """The upper Wilson score bound of a rate seen as ``accepted`` of ``n`` (1.0 when n = 0).
 

@@ -273,8 +273,8 @@ REGISTRY: dict[str, ProposerSpec] = {s.name: s for s in (
         }),
     ProposerSpec(
         "realign", "copy tracking: follows the text an edit copies and re-enters it after a "
-        "changed token (opt-in: auto does not weigh it until measured)", costly=False, needs=(),
-        factory=_realign, opt_in=True, options={
+        "changed token (opt-in: auto does not weigh it until measured)", costly=False,
+        needs=("native",), factory=_realign, opt_in=True, options={
             "min_match": Option(int, 3, "tail tokens that must match to follow or re-enter a copy"),
             "window": Option(int, 64, "how far past the broken-off position re-entry looks"),
             "substitution": Option(int, 3, "tokens after a change drafted as a same-length "

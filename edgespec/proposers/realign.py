@@ -28,16 +28,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..api.params import SamplingParams
-from ..errors import InvalidInputError
 from ..runtime.native import MAX_DRAFT
+from ._native_types import check_int
 from .base import EMPTY_DRAFT, Draft
-
-
-def _check(name: str, value: int, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise InvalidInputError(f"realign {name} must be an integer in [{lo}, {hi}] "
-                                f"(got {value!r})")
-    return value
 
 
 class RealignProposer:
@@ -51,10 +44,10 @@ class RealignProposer:
 
     def __init__(self, min_match: int = 3, window: int = 64, substitution: int = 3,
                  max_draft: int = 16):
-        self.min_match = _check("min_match", min_match, 1, 16)
-        self.window = _check("window", window, 1, 4096)
-        self.substitution = _check("substitution", substitution, 0, 64)
-        self.max_draft = _check("max_draft", max_draft, 1, MAX_DRAFT)
+        self.min_match = check_int("realign min_match", min_match, 1, 16)
+        self.window = check_int("realign window", window, 1, 4096)
+        self.substitution = check_int("realign substitution", substitution, 0, 64)
+        self.max_draft = check_int("realign max_draft", max_draft, 1, MAX_DRAFT)
 
     def open(self, prompt_tokens: Sequence[int], sampling: SamplingParams) -> "RealignSession":
         return RealignSession(self, prompt_tokens)
