@@ -175,6 +175,9 @@ def _echo_overall(data) -> None:
 @click.option("--turns", "max_turns", type=click.IntRange(1), default=None,
               help="At most this many turns of multi-turn prompts.")
 @click.option("--humanevalfix", type=click.IntRange(0), default=None, help="HumanEvalFix prompts.")
+@click.option("--grounded", "grounded_set", type=click.Choice(["all", "quick", "edits"]),
+              default=None, help="Grounded stdlib prompts: all, quick (3 of them) or edits (the "
+                                 "code edits alone) [default: the preset's].")
 @click.option("--long", "long_", default=None, metavar="N,N,...",
               help="Grounded long prompts of about these many tokens (e.g. 2048,4096; '' for none).")
 @click.option("--jsonl", multiple=True, type=click.Path(exists=True, dir_okay=False),
@@ -206,9 +209,9 @@ def _echo_overall(data) -> None:
                    "cost curves and print predicted vs measured speedups; run nothing.")
 @handle_errors
 def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, categories,
-          per_category, max_turns, humanevalfix, long_, jsonl, prompt_field, jsonl_n, buckets,
-          max_tokens, temperature, seed, threads, n_ctx, warmup, repeats, out, report_from,
-          dry_run, record, replay_dir):
+          per_category, max_turns, humanevalfix, grounded_set, long_, jsonl, prompt_field, jsonl_n,
+          buckets, max_tokens, temperature, seed, threads, n_ctx, warmup, repeats, out,
+          report_from, dry_run, record, replay_dir):
     """Benchmark the plain path, proposers and anchors (llama.cpp, llama-cpp-python) side by side."""
     if replay_dir:
         _replay(Path(replay_dir), out)
@@ -229,7 +232,7 @@ def bench(preset, matrix_file, target, draft, proposers, anchors, no_anchor, cat
         preset=preset, matrix_file=matrix_file, proposers=proposers, anchors=anchors,
         no_anchor=no_anchor, categories=categories, jsonl=jsonl, buckets=buckets, long=long_,
         scalars=tuple(dict(target=target, draft=draft, per_category=per_category,
-                           max_turns=max_turns, humanevalfix=humanevalfix,
+                           max_turns=max_turns, humanevalfix=humanevalfix, grounded=grounded_set,
                            prompt_field=prompt_field, jsonl_n=jsonl_n, max_new_tokens=max_tokens,
                            temperature=temperature, seed=seed, threads=threads, n_ctx=n_ctx,
                            warmup=warmup, repeats=repeats).items())))

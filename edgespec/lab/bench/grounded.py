@@ -39,7 +39,12 @@ from .prompts import BenchPrompt
 from .results import OVERALL, PLAIN_LLAMA, speedup_table, vs_llama_table
 
 SOURCE = "grounded"  # BenchPrompt.source of every grounded prompt
-SETS = ("all", "quick")  # Matrix.grounded: the whole slice, or the 3-prompt smoke set
+# Matrix.grounded: the whole slice, the 3-prompt smoke set, or the code edits alone
+SETS = ("all", "quick", "edits")
+# The tasks whose answer is the whole code back, edited; the report's row of their geomean.
+EDIT_CATEGORIES = ("grounded-type-hints", "grounded-rename", "grounded-docstrings",
+                   "grounded-comprehension", "grounded-fix-bug")
+EDITS_ROW = "code edits"
 # A turn's answer is at most this many tokens in the presets; the size check adds it per turn.
 ANSWER_TOKENS = 128
 CONTEXT_TOKENS = 4096  # Qwen 1.5B's default context in the bench
@@ -294,11 +299,12 @@ def _first_turn(instruction: str, src: Source, text: str) -> str:
 def build(which: str = "all", sources: Sequence[Source] = SOURCES,
           tasks: Sequence[Task] = TASKS,
           reader: Callable[[Source], tuple[str, str]] = read_source) -> GroundedSet:
-    """The prompts of set ``which`` ("all" or "quick") from this Python's stdlib, in the
+    """The prompts of set ``which`` (one of :data:`SETS`) from this Python's stdlib, in the
     fixed order of ``tasks``; sources missing or changed are skipped by name."""
     if which not in SETS:
         raise InvalidInputError(f"unknown grounded set '{which}'; choose {', '.join(SETS)}")
-    chosen = [t for t in tasks if which == "all" or t.quick]
+    chosen = [t for t in tasks if which == "all" or (t.quick if which == "quick"
+                                                      else t.category in EDIT_CATEGORIES)]
     by_name = {s.name: s for s in sources}
     unknown = sorted({t.source for t in chosen} - set(by_name))
     if unknown:
@@ -380,10 +386,13 @@ def report_section(run: Mapping[str, Any]) -> list[str]:
         return lines
     sub = {**run, "records": recs}
     tasks = list(dict.fromkeys(r["category"] for r in recs))
+    rows = [*tasks, EDITS_ROW]
     lines += _grid("Per task, decode speedup over our plain path (median per task, geometric "
-                   "mean overall)", speedup_table(sub, "category", tasks), tasks)
+                   "mean over the code edits' prompts and overall)",
+                   _with_edits(speedup_table(sub, "category", tasks), sub,
+                               lambda r: speedup_table(r, "category")), rows)
     lines += _grid(f"Per task, decode speedup over `{PLAIN_LLAMA}`",
-                   vs_llama_table(sub, tasks), tasks)
+                   _with_edits(vs_llama_table(sub, tasks), sub, vs_llama_table), rows)
     ids = list(dict.fromkeys(r["prompt_id"] for r in recs))
     lines += _grid("Per prompt (median over its turns), decode speedup over our plain path",
                    speedup_table(sub, "prompt_id", ids), ids)
@@ -397,6 +406,18 @@ def report_section(run: Mapping[str, Any]) -> list[str]:
         lines += _grid(f"Agent slice per turn, over `{PLAIN_LLAMA}`",
                        vs_llama_table_by_turn(asub, turns), turns)
     return lines
+
+
+def _with_edits(table: Mapping[Any, Any], run: Mapping[str, Any],
+                table_of: Callable[[Mapping[str, Any]], Mapping[Any, Any]]) -> dict:
+    """``table`` plus the row EDITS_ROW: the geometric mean over the code edits' prompts
+    (the OVERALL cell of ``table_of`` on those records), when the run has code edits and
+    other tasks too (alone, that row would repeat OVERALL)."""
+    edits = [r for r in run["records"] if r["category"] in EDIT_CATEGORIES]
+    if not edits or len(edits) == len(run["records"]):
+        return dict(table)
+    cells = table_of({**run, "records": edits}).get(OVERALL)
+    return {**table, EDITS_ROW: cells} if cells else dict(table)
 
 
 def vs_llama_table_by_turn(run: Mapping[str, Any], turns: Sequence[int]) -> dict:
@@ -419,5 +440,6 @@ def _grid(title: str, table: Mapping[Any, Mapping[str, Any]], groups: Sequence[A
     return out + [""]
 
 
-__all__ = ["SETS", "SOURCES", "TASKS", "GroundedSet", "Source", "Task", "build", "digest",
-           "estimated_tokens", "plant_bug", "read_source", "report_section"]
+__all__ = ["EDIT_CATEGORIES", "EDITS_ROW", "SETS", "SOURCES", "TASKS", "GroundedSet", "Source",
+           "Task", "build", "digest", "estimated_tokens", "plant_bug", "read_source",
+           "report_section"]

@@ -148,7 +148,7 @@ class Matrix:
     max_turns: int | None = None  # None = every turn
     humanevalfix: int = 0
     long: tuple[int, ...] = ()  # grounded long prompts of about these many tokens (prompts.py)
-    grounded: str = ""  # "all" | "quick": edit work on stdlib sources (bench.grounded)
+    grounded: str = ""  # "all" | "quick" | "edits": edit work on stdlib sources (bench.grounded)
     jsonl: tuple[str, ...] = ()
     prompt_field: str = "prompt"
     jsonl_n: int | None = None

@@ -166,6 +166,34 @@ def test_the_presets_run_the_slice_beside_both_oracles_and_llama_cpp():
         grounded.build("most")
 
 
+def test_the_edits_set_is_the_code_edits_alone_in_the_fixed_order():
+    s = grounded.build("edits")
+    skipped = {name for k in s.skipped for name in k.tasks}
+    assert [p.id for p in s.prompts] == [
+        f"grounded/{t.id}" for t in grounded.TASKS
+        if t.category in grounded.EDIT_CATEGORIES and t.id not in skipped]
+    assert {p.category for p in s.prompts} <= set(grounded.EDIT_CATEGORIES)
+    if s.python == PINNED_ON:
+        assert len(s.prompts) == 6 and s.which == "edits"
+    # both planted bugs are edits, so both are recorded
+    assert {p.task for p in s.planted} == {t.id for t in grounded.TASKS if t.plant} - skipped
+
+
+def test_the_command_line_picks_a_grounded_set():
+    from click.testing import CliRunner  # the CLI only here: the rest tests the module
+
+    from edgespec.cli import cli
+
+    res = CliRunner().invoke(cli, ["bench", "--preset", "grounded", "--grounded", "edits",
+                                   "--dry-run"])
+    assert res.exit_code == 0, res.output
+    n = len(grounded.build("edits").prompts)
+    assert f"{n} prompts ({n} turns)" in res.output
+    res = CliRunner().invoke(cli, ["bench", "--preset", "grounded", "--grounded", "most",
+                                   "--dry-run"])
+    assert res.exit_code != 0 and "most" in res.output
+
+
 def _rec(config, prompt, cat, tps, turn=0):
     return {"config": config, "prompt_id": prompt, "category": cat, "turn": turn,
             "source": grounded.SOURCE, "decode_tokens_per_second": tps, "e2e_seconds": 1.0}
@@ -190,6 +218,24 @@ def test_the_report_gives_figures_per_task_and_per_agent_turn():
     assert "| turn 2 | 2.00× | 12.00× |" in text  # over llama-completion: plain, auto
     assert "Planted bug in `fix-bug/statistics.median`" in text
     assert grounded.report_section({"identity": {}, "records": [{"source": "x"}]}) == []
+    # the code edits' own row: the geometric mean over their prompts, the agent left out
+    assert "| code edits | 2.00× | 0.50× |" in text  # over plain: auto, llama-completion
+    assert "| code edits | 2.00× | 4.00× |" in text  # over llama-completion: plain, auto
+
+
+def test_the_code_edits_row_is_the_geometric_mean_over_their_prompts():
+    recs = []
+    for cfg in ("none", "auto"):
+        recs += [_rec(cfg, "g/a", "grounded-rename", 10.0 * (2 if cfg == "auto" else 1)),
+                 _rec(cfg, "g/b", "grounded-fix-bug", 10.0 * (8 if cfg == "auto" else 1)),
+                 _rec(cfg, "g/c", "grounded-summary", 10.0 * (5 if cfg == "auto" else 1))]
+    run = {"identity": {}, "records": recs,
+           "matrix": {"configs": [{"label": "none"}, {"label": "auto"}],
+                      "bootstrap_resamples": 100, "confidence": 0.95, "seed": 0}}
+    text = "\n".join(grounded.report_section(run))
+    assert "| code edits | 4.00× |" in text  # sqrt(2 * 8), the summary left out
+    only_edits = {**run, "records": [r for r in recs if r["prompt_id"] != "g/c"]}
+    assert "| code edits |" not in "\n".join(grounded.report_section(only_edits))  # = "all"
 
 
 def test_the_command_line_says_a_skipped_source_by_name(monkeypatch):
