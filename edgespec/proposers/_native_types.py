@@ -27,28 +27,16 @@ from ..runtime.native import (MAX_DEPTH, MAX_DRAFT, MAX_NGRAM, NGSTAT_MAX_N, NGS
                               CapacityError, Tokens, call_with_tokens, load_sequences,
                               save_sequences)
 from .base import EMPTY_DRAFT, Draft
+from .checks import check_fraction, check_int
 from ..decoding.tree import DraftTree
 
 __all__ = ["NgramIndex", "NgramStats", "SuffixTree", "SuffixCursor", "DraftBar", "ngram_draft",
-           "speculate", "speculate_tree", "ngram_alternatives", "check_int", "check_fraction", "check_spec_params", "draft_from_native",
+           "speculate", "speculate_tree", "ngram_alternatives", "check_spec_params", "draft_from_native",
            "extend_or_drop"]
 
 #: the native source codes, by index (native/es_native.h ES_SRC_*)
 SOURCES = ("", "request", "global", "context", "dynamic")
 
-
-
-def check_int(name: str, value: object, lo: int, hi: int) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-        raise InvalidInputError(f"{name} must be an integer (got {value!r})")
-    ensure(bool(lo <= value <= hi), f"{name} must be in [{lo}, {hi}] (got {value})")
-    return int(value)
-
-
-def check_fraction(name: str, value: object) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
-        raise InvalidInputError(f"{name} must be a number in [0, 1] (got {value!r})")
-    return float(value)
 
 
 #: the binding's linear draft: (tokens, confidences, match length, score, source code)
@@ -254,7 +242,7 @@ def ngram_draft(context: NgramStats | None, dynamic: NgramStats | None, max_toke
     then dynamic), stopping where none passes. ``confidence`` is each token's share,
     ``score`` the sum of their running products (the expected accepted length),
     ``source`` the first token's table ("context" or "dynamic")."""
-    check_int("max draft tokens", max_tokens, 0, MAX_DRAFT)
+    check_int("max_tokens", max_tokens, 0, MAX_DRAFT)
     return draft_from_native(_native.ngram_draft(context._s if context is not None else None,
                                                  dynamic._s if dynamic is not None else None,
                                                  max_tokens, bar.packed))
@@ -364,7 +352,7 @@ class SuffixCursor:
 
 
 def check_spec_params(max_tokens: int, factor: float, offset: float, min_prob: float) -> None:
-    check_int("max draft tokens", max_tokens, 0, MAX_DRAFT)
+    check_int("max_tokens", max_tokens, 0, MAX_DRAFT)
     ensure(isinstance(factor, (int, float)) and math.isfinite(factor) and factor >= 0,
            f"factor must be a finite number >= 0 (got {factor!r})")
     ensure(isinstance(offset, (int, float)) and math.isfinite(offset),

@@ -51,6 +51,7 @@ from ..api.params import SamplingParams
 from ..decoding.tree import DraftTree
 from ..errors import InvalidInputError
 from .base import EMPTY_DRAFT, Draft
+from .checks import check_int
 
 __all__ = ["LookaheadProposer", "LookaheadSession", "NgramPool", "jacobi_update",
            "speculative_ngrams", "MAX_N", "MAX_WINDOW", "MAX_POOL"]
@@ -61,16 +62,6 @@ MAX_POOL = 64  # the most candidates per first token (the paper's G)
 MAX_DRAFT = 64
 #: confidence of a window guess: a Jacobi guess the target has not confirmed
 JACOBI_CONFIDENCE = 0.05
-
-
-def _check(name: str, value: object, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidInputError(f"lookahead {name}={value!r} must be an integer in "
-                                f"[{lo}, {hi}]")
-    if not lo <= int(value) <= hi:
-        raise InvalidInputError(f"lookahead {name}={value} is out of range: it must be in "
-                                f"[{lo}, {hi}]")
-    return int(value)
 
 
 class NgramPool:
@@ -85,9 +76,9 @@ class NgramPool:
     """
 
     def __init__(self, n: int, g: int, max_keys: int = 1 << 16) -> None:
-        self.n = _check("n", n, 2, MAX_N)
-        self.g = _check("pool", g, 1, MAX_POOL)
-        self.max_keys = _check("max_keys", max_keys, 1, 1 << 24)
+        self.n = check_int("lookahead n", n, 2, MAX_N)
+        self.g = check_int("lookahead pool", g, 1, MAX_POOL)
+        self.max_keys = check_int("lookahead max_keys", max_keys, 1, 1 << 24)
         # key -> {continuation: count}; dict order is recency (the last is the newest)
         self._keys: dict[int, dict[tuple[int, ...], int]] = {}
 
@@ -184,11 +175,11 @@ class LookaheadProposer:
 
     def __init__(self, n: int = 5, window: int = 15, pool: int = 15, max_draft: int = 15,
                  max_keys: int = 1 << 16) -> None:
-        self.n = _check("n", n, 2, MAX_N)
-        self.window = _check("window", window, 1, MAX_WINDOW)
-        self.pool = _check("pool", pool, 1, MAX_POOL)
-        self.max_draft = _check("max_draft", max_draft, 1, MAX_DRAFT)
-        self.max_keys = _check("max_keys", max_keys, 1, 1 << 24)
+        self.n = check_int("lookahead n", n, 2, MAX_N)
+        self.window = check_int("lookahead window", window, 1, MAX_WINDOW)
+        self.pool = check_int("lookahead pool", pool, 1, MAX_POOL)
+        self.max_draft = check_int("lookahead max_draft", max_draft, 1, MAX_DRAFT)
+        self.max_keys = check_int("lookahead max_keys", max_keys, 1, 1 << 24)
 
     def open(self, prompt_tokens: Sequence[int], sampling: SamplingParams) -> "LookaheadSession":
         return LookaheadSession(self, prompt_tokens)

@@ -31,8 +31,9 @@ from typing import Sequence
 from ..errors import InvalidInputError
 from ..runtime.native import MAX_DRAFT, MAX_NGRAM, NGSTAT_MAX_N, as_tokens
 from ..api.params import SamplingParams
-from ._native_types import (DraftBar, NgramIndex, NgramStats, check_fraction, check_int,
-                            extend_or_drop, ngram_alternatives, ngram_draft)
+from ._native_types import (DraftBar, NgramIndex, NgramStats, extend_or_drop, ngram_alternatives,
+                            ngram_draft)
+from .checks import check_fraction, check_int
 from .base import EMPTY_DRAFT, Draft, ProposerSession
 from ..decoding.tree import DraftTree
 from .ngram_stats import DynamicStats, stats_file

@@ -29,7 +29,7 @@ from typing import Sequence
 
 from ..api.params import SamplingParams
 from ..runtime.native import MAX_DRAFT
-from ._native_types import check_int
+from .checks import check_int
 from .base import EMPTY_DRAFT, Draft
 
 

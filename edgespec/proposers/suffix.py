@@ -32,8 +32,9 @@ import edgespec._native as _native
 from ..errors import InvalidInputError
 from ..runtime.native import MAX_DEPTH, MAX_DRAFT, CapacityError, as_tokens
 from ..api.params import SamplingParams
-from ._native_types import (SuffixCursor, SuffixTree, check_int, check_spec_params,
-                            draft_from_native, extend_or_drop, speculate_tree)
+from ._native_types import (SuffixCursor, SuffixTree, check_spec_params, draft_from_native,
+                            extend_or_drop, speculate_tree)
+from .checks import check_int
 from .base import EMPTY_DRAFT, Draft
 from ..decoding.tree import DraftTree
 
