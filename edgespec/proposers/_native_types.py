@@ -31,12 +31,11 @@ from .checks import check_fraction, check_int
 from ..decoding.tree import DraftTree
 
 __all__ = ["NgramIndex", "NgramStats", "SuffixTree", "SuffixCursor", "DraftBar", "ngram_draft",
-           "speculate", "speculate_tree", "ngram_alternatives", "check_spec_params", "draft_from_native",
-           "extend_or_drop"]
+           "speculate", "speculate_tree", "ngram_alternatives", "check_spec_params",
+           "draft_from_native", "extend_or_drop"]
 
 #: the native source codes, by index (native/es_native.h ES_SRC_*)
 SOURCES = ("", "request", "global", "context", "dynamic")
-
 
 
 #: the binding's linear draft: (tokens, confidences, match length, score, source code)

@@ -184,6 +184,10 @@ def test_the_command_line_picks_a_grounded_set():
 
     from edgespec.cli import cli
 
+    # the flag's choices are written out (the CLI does not import the bench to start):
+    # they must be the builder's sets
+    option = next(p for p in cli.commands["bench"].params if p.name == "grounded_set")
+    assert tuple(option.type.choices) == grounded.SETS
     res = CliRunner().invoke(cli, ["bench", "--preset", "grounded", "--grounded", "edits",
                                    "--dry-run"])
     assert res.exit_code == 0, res.output
